@@ -1,0 +1,3 @@
+from edgectl.cli import main
+
+main()

@@ -1,0 +1,26 @@
+"""Rendering results: the same result object as text or as versioned JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Protocol
+
+
+class Renderable(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def render_text(self) -> str: ...
+
+
+def to_json(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False) + "\n"
+
+
+def emit(result: Renderable, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(to_json(result.to_dict()))
+    else:
+        text = result.render_text()
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()

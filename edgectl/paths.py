@@ -7,27 +7,27 @@ carries them as the ``edgectl._profiles`` and ``edgectl._units`` packages.
 from __future__ import annotations
 
 import os
-from importlib import resources
 from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def _shipped_dir(repo_name: str, package: str) -> Path:
+def _shipped_dir(repo_name: str, installed_name: str) -> Path:
     checkout = _PACKAGE_DIR.parent / repo_name
     if checkout.is_dir() and (_PACKAGE_DIR.parent / "pyproject.toml").is_file():
         return checkout
-    return Path(str(resources.files(package)))
+    # Installed: the directory was packaged as edgectl/<installed_name> (a data-only package).
+    return _PACKAGE_DIR / installed_name
 
 
 def profiles_dir() -> Path:
     """The shipped device profiles (YAML)."""
-    return _shipped_dir("profiles", "edgectl._profiles")
+    return _shipped_dir("profiles", "_profiles")
 
 
 def units_dir() -> Path:
     """The shipped systemd unit templates."""
-    return _shipped_dir("units", "edgectl._units")
+    return _shipped_dir("units", "_units")
 
 
 def data_dir() -> Path:

@@ -59,7 +59,11 @@ if [ "$want" != "$have" ]; then
   echo "$want" > "$STAMP"
 fi
 
+# Built in the checkout (no build isolation: setuptools is in the venv); a stale build/ would
+# carry files deleted since into the install.
+rm -rf "$REPO/build" "$REPO"/*.egg-info
 $PIP install --no-deps --no-build-isolation --force-reinstall "$REPO" 2>&1 | grep -v "is ignored: it is neither" || true
+rm -rf "$REPO/build" "$REPO"/*.egg-info
 "$PY" -c "import edgectl_runtime, edgectl" || { echo "error: edgectl did not install" >&2; exit 1; }
 ln -sf "$VENV/bin/edgectl" /usr/local/bin/edgectl
 echo "setup: edgectl is $(command -v edgectl) ($VENV)"

@@ -1,0 +1,1 @@
+"""edgectl bench (not yet built)."""

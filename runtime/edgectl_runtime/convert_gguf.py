@@ -1,0 +1,85 @@
+"""Convert a GGUF file into a Hugging Face model directory, offline.
+
+Run by ``edgectl models pull`` under the runtime interpreter, in a subprocess::
+
+    python -m edgectl_runtime.convert_gguf GGUF OUT_DIR
+
+The weights are dequantized to bfloat16 (a GGUF Q4_1 file becomes a plain bf16
+checkpoint that stock vLLM loads), and the tokenizer and chat template embedded in the
+GGUF are written beside them. ``OUT_DIR`` must not exist or be empty; the caller
+writes into a temporary directory and renames it into place.
+
+On success the last line on stdout is one JSON object: the files written and the versions
+of the tools that wrote them (the caller records them in its manifest). Exit codes:
+0 done, 2 bad arguments, 1 the conversion failed (the traceback is on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+# Nothing here may reach a model hub: the GGUF holds the weights, the config and the tokenizer.
+# Set before transformers / huggingface_hub are imported (they read these at import time).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+TOOLS = ("transformers", "torch", "gguf", "safetensors", "tokenizers", "accelerate")
+
+
+def tool_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    versions = {}
+    for name in TOOLS:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def convert(gguf_path: Path, out_dir: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    pkg_dir, name = str(gguf_path.parent), gguf_path.name
+    # Without GgufConfig(dequantize=True) save_pretrained refuses a GGUF-loaded model
+    # (see shared/facts/models.md); with it the written config has no quantization_config.
+    model = AutoModelForCausalLM.from_pretrained(
+        pkg_dir,
+        gguf_file=name,
+        dtype=torch.bfloat16,
+        quantization_config=GgufConfig(gguf_file=name, dequantize=True),
+    )
+    model.save_pretrained(out_dir)
+    del model
+    tokenizer = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=name)
+    tokenizer.save_pretrained(out_dir)
+    files = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file())
+    return {"files": files, "tools": tool_versions()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m edgectl_runtime.convert_gguf GGUF OUT_DIR", file=sys.stderr)
+        return 2
+    gguf_path, out_dir = Path(args[0]).resolve(), Path(args[1])
+    if not gguf_path.is_file():
+        print(f"error: {gguf_path} is not a file", file=sys.stderr)
+        return 2
+    if out_dir.exists() and any(out_dir.iterdir()):
+        print(f"error: {out_dir} is not empty", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = convert(gguf_path, out_dir)
+    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+"""The one writer of edgectl's systemd units: a plan (edgectl.plan/1) in, unit text out.
+
+The unit is built from the plan only, never from command-line arguments, by filling
+``units/edgectl.service.in``. Everything taken from the plan is checked and quoted for
+systemd here, so a hand-edited plan cannot smuggle a line into the unit. Pure: no I/O
+except reading the template, no systemd needed (tests compare the text with golden files).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import posixpath
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from edgectl.errors import EdgectlError
+from edgectl.paths import units_dir
+
+TEMPLATE = "edgectl.service.in"
+
+# A deployment name becomes the unit edgectl-NAME.service, the dynamic user edgectl-NAME
+# (user names: at most 31 characters, so NAME at most 23), /etc/edgectl/NAME and
+# /var/lib/edgectl/NAME. Names that collide with edgectl's own directories are refused.
+NAME_MAX_CHARS = 31 - len("edgectl-")
+_NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9_-]*[a-z0-9])?")
+RESERVED_NAMES = frozenset({"models", "profiles"})  # /var/lib/edgectl/models, /etc/edgectl/profiles
+
+# Back-off and start limit (systemd 252 has no growing back-off; see the template).
+RESTART_S = 5
+START_LIMIT_BURST = 5
+
+# Where the unit's sandbox hides things: ProtectHome=yes and PrivateTmp=yes.
+HIDDEN_PREFIXES = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
+
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# The service runs without CAP_NET_BIND_SERVICE, so it cannot bind a port below this.
+FIRST_UNPRIVILEGED_PORT = 1024
+
+
+def validate_name(name: str) -> str:
+    """``name`` if it can name a deployment; else an EdgectlError saying what a name may be."""
+    if not isinstance(name, str) or not name:
+        raise EdgectlError("the deployment name is empty: pass --name NAME (e.g. --name smollm2)")
+    rule = (f"use 1-{NAME_MAX_CHARS} lowercase letters, digits, '-' or '_', starting and ending "
+            "with a letter or digit")
+    if len(name) > NAME_MAX_CHARS:
+        raise EdgectlError(f"deployment name {name!r} is {len(name)} characters long: {rule} "
+                           f"(the service's user edgectl-NAME may have at most 31)")
+    if not _NAME_RE.fullmatch(name):
+        raise EdgectlError(f"invalid deployment name {name!r}: {rule}, e.g. --name smollm2")
+    if name in RESERVED_NAMES:
+        raise EdgectlError(f"deployment name {name!r} is reserved (edgectl keeps its {name} there): "
+                           "pick another --name")
+    return name
+
+
+def unit_name(name: str) -> str:
+    """The systemd unit of deployment ``name``: ``edgectl-NAME.service``."""
+    return f"edgectl-{validate_name(name)}.service"
+
+
+def state_dir(name: str) -> str:
+    """The service's writable state directory (HOME), from ``StateDirectory=edgectl/NAME``."""
+    return f"/var/lib/edgectl/{validate_name(name)}"
+
+
+def cache_dir(name: str) -> str:
+    """The service's cache directory (vLLM, torch inductor), from ``CacheDirectory=edgectl/NAME``."""
+    return f"/var/cache/edgectl/{validate_name(name)}"
+
+
+def unit_environment(name: str) -> dict[str, str]:
+    """The variables the unit sets itself, after the plan's (the template's fixed lines).
+
+    A plan may repeat one only with the same value: the state and cache paths belong to the unit.
+    """
+    state, cache = state_dir(name), cache_dir(name)
+    return {
+        "HOME": state,
+        "XDG_CACHE_HOME": cache,
+        "VLLM_CACHE_ROOT": f"{cache}/vllm",
+        "TORCHINDUCTOR_CACHE_DIR": f"{cache}/torchinductor",
+        "TRITON_CACHE_DIR": f"{cache}/triton",
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+# --- quoting for systemd -------------------------------------------------------------------
+#
+# systemd reads a setting's value by expanding %-specifiers, then splitting it into words with
+# "..." quoting and C escapes (systemd.syntax(7), systemd.unit(7) "Specifiers"); ExecStart=
+# also expands $VAR and ${VAR} in each word (systemd.service(7) "Command lines"). So every value
+# taken from the plan is written as one double-quoted word in which \ " and control characters
+# are C-escaped and % is doubled; in ExecStart= $ is doubled too. Words made only of safe
+# characters are written bare, which keeps the common unit readable.
+
+_SAFE_WORD_RE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+
+
+def _c_escape(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def quote_word(text: str, *, dollar: bool = False) -> str:
+    """One systemd word holding exactly ``text`` (``dollar``: also escape $ as in ExecStart=)."""
+    if "\0" in text:
+        raise ValueError("a systemd value cannot hold a NUL character")
+    if _SAFE_WORD_RE.fullmatch(text):
+        return text
+    quoted = _c_escape(text).replace("%", "%%")
+    if dollar:
+        quoted = quoted.replace("$", "$$")
+    return f'"{quoted}"'
+
+
+def _free_text(text: str) -> str:
+    """Text for Description= and comments: one line, specifiers escaped."""
+    return _c_escape(text).replace("%", "%%")
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2 5" (the list syntax of CPUAffinity= and AllowedCPUs=)."""
+    ranges: list[str] = []
+    ordered = sorted(cpus)
+    start = prev = ordered[0]
+    for cpu in ordered[1:] + [None]:
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        ranges.append(str(start) if start == prev else f"{start}-{prev}")
+        if cpu is not None:
+            start = prev = cpu
+    return " ".join(ranges)
+
+
+# --- reading the plan ------------------------------------------------------------------------
+
+
+class _PlanReader:
+    """Reads the fields the unit needs, collecting one ``plan.FIELD: problem`` line per bad field."""
+
+    def __init__(self, plan: Any):
+        self.plan = plan if isinstance(plan, Mapping) else {}
+        self.problems: list[str] = [] if isinstance(plan, Mapping) else ["plan: not a JSON object"]
+
+    def get(self, dotted: str) -> Any:
+        node: Any = self.plan
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                self.problems.append(f"plan.{dotted}: missing")
+                return None
+            node = node[part]
+        return node
+
+    def text(self, dotted: str) -> str | None:
+        value = self.get(dotted)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            self.problems.append(f"plan.{dotted}: expected a non-empty string, got {value!r}")
+            return None
+        if "\0" in value:
+            self.problems.append(f"plan.{dotted}: contains a NUL character")
+            return None
+        return value
+
+    def number(self, dotted: str, *, integer: bool = False, minimum: float = 1) -> int | None:
+        value = self.get(dotted)
+        if value is None:
+            return None
+        kinds = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) \
+                or value < minimum:
+            what = "an integer" if integer else "a number"
+            self.problems.append(f"plan.{dotted}: expected {what} >= {minimum}, got {value!r}")
+            return None
+        # Timeouts are rounded up to whole seconds: a shorter limit than planned never helps.
+        return value if isinstance(value, int) else math.ceil(value)
+
+    def path(self, dotted: str) -> str | None:
+        value = self.text(dotted)
+        if value is None:
+            return None
+        return self.check_path(f"plan.{dotted}", value)
+
+    def check_path(self, label: str, value: str) -> str | None:
+        """``value`` normalized, if the service will be able to see it; else None and a problem."""
+        if not value.startswith("/"):
+            self.problems.append(f"{label}: {value!r} is not an absolute path")
+            return None
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+            self.problems.append(f"{label}: {value!r} contains a control character")
+            return None
+        normal = posixpath.normpath(value)
+        if normal.startswith("//"):
+            normal = "/" + normal.lstrip("/")
+        for prefix in HIDDEN_PREFIXES:
+            if normal == prefix or normal.startswith(prefix + "/"):
+                why = "PrivateTmp=yes" if prefix in ("/tmp", "/var/tmp") else "ProtectHome=yes"
+                self.problems.append(
+                    f"{label}: {value} is hidden from the service by {why}; keep it outside "
+                    f"{', '.join(HIDDEN_PREFIXES)} (models: under /var/lib/edgectl/models)")
+                return None
+        return normal
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _host_scope(host: str) -> str:
+    """"local" (loopback only), "any" (all addresses) or "address" (one address or name)."""
+    if host == "localhost":
+        return "local"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return "address"
+    if address.is_loopback:
+        return "local"
+    if address.is_unspecified:
+        return "any"
+    return "address"
+
+
+def _network_ordering(scope: str) -> str:
+    if scope == "address":
+        # Binding one address needs that address configured: wait for the network to be up.
+        return "Wants=network-online.target\nAfter=network-online.target"
+    # Loopback and the wildcard address can be bound before the network is up.
+    return "After=network.target"
+
+
+def _ip_access(scope: str) -> str:
+    if scope == "local":
+        return ("# Served on loopback only: no traffic to or from any other address.\n"
+                "IPAddressAllow=localhost\nIPAddressDeny=any")
+    return "# Served beyond loopback: clients may come from any address."
+
+
+def _read_template() -> str:
+    return (units_dir() / TEMPLATE).read_text(encoding="utf-8")
+
+
+def _fill(template: str, values: Mapping[str, str]) -> str:
+    used: set[str] = set()
+
+    def sub(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key not in values:
+            raise KeyError(f"{TEMPLATE}: no value for @{key}@")
+        used.add(key)
+        return values[key]
+
+    text = re.sub(r"@([A-Z][A-Z0-9_]*)@", sub, template)
+    unused = set(values) - used
+    if unused:
+        raise KeyError(f"{TEMPLATE}: values never used: {sorted(unused)}")
+    return text
+
+
+def render_unit(plan: Mapping[str, Any], *, plan_path: str, python: str) -> str:
+    """The text of ``edgectl-NAME.service`` for ``plan`` (edgectl.plan/1).
+
+    ``plan_path`` is where the plan is written (the worker reads it from there); ``python`` is
+    the runtime interpreter (EDGECTL_RUNTIME_PYTHON). Raises EdgectlError naming every field
+    the unit cannot be built from.
+    """
+    r = _PlanReader(plan)
+    name = r.text("serve.name")
+    if name is not None:
+        try:
+            validate_name(name)
+        except EdgectlError as exc:
+            r.problems.append(f"plan.serve.name: {exc.message}")
+            name = None
+    host = r.text("serve.host")
+    if host is not None and (any(ch.isspace() for ch in host) or any(ord(ch) < 0x20 for ch in host)):
+        r.problems.append(f"plan.serve.host: {host!r} is not a host name or address")
+        host = None
+    port = r.number("serve.port", integer=True)
+    if port is not None and port > 65535:
+        r.problems.append(f"plan.serve.port: {port} is not a TCP port (1-65535)")
+    elif port is not None and port < FIRST_UNPRIVILEGED_PORT:
+        r.problems.append(f"plan.serve.port: {port} is a privileged port and the service runs without "
+                          f"privileges: use --port {FIRST_UNPRIVILEGED_PORT} or above (e.g. 8000)")
+    model = r.text("model.name")
+    model_path = r.path("model.path")
+    weight_format = r.text("weight_format")
+    start_s = r.number("timeouts.start_s")
+    watchdog_s = r.number("timeouts.watchdog_s")
+    stop_s = r.number("timeouts.stop_s")
+    high_bytes = r.number("memory.high_bytes", integer=True)
+    limit_bytes = r.number("memory.limit_bytes", integer=True)
+    if high_bytes is not None and limit_bytes is not None and high_bytes > limit_bytes:
+        r.problems.append(f"plan.memory.high_bytes: {high_bytes} is above limit_bytes {limit_bytes}")
+
+    cpus = r.get("cpus")
+    if cpus is not None:
+        if (not isinstance(cpus, list) or not cpus
+                or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus)
+                or len(set(cpus)) != len(cpus)):
+            r.problems.append(f"plan.cpus: expected a non-empty list of distinct CPU numbers, got {cpus!r}")
+            cpus = None
+
+    env = r.get("env")
+    env_lines: list[str] = []
+    if env is not None and not isinstance(env, Mapping):
+        r.problems.append(f"plan.env: expected an object of NAME: value strings, got {env!r}")
+    elif env is not None:
+        own = unit_environment(name) if name else {}
+        for key in sorted(env):
+            value = env[key]
+            if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
+                r.problems.append(f"plan.env: {key!r} is not a variable name")
+            elif not isinstance(value, str) or "\0" in value:
+                r.problems.append(f"plan.env.{key}: expected a string, got {value!r}")
+            elif key in own and value != own[key]:
+                r.problems.append(f"plan.env.{key}: the unit sets it to {own[key]!r} itself; "
+                                  "remove it from the plan")
+            elif key not in own:
+                env_lines.append(f"Environment={quote_word(f'{key}={value}')}")
+
+    checked_plan_path = r.check_path("plan path", plan_path)
+    checked_python = r.check_path("runtime python", python)
+
+    if r.problems:
+        raise EdgectlError(f"cannot write the systemd unit from this plan: {r.problems[0]}",
+                           details=r.problems[1:])
+    assert name and host and port and model and model_path and weight_format  # for the type checker
+    assert start_s and watchdog_s and stop_s and high_bytes and limit_bytes and cpus
+    assert checked_plan_path and checked_python
+
+    scope = _host_scope(host)
+    exec_start = " ".join([quote_word(python, dollar=True), "-m", "edgectl_runtime.worker",
+                           "--plan", quote_word(plan_path, dollar=True)])
+    values = {
+        "UNIT": unit_name(name),
+        "UNIT_STEM": f"edgectl-{name}",
+        "NAME": name,
+        "PLAN_PATH_NOTE": _c_escape(plan_path),
+        "MODEL": _free_text(model),
+        "WEIGHT_FORMAT": _free_text(weight_format),
+        "ENDPOINT": _free_text(_endpoint(host, port)),
+        "NETWORK_ORDERING": _network_ordering(scope),
+        "START_LIMIT_BURST": str(START_LIMIT_BURST),
+        # Longer than START_LIMIT_BURST failed starts that each take the start timeout, the
+        # stop timeout and the restart delay (systemd counts starts within a fixed window).
+        "START_LIMIT_INTERVAL_S": str((START_LIMIT_BURST + 1) * (start_s + stop_s + RESTART_S)),
+        "EXEC_START": exec_start,
+        "STATE_DIR": state_dir(name),
+        "CACHE_DIR": cache_dir(name),
+        "START_S": str(start_s),
+        "WATCHDOG_S": str(watchdog_s),
+        "STOP_S": str(stop_s),
+        "RESTART_S": str(RESTART_S),
+        "MEMORY_HIGH_BYTES": str(high_bytes),
+        "MEMORY_MAX_BYTES": str(limit_bytes),
+        "CPUS": _cpu_list(cpus),
+        "PLAN_ENVIRONMENT": "\n".join(env_lines) if env_lines else "# (the plan sets no variables)",
+        "MODEL_PATH": quote_word(model_path),
+        "IP_ACCESS": _ip_access(scope),
+    }
+    return _fill(_read_template(), values)

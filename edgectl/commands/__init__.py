@@ -4,6 +4,6 @@ Modules import only the light control plane at module level: ``edgectl --help`` 
 ``edgectl probe`` must not pay for torch or vLLM.
 """
 
-from edgectl.commands import models, probe
+from edgectl.commands import models, plan, probe
 
-ALL = [probe, models]
+ALL = [probe, models, plan]

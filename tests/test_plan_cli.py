@@ -1,0 +1,286 @@
+"""`edgectl plan` as a user runs it (a subprocess): the JSON contract (edgectl.plan/1), exit codes
+and one-line errors; plan() is pure; a probe taken on another host plans the same as its facts;
+and the plan for this machine, from the pulled model or from the catalog before the pull."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edgectl.errors import EdgectlError
+from edgectl.models.inspect import inspect_model
+from edgectl.probe import HostFacts, probe
+from models_helpers import SHAPES
+from plan_helpers import (
+    QWEN3_17B,
+    SMOLLM2,
+    host_facts,
+    make_plan,
+    plan_cli,
+    reasons_by_decision,
+    shape,
+    shipped_profiles,
+    write_facts,
+    write_profile,
+)
+from probe_helpers import FIXTURE_NAMES
+
+# ---- the JSON contract (shared/plan-schema: every field, units in the names) ----------------------
+
+TOP = {
+    "schema": str, "model": dict, "device_class": str, "profile": dict, "weight_format": str, "group_size": int,
+    "quantize_lm_head": bool, "max_model_len": int, "max_num_seqs": int, "max_num_batched_tokens": int,
+    "kv_cache_bytes": int, "kv_bytes_per_token": int, "block_size": int, "rope_rows": int, "threads": int,
+    "cpus": list, "topology": str, "compilation": str, "levers": dict, "memory": dict, "predicted": dict,
+    "serve": dict, "timeouts": dict, "env": dict, "reasons": list, "request": dict,
+}
+MODEL = {"name", "path", "architecture", "checkpoint_format"}
+PROFILE = {"name", "file", "kind"}
+LEVERS = {"rope_cap", "kv_exact", "layerwise_repack", "topology", "reserve_frontend_core"}
+MEMORY = {"weights_bytes", "kv_cache_bytes", "rope_bytes", "runtime_bytes", "workspace_bytes", "total_bytes",
+          "high_bytes", "limit_bytes"}
+PREDICTED = {"decode_tok_s", "prefill_tok_s", "ready_s"}
+SERVE = {"name", "host", "port"}
+TIMEOUTS = {"start_s", "watchdog_s", "stop_s"}
+SOURCES = {"profile", "model-config", "flag", "probe", "fallback"}
+
+
+def check_plan_json(d: dict) -> None:
+    assert set(d) == set(TOP), set(d) ^ set(TOP)
+    for key, kind in TOP.items():
+        assert isinstance(d[key], kind) and not (kind is int and isinstance(d[key], bool)), (key, d[key])
+    assert d["schema"] == "edgectl.plan/1"
+    assert set(d["model"]) == MODEL and d["model"]["checkpoint_format"] in ("bf16", "cpu_int4", "gptq", "awq")
+    assert set(d["profile"]) == PROFILE and d["profile"]["kind"] in ("measured", "external", "fallback")
+    assert d["weight_format"] in ("w4a16", "w4a8-amx", "w4a16-vllm", "bf16")
+    assert d["topology"] in ("single-process", "stock") and d["compilation"] in ("eager", "default")
+    assert set(d["levers"]) == LEVERS
+    assert set(d["memory"]) == MEMORY and all(isinstance(v, int) for v in d["memory"].values())
+    assert set(d["predicted"]) == PREDICTED
+    assert all(v is None or isinstance(v, float | int) for v in d["predicted"].values())
+    assert set(d["serve"]) == SERVE and set(d["timeouts"]) == TIMEOUTS
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in d["env"].items())
+    assert "VLLM_CPU_OMP_THREADS_BIND" in d["env"]
+    assert all(isinstance(c, int) for c in d["cpus"]) and d["threads"] <= len(d["cpus"])
+    for r in d["reasons"]:
+        assert set(r) == {"decision", "value", "source", "detail"} and r["source"] in SOURCES, r
+    assert {"model", "max_model_len", "max_num_seqs"} <= set(d["request"])
+    # the ledger adds up, and the KV / RoPE fields agree with the ledger
+    m = d["memory"]
+    assert m["total_bytes"] == sum(m[k] for k in ("weights_bytes", "kv_cache_bytes", "rope_bytes", "runtime_bytes",
+                                                  "workspace_bytes"))
+    assert m["total_bytes"] <= m["high_bytes"] <= m["limit_bytes"]
+    assert d["kv_cache_bytes"] == m["kv_cache_bytes"]
+
+
+def test_plan_json_has_every_field_and_equals_the_plan_of_the_facts(tmp_path: Path):
+    facts = host_facts("kvm-epyc-avx2-2c")
+    model_dir = SHAPES / SMOLLM2
+    done = plan_cli([str(model_dir), "--facts", str(write_facts(facts, tmp_path)), "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    d = json.loads(done.stdout)
+    check_plan_json(d)
+    # a probe of another host, read back from JSON, plans exactly as its facts do in-process
+    assert d == make_plan(facts, inspect_model(model_dir), spec=str(model_dir)).to_dict()
+
+
+def test_plan_text_names_the_decisions(tmp_path: Path):
+    facts = host_facts("kvm-xeon-avx512-2c")
+    done = plan_cli([str(SHAPES / SMOLLM2), "--facts", str(write_facts(facts, tmp_path))], tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith("plan for smollm2-135m on x86_64-avx512 (profile generic, fallback)\n")
+    assert "  weights     w4a16, int4 groups of 128\n" in out
+    assert "  context     4096 tokens × 1 sequence(s); RoPE rows 4096\n" in out
+    assert "nobody has measured this class" in out
+
+
+@pytest.mark.parametrize("host", FIXTURE_NAMES)
+def test_facts_read_back_from_json_plan_the_same(host: str):
+    facts = host_facts(host)
+    again = HostFacts.from_dict(json.loads(json.dumps(facts.to_dict())))
+    model = shape(SMOLLM2)
+    assert make_plan(again, model).to_dict() == make_plan(facts, model).to_dict()
+
+
+def test_plan_is_pure():
+    facts, model = host_facts("xeon-spr-amx-2s"), shape(QWEN3_17B)
+    first = make_plan(facts, model).to_dict()
+    assert make_plan(facts, model).to_dict() == first
+    # and planning something else in between changes nothing (no state kept)
+    make_plan(host_facts("arm64-board"), shape(SMOLLM2), max_num_seqs=3)
+    assert make_plan(facts, model).to_dict() == first
+    assert json.loads(json.dumps(first)) == first  # plain JSON values only
+
+
+def test_the_facts_of_this_host_from_another_root_do_not_leak(tmp_path: Path):
+    # --facts wins over the probe of this machine: the plan is the fixture's (2 usable CPUs 2-3)
+    facts = host_facts("container-cgroup2")
+    done = plan_cli([str(SHAPES / SMOLLM2), "--facts", str(write_facts(facts, tmp_path)), "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["cpus"] == [2, 3]
+
+
+# ---- refusals: exit 2, one line, nothing else ------------------------------------------------------
+
+
+def _one_error_line(done) -> str:
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+def test_unknown_model_name(tmp_path: Path):
+    line = _one_error_line(plan_cli(["no-such-model"], tmp_path))
+    assert line == ("error: no model 'no-such-model': it is neither a catalog name (smollm2-135m) nor a "
+                    "directory; see `edgectl models list`")
+
+
+def test_model_dir_with_a_broken_config(tmp_path: Path):
+    broken = tmp_path / "broken"
+    shutil.copytree(SHAPES / SMOLLM2, broken)
+    (broken / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],')
+    line = _one_error_line(plan_cli([str(broken)], tmp_path))
+    assert line.startswith(f"error: {broken.resolve()}/config.json: not valid JSON")
+
+
+def test_over_large_request_through_the_cli(tmp_path: Path):
+    facts = write_facts(host_facts("host-cgroup1"), tmp_path)
+    line = _one_error_line(plan_cli([str(SHAPES / QWEN3_17B), "--facts", str(facts), "--max-model-len", "4096"],
+                                    tmp_path))
+    assert "does not fit: needs 4438 MiB" in line and "budget is 3994 MiB" in line
+    assert line.endswith("fits with --max-model-len 1792")
+    ok = plan_cli([str(SHAPES / QWEN3_17B), "--facts", str(facts), "--max-model-len", "1792", "--json"], tmp_path)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["max_model_len"] == 1792
+
+
+def test_max_model_len_above_the_models_maximum_through_the_cli(tmp_path: Path):
+    facts = write_facts(host_facts("kvm-xeon-avx512-2c"), tmp_path)
+    line = _one_error_line(plan_cli([str(SHAPES / SMOLLM2), "--facts", str(facts), "--max-model-len", "9000"],
+                                    tmp_path))
+    assert "exceeds what smollm2-135m supports (8192" in line
+
+
+def test_unknown_format_through_the_cli(tmp_path: Path):
+    facts = write_facts(host_facts("kvm-xeon-avx512-2c"), tmp_path)
+    line = _one_error_line(plan_cli([str(SHAPES / SMOLLM2), "--facts", str(facts), "--format", "int3"], tmp_path))
+    assert "unknown weight format 'int3'" in line
+
+
+def test_facts_file_problems_name_the_file(tmp_path: Path):
+    garbled = tmp_path / "garbled.json"
+    garbled.write_text("not json")
+    line = _one_error_line(plan_cli([str(SHAPES / SMOLLM2), "--facts", str(garbled)], tmp_path))
+    assert line.startswith(f"error: {garbled}: not JSON") and "edgectl probe --json" in line
+    partial = tmp_path / "partial.json"
+    d = host_facts("kvm-xeon-avx512-2c").to_dict()
+    del d["cpu"]["isa"]
+    partial.write_text(json.dumps(d))
+    line = _one_error_line(plan_cli([str(SHAPES / SMOLLM2), "--facts", str(partial)], tmp_path))
+    assert line == f"error: {partial}: cpu.isa: missing"
+
+
+def test_a_bad_local_profile_reports_every_problem(tmp_path: Path):
+    local = tmp_path / "local-profiles"
+    write_profile(local, "schema: edgectl.profile/1\nname: broken\ndevice_class: x86_64-avx2\nkind: measured\n"
+                         "match: {arch: x86_64, colour: blue}\nsources: {}\n", "broken.yaml")
+    facts = write_facts(host_facts("kvm-xeon-avx512-2c"), tmp_path)
+    done = plan_cli([str(SHAPES / SMOLLM2), "--facts", str(facts)], tmp_path,
+                    env={"EDGECTL_PROFILES_DIR": str(local)})
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert lines[0] == (f"error: {local / 'broken.yaml'}: match.colour: unknown key (known: arch, isa_all, "
+                        "isa_none, max_cores, min_cores, model_pattern, vendor)")
+    assert lines[-1] == "fix the profile(s) above, or remove them"
+
+
+# ---- this machine -------------------------------------------------------------------------------------
+
+
+def _check_plan_for_this_host(d: dict, model_path: Path) -> None:
+    check_plan_json(d)
+    facts = probe("/", environ=os.environ)
+    assert d["model"] == {"name": "smollm2-135m", "path": str(model_path), "architecture": "LlamaForCausalLM",
+                          "checkpoint_format": "bf16"}
+    assert d["device_class"] == str(facts.device_class)
+    # never a kernel this host cannot run
+    if not facts.cpu.isa.avx512f:
+        assert d["weight_format"] not in ("w4a16-vllm", "w4a8-amx")
+    if d["profile"]["kind"] == "fallback":
+        assert d["weight_format"] == "w4a16"  # nothing measured: 4-bit reads the fewest bytes
+    # a context and a KV budget that fit; RoPE rows = the context
+    max_len = d["max_model_len"]
+    assert 512 <= max_len <= 4096
+    # 30 layers × 2 × 3 KV heads × 64 × 2 B = 23040 B per token, in blocks of 128 plus the null block
+    assert d["kv_bytes_per_token"] == 23040
+    assert d["kv_cache_bytes"] == (math.ceil(max_len / 128) + 1) * 128 * 23040
+    assert d["rope_rows"] == max_len
+    assert d["memory"]["limit_bytes"] <= facts.memory.budget_bytes
+    assert d["cpus"] and set(d["cpus"]) <= set(facts.topology.usable_cpus)
+    # a reason for each decision
+    why = reasons_by_decision(d)
+    for decision in ("profile", "weight_format", "max_model_len", "kv_cache_bytes", "rope_rows", "threads",
+                     "cpus", "weights_bytes", "runtime_bytes", "memory_limit"):
+        assert decision in why, decision
+
+
+def test_plan_smollm2_on_this_machine_when_pulled(tmp_path: Path):
+    from edgectl.models.cache import resolve_model
+
+    try:
+        path = resolve_model("smollm2-135m", os.environ)
+    except EdgectlError as exc:
+        pytest.skip(f"SmolLM2 is not pulled ({exc.message})")
+    done = plan_cli(["smollm2-135m", "--json"], tmp_path, env={"EDGECTL_MODEL_CACHE": str(path.parent)})
+    assert done.returncode == 0, done.stderr
+    _check_plan_for_this_host(json.loads(done.stdout), path)
+
+
+def test_plan_before_the_pull_uses_the_catalogs_config(tmp_path: Path):
+    cache = tmp_path / "empty-cache"
+    done = plan_cli(["smollm2-135m", "--json"], tmp_path, env={"EDGECTL_MODEL_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr
+    d = json.loads(done.stdout)
+    # the path is where the pull will put it; nothing was downloaded or created
+    _check_plan_for_this_host(d, cache / "smollm2-135m")
+    assert not cache.exists()
+    text = plan_cli(["smollm2-135m"], tmp_path, env={"EDGECTL_MODEL_CACHE": str(cache)})
+    assert "planned from the catalog's configuration" in text.stdout
+
+
+def test_the_catalog_config_is_the_pulled_models_shape():
+    # the shipped config the plan uses before the pull describes the same model as the shape
+    from edgectl import paths
+
+    shipped = json.loads((paths.data_dir() / "catalog" / "smollm2-135m" / "config.json").read_text())
+    assert shipped == json.loads((SHAPES / SMOLLM2 / "config.json").read_text())
+
+
+def test_profiles_used_by_the_cli_are_the_shipped_ones():
+    # the CLI reads the checkout's profiles/ (paths.profiles_dir) — the same files the tests load
+    from edgectl import paths
+
+    assert {p.file for p in shipped_profiles()} == {str(f) for f in paths.profiles_dir().glob("*.yaml")}
+
+
+def test_a_plan_for_a_model_with_a_different_name_keeps_it(tmp_path: Path):
+    # the name in the plan is how the user called the model (a directory: its name)
+    renamed = tmp_path / "my-model"
+    shutil.copytree(SHAPES / SMOLLM2, renamed)
+    facts = write_facts(host_facts("kvm-xeon-avx512-2c"), tmp_path)
+    done = plan_cli([str(renamed), "--facts", str(facts), "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    d = json.loads(done.stdout)
+    assert d["model"]["name"] == "my-model" and d["model"]["path"] == str(renamed.resolve())
+    assert d["memory"]["weights_bytes"] == make_plan(host_facts("kvm-xeon-avx512-2c"),
+                                                     shape(SMOLLM2)).memory.weights_bytes
+    assert d["kv_cache_bytes"] == 33 * 128 * 23040  # 4096 tokens: 32 blocks + the null block

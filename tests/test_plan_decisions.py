@@ -1,0 +1,283 @@
+"""What the planner decides and why: kernels the host can run, ranking by measured figures, the
+fallback profile, and threads and CPUs from cpuset, quota, NUMA, SMT and the profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgectl.errors import EdgectlError
+from edgectl.probe import AmxPermission, NumaNode
+from plan_helpers import (
+    LLAMA31_8B,
+    QWEN3_17B,
+    SMOLLM2,
+    host_facts,
+    make_plan,
+    profile_from_yaml,
+    profile_yaml,
+    reasons_by_decision,
+    shape,
+    shipped_profiles,
+    with_cpu,
+    with_topology,
+)
+
+# ---- kernels the host cannot run ---------------------------------------------------------------
+
+AVX2_HOSTS = ("kvm-epyc-avx2-2c", "vm-avx512-disabled")
+
+
+@pytest.mark.parametrize("host", AVX2_HOSTS)
+def test_avx2_never_gets_vllms_int4_kernel_even_if_a_profile_says_it_is_fastest(host: str, tmp_path: Path):
+    # A profile for this class that (wrongly) claims w4a16-vllm runs and is by far the fastest:
+    # vLLM's AVX2 library has no cpu_gemm_wna16, so the host rule wins over the profile.
+    prof = profile_from_yaml(tmp_path, profile_yaml(
+        name="bogus-avx2", device_class="x86_64-avx2", match="  arch: x86_64\n  isa_all: [avx2]\n",
+        formats="  w4a16-vllm:\n    runs: true\n    decode_tok_s: {median: 500, passes: 3}\n"
+                "  w4a16:\n    runs: true\n    decode_tok_s: {median: 20, passes: 3}\n"))
+    p = make_plan(host_facts(host), shape(SMOLLM2), [prof])
+    assert p.profile["name"] == "bogus-avx2"
+    assert p.weight_format == "w4a16"
+    skipped = reasons_by_decision(p)["formats_not_runnable"][0]
+    assert "w4a16-vllm" in skipped["value"] and "_C_AVX2" in skipped["detail"]
+
+
+@pytest.mark.parametrize("host", AVX2_HOSTS)
+def test_asking_for_vllms_int4_kernel_on_avx2_is_refused(host: str):
+    with pytest.raises(EdgectlError) as exc:
+        make_plan(host_facts(host), shape(SMOLLM2), weight_format="w4a16-vllm")
+    assert exc.value.exit_code == 2
+    assert exc.value.message.startswith("--format w4a16-vllm cannot run here: ")
+    assert "_C_AVX2" in exc.value.message and "runnable here: bf16, w4a16" in exc.value.message
+
+
+def test_an_unknown_format_is_refused():
+    with pytest.raises(EdgectlError, match=r"unknown weight format 'int3'.*w4a16, w4a8-amx, w4a16-vllm, bf16"):
+        make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), weight_format="int3")
+
+
+def test_aarch64_gets_neither_vllm_int4_nor_amx():
+    p = make_plan(host_facts("arm64-board"), shape(SMOLLM2))
+    assert p.weight_format == "w4a16"
+    assert reasons_by_decision(p)["formats_not_runnable"][0]["value"] == ["w4a16-vllm", "w4a8-amx"]
+
+
+# ---- AMX only when verified ----------------------------------------------------------------------
+# A captured tree cannot ask the kernel for the AMX tile-data permission: the probe says
+# "not-checked". Unverified is not usable (the worker would die at its first AMX instruction if the
+# kernel refused), so the planner passes over w4a8-amx and says how to verify it.
+
+
+def test_amx_not_checked_is_not_used():
+    facts = host_facts("xeon-spr-amx-2s")
+    assert facts.cpu.amx_permission is AmxPermission.NOT_CHECKED
+    p = make_plan(facts, shape(QWEN3_17B))
+    # SPR profile: w4a8-amx 74.4 > w4a16 71.6 > w4a16-vllm 32.3 tok/s; AMX is out, so w4a16
+    assert p.weight_format == "w4a16"
+    skipped = reasons_by_decision(p)["formats_not_runnable"][0]
+    assert skipped["value"] == ["w4a8-amx"]
+    assert "not-checked" in skipped["detail"] and "edgectl probe" in skipped["detail"]
+    with pytest.raises(EdgectlError, match=r"--format w4a8-amx cannot run here: .*not-checked"):
+        make_plan(facts, shape(QWEN3_17B), weight_format="w4a8-amx")
+
+
+def test_amx_granted_is_used_when_measured_fastest():
+    facts = with_cpu(host_facts("xeon-spr-amx-2s"), amx_permission=AmxPermission.GRANTED)
+    p = make_plan(facts, shape(QWEN3_17B))
+    assert p.weight_format == "w4a8-amx"
+    why = reasons_by_decision(p)["weight_format"][0]
+    assert why["source"] == "profile"
+    assert "74.4" in why["detail"] and "w4a16 71.6" in why["detail"] and "w4a16-vllm 32.3" in why["detail"]
+    # the prediction comes from the measured figure (no reference model size: not scaled)
+    assert p.predicted["decode_tok_s"] == 74.4
+
+
+def test_amx_denied_is_not_used():
+    facts = with_cpu(host_facts("xeon-spr-amx-2s"), amx_permission=AmxPermission.DENIED)
+    p = make_plan(facts, shape(QWEN3_17B))
+    assert p.weight_format == "w4a16"
+    assert "permission was denied" in reasons_by_decision(p)["formats_not_runnable"][0]["detail"]
+
+
+# ---- ranking by measured figures --------------------------------------------------------------------
+
+def _two_format_profile(tmp_path: Path, bf16: float, w4a16: float):
+    return profile_from_yaml(tmp_path, profile_yaml(formats=(
+        f"  bf16:\n    runs: true\n    decode_tok_s: {{median: {bf16}, min: {bf16 - 1}, max: {bf16 + 1}, passes: 3}}\n"
+        f"  w4a16:\n    runs: true\n    decode_tok_s: {{median: {w4a16}, min: {w4a16 - 1}, max: {w4a16 + 1}, passes: 3}}\n")))
+
+
+def test_bf16_measured_faster_than_w4a16_is_chosen_with_the_figures(tmp_path: Path):
+    prof = _two_format_profile(tmp_path, bf16=30.0, w4a16=20.0)
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof])
+    assert p.weight_format == "bf16"
+    why = reasons_by_decision(p)["weight_format"][0]
+    assert why["source"] == "profile"
+    assert why["detail"].startswith("fastest measured decode on test-avx512: 30 tok/s (median, 3 passes, range 29–31")
+    assert "others: w4a16 20 tok/s" in why["detail"]
+
+
+def test_w4a16_measured_faster_than_bf16_is_chosen(tmp_path: Path):
+    prof = _two_format_profile(tmp_path, bf16=20.0, w4a16=30.0)
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof])
+    assert p.weight_format == "w4a16"
+    assert "others: bf16 20 tok/s" in reasons_by_decision(p)["weight_format"][0]["detail"]
+
+
+def test_a_profile_saying_a_format_does_not_run_removes_it(tmp_path: Path):
+    prof = profile_from_yaml(tmp_path, profile_yaml(formats=(
+        "  w4a16:\n    runs: false\n    reason: crashes in the test lab\n"
+        "  bf16:\n    runs: true\n")))
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof])
+    assert p.weight_format == "bf16"
+    assert "crashes in the test lab" in reasons_by_decision(p)["formats_not_runnable"][0]["detail"]
+
+
+def test_the_fastest_format_that_does_not_fit_gives_way_to_one_that_does(tmp_path: Path):
+    # A profile that measured bf16 faster than w4a16. Llama-3.1-8B in bf16 needs 16060522496 B of
+    # weights alone: × 1.625 (load peak × MemoryMax headroom) ≈ 24 GiB > the fixture's budget at
+    # any context; in w4a16 it fits at 4096 (test_plan_table). A faster format that cannot fit
+    # must not turn a request that fits into a refusal.
+    prof = _two_format_profile(tmp_path, bf16=30.0, w4a16=20.0)
+    facts = host_facts("kvm-xeon-avx512-2c")
+    p = make_plan(facts, shape(LLAMA31_8B), [prof])
+    assert p.weight_format == "w4a16" and p.max_model_len == 4096
+    why = reasons_by_decision(p)["weight_format"][0]
+    assert why["detail"].startswith("bf16 ranks first but does not fit at any context in the budget")
+    # asked for explicitly, bf16 is refused with need vs budget
+    with pytest.raises(EdgectlError, match=r"does not fit: needs 2\d\.\d GiB .*budget is"):
+        make_plan(facts, shape(LLAMA31_8B), [prof], weight_format="bf16")
+
+
+# ---- the fallback profile -----------------------------------------------------------------------------
+
+def test_fallback_profile_is_used_and_said_so():
+    # AVX-512 without BF16: no shipped profile measures that class
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2))
+    assert p.profile == {"name": "generic", "file": str(Path(p.profile["file"])), "kind": "fallback"}
+    assert p.profile["file"].endswith("profiles/generic.yaml")
+    why = reasons_by_decision(p)
+    assert why["profile"][0]["source"] == "fallback"
+    assert "nobody has measured this class" in why["profile"][0]["detail"]
+    # every figure taken from the fallback is marked as such, not as a measurement
+    for decision in ("weight_format", "runtime_bytes", "memory_limit", "compilation", "reserve_frontend_core"):
+        assert why[decision][0]["source"] == "fallback", decision
+
+
+def test_measured_profile_figures_are_marked_profile():
+    p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2))
+    why = reasons_by_decision(p)
+    assert why["profile"][0]["source"] == "profile"
+    # the AVX2 profile measures no format with edgectl's runtime: the format is the stated default
+    assert why["weight_format"][0]["source"] == "fallback"
+    assert why["runtime_bytes"][0]["source"] == "profile"  # 700 MiB measured here
+
+
+def test_no_profile_and_no_fallback_is_refused(tmp_path: Path):
+    prof = profile_from_yaml(tmp_path, profile_yaml(match="  arch: aarch64\n"))
+    with pytest.raises(EdgectlError, match=r"no device profile matches this host \(x86_64-avx512, x86_64\)"):
+        make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof])
+
+
+# ---- threads and CPUs -----------------------------------------------------------------------------------
+
+def test_threads_follow_the_cgroup_quota_and_cpuset():
+    # container-cgroup2: cpuset 2-3, cpu.max "150000 100000" = 1.5 CPUs → one thread, on CPU 2
+    p = make_plan(host_facts("container-cgroup2"), shape(SMOLLM2))
+    assert (p.cpus, p.threads) == ([2, 3], 1)
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "2"
+    why = reasons_by_decision(p)
+    assert why["threads_quota"][0]["value"] == 1 and "1.5 cores" in why["threads_quota"][0]["detail"]
+    # host-cgroup1: taskset 0-11, user.slice cfs quota 400000/100000 = 4 cores → 4 threads on 0-3
+    p = make_plan(host_facts("host-cgroup1"), shape(SMOLLM2))
+    assert (p.cpus, p.threads, p.env["VLLM_CPU_OMP_THREADS_BIND"]) == (list(range(12)), 4, "0-3")
+
+
+def test_a_cpuset_of_distinct_cores_keeps_a_thread_per_cpu():
+    # container-cgroup2 without its quota: the host has 4 cores × 2 threads, and the cpuset's CPUs
+    # 2 and 3 are different cores (sys/.../cpu2/topology/core_cpus_list "2,6", cpu3 "3,7")
+    facts = with_topology(host_facts("container-cgroup2"), cpu_quota_cores=None)
+    p = make_plan(facts, shape(SMOLLM2))
+    assert (p.cpus, p.threads, p.env["VLLM_CPU_OMP_THREADS_BIND"]) == ([2, 3], 2, "2-3")
+    assert "threads_smt" not in reasons_by_decision(p)
+
+
+def test_a_fractional_quota_above_one_rounds_down():
+    facts = with_topology(host_facts("kvm-xeon-avx512-2c"), cpu_quota_cores=1.99)
+    assert make_plan(facts, shape(SMOLLM2)).threads == 1
+    facts = with_topology(host_facts("kvm-xeon-avx512-2c"), cpu_quota_cores=0.5)
+    assert make_plan(facts, shape(SMOLLM2)).threads == 1  # never 0
+
+
+def test_numa_two_sockets_use_node_local_cores_one_thread_per_core():
+    # xeon-spr-amx-2s: node0 = CPUs 0-55 and their SMT siblings 112-167 (56 cores); node1 the rest
+    p = make_plan(host_facts("xeon-spr-amx-2s"), shape(SMOLLM2))
+    assert p.cpus == list(range(0, 56)) + list(range(112, 168))
+    assert p.threads == 56
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-55"  # the first thread of each core
+    why = reasons_by_decision(p)
+    assert "2 NUMA nodes" in why["cpus"][0]["detail"] and "node 0" in why["cpus"][0]["detail"]
+    assert why["threads_smt"][0]["value"] == 56
+
+
+def test_numa_takes_the_node_holding_most_usable_cpus():
+    # affinity restricted to 50-70 and 170-180: node 0 keeps 50-55 (6 CPUs), node 1 keeps
+    # 56-70 and 170-180 (15 + 11 = 26): node 1 wins, its usable CPUs only
+    facts = host_facts("xeon-spr-amx-2s")
+    usable = tuple(range(50, 71)) + tuple(range(170, 181))
+    p = make_plan(with_topology(facts, usable_cpus=usable), shape(SMOLLM2))
+    assert p.cpus == list(range(56, 71)) + list(range(170, 181))
+    assert "node 1" in reasons_by_decision(p)["cpus"][0]["detail"]
+
+
+def test_smt_gives_one_thread_per_physical_core():
+    # 4 logical CPUs on 2 physical cores (2 threads per core), one NUMA node
+    facts = with_topology(host_facts("kvm-xeon-avx512-2c"), logical_cpus=4, physical_cores=2,
+                          usable_cpus=(0, 1, 2, 3), numa_nodes=(NumaNode(0, (0, 1, 2, 3), None),))
+    p = make_plan(facts, shape(SMOLLM2))
+    assert (p.cpus, p.threads) == ([0, 1, 2, 3], 2)
+    assert "2 hardware threads per core" in reasons_by_decision(p)["threads_smt"][0]["detail"]
+
+
+def test_reserve_core_comes_from_the_profile(tmp_path: Path):
+    prof = profile_from_yaml(tmp_path, profile_yaml(
+        formats="  w4a16:\n    runs: true\n",
+        extra="threads:\n  reserve_frontend_core: true\n  evidence: \"bench: 2 threads 14.1, 1+1 15.0 tok/s\"\n"))
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof])
+    # 2 CPUs, one left to the HTTP front end: OpenMP on CPU 0
+    assert p.threads == 1 and p.cpus == [0, 1] and p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert p.levers["reserve_frontend_core"] is True
+    why = reasons_by_decision(p)["reserve_frontend_core"][0]
+    assert (why["value"], why["source"]) == (True, "profile")
+    assert why["detail"] == "bench: 2 threads 14.1, 1+1 15.0 tok/s"
+
+
+def test_no_reserve_without_a_measurement():
+    p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2))
+    assert p.threads == 2 and p.levers["reserve_frontend_core"] is False
+    why = reasons_by_decision(p)["reserve_frontend_core"][0]
+    assert (why["value"], why["source"]) == (False, "fallback") and "not measured" in why["detail"]
+
+
+def test_reserve_with_one_usable_cpu_keeps_it(tmp_path: Path):
+    prof = profile_from_yaml(tmp_path, profile_yaml(
+        formats="  w4a16:\n    runs: true\n", extra="threads:\n  reserve_frontend_core: true\n"))
+    facts = with_topology(host_facts("kvm-xeon-avx512-2c"), usable_cpus=(1,))
+    p = make_plan(facts, shape(SMOLLM2), [prof])
+    assert (p.cpus, p.threads, p.levers["reserve_frontend_core"]) == ([1], 1, False)
+    assert "only one core" in reasons_by_decision(p)["reserve_frontend_core"][-1]["detail"]
+
+
+def test_threads_flag_within_the_usable_cpus():
+    p = make_plan(host_facts("arm64-board"), shape(SMOLLM2), threads=3)
+    assert p.threads == 3 and p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-2"
+    assert reasons_by_decision(p)["threads"][0]["source"] == "flag"
+    with pytest.raises(EdgectlError, match=r"--threads 5 is outside 1\.\.4 \(the usable CPUs: 0-3\)"):
+        make_plan(host_facts("arm64-board"), shape(SMOLLM2), threads=5)
+
+
+def test_shipped_profiles_are_the_ones_selected():
+    names = {p.name for p in shipped_profiles()}
+    assert names == {"generic", "x86_64-avx2", "x86_64-amx-spr"}

@@ -1,0 +1,308 @@
+"""Device profiles: strict validation (`file: path.to.field: problem`, one line per bad field, all
+at once), the shipped profiles, and which profile a host gets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgectl.errors import EdgectlError
+from edgectl.profiles import load_profile, load_profiles, parse_profile, select_profile
+from plan_helpers import (
+    SHIPPED_PROFILES,
+    host_facts,
+    profile_from_yaml,
+    profile_yaml,
+    shipped_profiles,
+    with_cpu,
+    write_profile,
+)
+from probe_helpers import FIXTURE_NAMES
+
+# A valid measured profile; each case below breaks one field of it.
+GOOD = """\
+schema: edgectl.profile/1
+name: lab-box
+device_class: x86_64-avx2
+kind: measured
+match:
+  arch: x86_64
+  isa_all: [avx2, fma]
+  vendor: AuthenticAMD
+sources:
+  bench:
+    cpu_model: "AMD EPYC 7B13"
+    cores: 2
+    ram_bytes: 25769803776
+    date: 2026-12-01
+    command: "edgectl bench smollm2-135m --record-profile"
+    vllm: "0.32.0"
+    torch: "2.13.0+cpu"
+    edgectl_commit: "0165d14"
+  paper:
+    cpu_model: "Intel Xeon Platinum 8480C"
+    cores: 24
+    ram_bytes: 1099511627776
+    date: "2026-11"
+    command: "published"
+    external: true
+    reference: "vllm-embedding study"
+formats:
+  w4a16:
+    runs: true
+    decode_tok_s: {median: 20.5, min: 19.0, max: 21.0, passes: 5, source: bench}
+  w4a16-vllm:
+    runs: false
+    reason: "no cpu_gemm_wna16 in _C_AVX2"
+  bf16:
+    runs: true
+    decode_tok_s: {median: 71.6, source: paper}
+runtime:
+  process_bytes: {median: 734003200, passes: 3, source: bench}
+threads:
+  reserve_frontend_core: false
+  evidence: "bench: 2 threads 20.5 vs 1 + front end 18.0 tok/s"
+compilation: eager
+"""
+
+
+def test_the_good_profile_is_good(tmp_path: Path):
+    p = profile_from_yaml(tmp_path, GOOD, "lab.yaml")
+    assert (p.name, p.kind, p.device_class, p.file) == ("lab-box", "measured", "x86_64-avx2",
+                                                        str(tmp_path / "lab.yaml"))
+    fig = p.formats["w4a16"].decode_tok_s
+    assert (fig.median, fig.min, fig.max, fig.passes, fig.source.key) == (20.5, 19.0, 21.0, 5, "bench")
+    assert fig.source.edgectl_commit == "0165d14" and fig.source.vllm == "0.32.0"
+    assert p.formats["bf16"].decode_tok_s.source.external is True  # an external figure needs no passes
+    assert p.formats["w4a16-vllm"].runs is False and p.process_bytes.median == 734003200
+    assert p.reserve_frontend_core is False
+
+
+def _errors(text: str) -> list[str]:
+    profile, errors = parse_profile(yaml.safe_load(text), "lab.yaml")
+    assert profile is None or not errors
+    return errors
+
+
+def _swap(old: str, new: str) -> str:
+    assert GOOD.count(old) == 1, old
+    return GOOD.replace(old, new)
+
+
+@pytest.mark.parametrize("text, expected", [
+    pytest.param(_swap("compilation: eager\n", "compilation: eager\ncolour: blue\n"),
+                 "lab.yaml: colour: unknown key (known: bandwidth_gbps, compilation, description, device_class, "
+                 "formats, kind, match, name, notes, runtime, schema, sources, threads)", id="unknown-key"),
+    pytest.param(_swap("    decode_tok_s: {median: 20.5, min: 19.0, max: 21.0, passes: 5, source: bench}",
+                       "    decode_tok_s: {median: 20.5, min: 19.0, max: 21.0, passes: 5, source: bench, runs: 3}"),
+                 "lab.yaml: formats.w4a16.decode_tok_s.runs: unknown key (known: max, median, min, passes, source)",
+                 id="unknown-nested-key"),
+    pytest.param(_swap("    cores: 2\n", "    cores: two\n"),
+                 "lab.yaml: sources.bench.cores: expected int, got str 'two'", id="wrong-type"),
+    pytest.param(_swap("    runs: true\n    decode_tok_s: {median: 20.5",
+                       "    runs: yes please\n    decode_tok_s: {median: 20.5"),
+                 "lab.yaml: formats.w4a16.runs: expected bool, got str 'yes please'", id="wrong-type-bool"),
+    pytest.param(_swap("median: 20.5, min: 19.0, max: 21.0, passes: 5, source: bench",
+                       "median: fast, min: 19.0, max: 21.0, passes: 5, source: bench"),
+                 "lab.yaml: formats.w4a16.decode_tok_s.median: expected float, got str 'fast'", id="wrong-type-median"),
+    pytest.param(_swap("  process_bytes: {median: 734003200, passes: 3, source: bench}",
+                       "  process_bytes: {median: 734003200, passes: 3}"),
+                 "lab.yaml: runtime.process_bytes.source: missing (every figure names its source)",
+                 id="missing-source"),
+    pytest.param(_swap("  process_bytes: {median: 734003200, passes: 3, source: bench}",
+                       "  process_bytes: {median: 734003200, passes: 3, source: benhc}"),
+                 "lab.yaml: runtime.process_bytes.source: unknown source 'benhc' (defined: bench, paper)",
+                 id="unknown-source"),
+    pytest.param(_swap("median: 20.5, min: 19.0, max: 21.0", "median: 25.0, min: 19.0, max: 21.0"),
+                 "lab.yaml: formats.w4a16.decode_tok_s: median 25.0 is not within min 19.0 and max 21.0",
+                 id="median-outside-range"),
+    pytest.param(_swap('    runs: false\n    reason: "no cpu_gemm_wna16 in _C_AVX2"\n', "    runs: false\n"),
+                 "lab.yaml: formats.w4a16-vllm.reason: missing (say why the kernel does not run here)",
+                 id="runs-false-without-reason"),
+    pytest.param(_swap(", passes: 5, source: bench}", ", source: bench}"),
+                 "lab.yaml: formats.w4a16.decode_tok_s.passes: missing (a measured figure says how many passes "
+                 "it is the median of)", id="measured-without-passes"),
+    pytest.param(_swap(", passes: 5, source: bench}", ", passes: 0, source: bench}"),
+                 "lab.yaml: formats.w4a16.decode_tok_s.passes: must be at least 1", id="zero-passes"),
+    pytest.param(_swap("  vendor: AuthenticAMD\n", "  vendor: 'Authentic(AMD'\n"),
+                 "lab.yaml: match.vendor: not a regular expression: missing ), unterminated subpattern at "
+                 "position 9", id="bad-regex"),
+    pytest.param(_swap("schema: edgectl.profile/1\n", "schema: edgectl.profile/2\n"),
+                 "lab.yaml: schema: 'edgectl.profile/2' is not 'edgectl.profile/1'", id="wrong-schema"),
+    pytest.param(_swap("device_class: x86_64-avx2\n", "device_class: x86_64-sse\n"),
+                 "lab.yaml: device_class: 'x86_64-sse' is not one of x86_64-amx, x86_64-avx512-bf16, x86_64-avx512, "
+                 "x86_64-avx2, aarch64-sve, aarch64-neon, generic", id="unknown-device-class"),
+    pytest.param(_swap("  isa_all: [avx2, fma]\n", "  isa_all: [avx2, fma3]\n"),
+                 "lab.yaml: match.isa_all[1]: 'fma3' is not one of avx2, fma, avx512f, avx512bw, avx512vl, "
+                 "avx512dq, avx512_vnni, avx512_bf16, amx_tile, amx_int8, amx_bf16, asimd, sve", id="unknown-isa"),
+    pytest.param(_swap("  w4a16:\n    runs: true\n", "  w4a4:\n    runs: true\n"),
+                 "lab.yaml: formats.w4a4: 'w4a4' is not one of w4a16, w4a8-amx, w4a16-vllm, bf16",
+                 id="unknown-format"),
+    pytest.param(_swap('    edgectl_commit: "0165d14"\n', ""),
+                 "lab.yaml: sources.bench.edgectl_commit: missing (a figure measured with edgectl records the "
+                 "versions it ran)", id="measured-source-without-commit"),
+    pytest.param(_swap('    reference: "vllm-embedding study"\n', ""),
+                 "lab.yaml: sources.paper.reference: missing (an external source says where its figures were "
+                 "published)", id="external-source-without-reference"),
+    pytest.param(_swap("    cores: 2\n", ""), "lab.yaml: sources.bench.cores: missing", id="source-missing-field"),
+])
+def test_each_bad_field_is_one_line(text: str, expected: str):
+    assert _errors(text) == [expected]
+
+
+@pytest.mark.parametrize("text, expected", [
+    # a wrong type for a whole section is one line, not one per field below it
+    (_swap("match:\n  arch: x86_64\n  isa_all: [avx2, fma]\n  vendor: AuthenticAMD\n", "match: x86_64\n"),
+     "lab.yaml: match: expected dict, got str 'x86_64'"),
+    (_swap("runtime:\n  process_bytes: {median: 734003200, passes: 3, source: bench}\n", "runtime: [1, 2]\n"),
+     "lab.yaml: runtime: expected dict, got list [1, 2]"),
+    (_swap("  isa_all: [avx2, fma]\n", "  isa_all: avx2\n"), "lab.yaml: match.isa_all: expected list, got str 'avx2'"),
+    (_swap("    cores: 24\n", "    cores: [24]\n"), "lab.yaml: sources.paper.cores: expected int, got list [24]"),
+    (_swap("  vendor: AuthenticAMD\n", "  vendor: 5\n"), "lab.yaml: match.vendor: expected str, got int 5"),
+])
+def test_a_wrong_section_type_is_one_line_and_no_crash(text: str, expected: str):
+    assert _errors(text) == [expected]
+
+
+def test_a_broken_source_is_reported_once_not_at_every_figure():
+    text = _swap("  bench:\n    cpu_model:", "  bench: oops\n  bench_old:\n    cpu_model:")
+    assert _errors(text) == ["lab.yaml: sources.bench: expected a mapping, got str"]
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path):
+    text = (GOOD.replace("schema: edgectl.profile/1", "schema: edgectl.profile/0")
+                .replace("  vendor: AuthenticAMD", "  vendor: '('\n  colour: blue")
+                .replace("median: 20.5, min: 19.0", "median: 18.0, min: 19.0")
+                .replace('    reason: "no cpu_gemm_wna16 in _C_AVX2"\n', "")
+                .replace("passes: 3, source: bench}", "passes: 3, source: nowhere}"))
+    path = write_profile(tmp_path, text, "many.yaml")
+    with pytest.raises(EdgectlError) as exc:
+        load_profile(path)
+    lines = [exc.value.message, *exc.value.details]
+    assert exc.value.exit_code == 2
+    assert all(line.startswith(f"{path}: ") for line in lines), lines
+    assert sorted(line.split(": ")[1] for line in lines) == sorted([
+        "schema", "match.colour", "match.vendor", "formats.w4a16.decode_tok_s", "formats.w4a16-vllm.reason",
+        "runtime.process_bytes.source"])
+
+
+def test_problems_in_several_files_are_all_reported(tmp_path: Path):
+    write_profile(tmp_path, _swap("schema: edgectl.profile/1\n", "schema: nope\n"), "a.yaml")
+    write_profile(tmp_path, _swap("    cores: 2\n", "    cores: two\n"), "b.yaml")
+    write_profile(tmp_path, "schema: [unclosed\n", "c.yaml")
+    with pytest.raises(EdgectlError) as exc:
+        load_profiles([tmp_path])
+    lines = [exc.value.message, *exc.value.details]
+    assert lines[0] == f"{tmp_path / 'a.yaml'}: schema: 'nope' is not 'edgectl.profile/1'"
+    assert lines[1] == f"{tmp_path / 'b.yaml'}: sources.bench.cores: expected int, got str 'two'"
+    assert lines[2].startswith(f"{tmp_path / 'c.yaml'}: not valid YAML at line 2")
+    assert lines[3] == "fix the profile(s) above, or remove them"
+
+
+def test_not_a_mapping_at_all(tmp_path: Path):
+    with pytest.raises(EdgectlError, match=r"empty\.yaml: \(top level\): expected a mapping, got NoneType"):
+        load_profile(write_profile(tmp_path, "", "empty.yaml"))
+
+
+def test_a_fallback_profile_must_match_any_host():
+    text = _swap("kind: measured\n", "kind: fallback\n")
+    assert _errors(text) == ["lab.yaml: match: a fallback profile must match any host (arch: any, no ISA rules)"]
+
+
+# ---- the shipped profiles ------------------------------------------------------------------------------
+
+
+def test_every_shipped_profile_validates():
+    files = sorted(SHIPPED_PROFILES.glob("*.yaml"))
+    assert [f.name for f in files] == ["generic.yaml", "x86_64-amx.yaml", "x86_64-avx2.yaml"]
+    for f in files:
+        load_profile(f)  # raises with every problem if one is invalid
+    kinds = {p.name: (p.kind, p.device_class) for p in shipped_profiles()}
+    assert kinds == {"generic": ("fallback", "generic"), "x86_64-avx2": ("external", "x86_64-avx2"),
+                     "x86_64-amx-spr": ("external", "x86_64-amx")}
+
+
+def test_shipped_external_figures_carry_their_provenance():
+    spr = {p.name: p for p in shipped_profiles()}["x86_64-amx-spr"]
+    # the published figures of issue 3: 74.4 (W4A8 AMX), 71.6 / 2190 (W4A16 tinygemm), 32.3 (vLLM wna16)
+    assert spr.formats["w4a8-amx"].decode_tok_s.median == 74.4
+    assert (spr.formats["w4a16"].decode_tok_s.median, spr.formats["w4a16"].prefill_tok_s.median) == (71.6, 2190)
+    assert spr.formats["w4a16-vllm"].decode_tok_s.median == 32.3
+    assert spr.bandwidth_gbps.median == 222
+    src = spr.formats["w4a16"].decode_tok_s.source
+    assert src.external and src.reference and src.cpu_model == "Intel(R) Xeon(R) Platinum 8480C" and src.cores == 24
+    avx2 = {p.name: p for p in shipped_profiles()}["x86_64-avx2"]
+    # measured-here.md's figures are stock vLLM's, not edgectl's path: they do not rank formats
+    assert avx2.formats["bf16"].runs and avx2.formats["bf16"].decode_tok_s is None
+    assert avx2.process_bytes.source.reference.startswith("shared/facts/measured-here.md")
+    assert not avx2.formats["w4a16-vllm"].runs and not avx2.formats["w4a8-amx"].runs
+
+
+# ---- selection ------------------------------------------------------------------------------------
+
+
+SHIPPED_CHOICE = {
+    "arm64-board": "generic",  # aarch64: nothing measured
+    "container-cgroup2": "generic",  # x86_64-avx512-bf16: nothing measured
+    "host-cgroup1": "generic",  # x86_64-avx512: nothing measured
+    "kvm-epyc-avx2-2c": "x86_64-avx2",
+    "kvm-xeon-avx512-2c": "generic",  # avx512f usable: the AVX2 profile says isa_none [avx512f]
+    "vm-avx512-disabled": "x86_64-avx2",  # cpuid's AVX-512 is not enabled by the kernel: AVX2 class
+    "xeon-spr-amx-2s": "x86_64-amx-spr",
+}
+
+
+@pytest.mark.parametrize("host", FIXTURE_NAMES)
+def test_shipped_profile_for_each_fixture_host(host: str):
+    profile, considered = select_profile(list(shipped_profiles()), host_facts(host))
+    assert profile.name == SHIPPED_CHOICE[host]
+    assert len(considered) == 3 and all(": " in line for line in considered)
+
+
+def test_the_amx_profile_needs_intel_and_amx():
+    amd_amx = with_cpu(host_facts("xeon-spr-amx-2s"), vendor="AuthenticAMD")
+    profile, considered = select_profile(list(shipped_profiles()), amd_amx)
+    assert profile.name == "generic"
+    assert "x86_64-amx-spr: vendor 'AuthenticAMD' does not match 'GenuineIntel'" in considered
+
+
+def test_the_most_specific_matching_profile_wins(tmp_path: Path):
+    broad = profile_from_yaml(tmp_path, profile_yaml(name="broad", device_class="x86_64-avx2",
+                                                     match="  arch: x86_64\n  isa_all: [avx2]\n"), "broad.yaml")
+    narrow = profile_from_yaml(tmp_path, profile_yaml(
+        name="narrow", device_class="x86_64-avx2",
+        match="  arch: x86_64\n  isa_all: [avx2, fma]\n  vendor: AuthenticAMD\n  model_pattern: 'EPYC 7B13'\n"),
+        "narrow.yaml")
+    other_class = profile_from_yaml(tmp_path, profile_yaml(
+        name="other-class", device_class="x86_64-avx512",
+        match="  arch: x86_64\n  isa_all: [avx2, fma]\n  vendor: AuthenticAMD\n  model_pattern: 'EPYC'\n"
+              "  min_cores: 1\n  max_cores: 64\n"), "other.yaml")
+    generic = [p for p in shipped_profiles() if p.kind == "fallback"]
+    facts = host_facts("kvm-epyc-avx2-2c")  # AMD EPYC 7B13, AVX2 + FMA, class x86_64-avx2
+    for order in ([broad, narrow, other_class, *generic], [*generic, other_class, narrow, broad]):
+        # the probed class first (other-class's rules are the most specific, but for another class),
+        # then the most specific rules; the fallback only when nothing else matches
+        assert select_profile(order, facts)[0].name == "narrow"
+    assert select_profile([broad, *generic], facts)[0].name == "broad"
+    assert select_profile([other_class, *generic], facts)[0].name == "other-class"
+    assert select_profile([*generic], facts)[0].name == "generic"
+
+
+def test_core_count_rules(tmp_path: Path):
+    big = profile_from_yaml(tmp_path, profile_yaml(name="big", device_class="x86_64-avx2",
+                                                   match="  arch: x86_64\n  isa_all: [avx2]\n  min_cores: 8\n"))
+    p, considered = select_profile([big, *[p for p in shipped_profiles() if p.kind == "fallback"]],
+                                   host_facts("kvm-epyc-avx2-2c"))
+    assert p.name == "generic" and "big: 2 usable CPUs < 8" in considered
+
+
+def test_a_local_profile_replaces_a_shipped_one_of_the_same_name(tmp_path: Path):
+    local = tmp_path / "local"
+    text = (SHIPPED_PROFILES / "x86_64-avx2.yaml").read_text().replace("median: 734003200", "median: 700000000")
+    write_profile(local, text, "mine.yaml")
+    profiles = {p.name: p for p in load_profiles([SHIPPED_PROFILES, local])}
+    assert profiles["x86_64-avx2"].process_bytes.median == 700000000
+    assert profiles["x86_64-avx2"].file == str(local / "mine.yaml")
+    assert load_profiles([SHIPPED_PROFILES, tmp_path / "does-not-exist"])  # a missing directory is no error

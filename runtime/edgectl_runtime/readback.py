@@ -1,0 +1,313 @@
+"""What the loaded model actually holds, read from the live modules inside the engine.
+
+:func:`describe_model` answers "did the settings take effect": the format of every linear layer
+(including the LM head), the rows of every RoPE table, and the resident bytes of parameters and
+buffers by dtype. It runs where the model lives, the vLLM worker process:
+
+- ``LLM(..., worker_extension_cls="edgectl_runtime.readback.ReadbackExtension")`` then
+  ``llm.collective_rpc("edgectl_describe")`` (one dict per worker); or
+- ``describe_model(model)`` directly where the model is in-process.
+
+Output (``edgectl.readback/1``)::
+
+    {"schema": "edgectl.readback/1",
+     "quantization": {"method": "cpu_int4", "group_size": 128, "lm_head": false, ...} | null,
+     "levers": {"EDGECTL_ROPE_CAP": "1", ...},           # the worker's effective runtime env
+     "layers": [{"name": "model.layers.0.self_attn.qkv_proj", "kind": "linear",
+                 "format": "cpu_int4/g64", "out_features": 960, "in_features": 576,
+                 "group_size": 64, "reason": "..."}, ...],
+     "formats": {"cpu_int4/g64": 120, "cpu_int4/g128": 30, "bf16-tied-embedding": 1},
+     "rope": [{"name": "...rotary_emb", "class": "RotaryEmbedding", "rows": 2048,
+               "full_rows": 8192, "capped": true, "dtype": "bfloat16", "bytes": 262144}],
+     "resident": {"by_dtype": {"uint8": ..., "bfloat16": ...}, "parameters_bytes": ...,
+                  "buffers_bytes": ..., "total_bytes": ..., "outside_parameters_bytes": ...},
+     "kernel": {"cpu_capability": "AVX512", "int4_block_rows": 64 | null}}
+
+``outside_parameters_bytes`` estimates weights vLLM keeps outside the module's parameters: on
+CPU a dense linear layer's weight is repacked for oneDNN and the parameter replaced by an empty
+one (``layers/utils.py`` ``dispatch_cpu_unquantized_gemm``), so its bytes are counted as
+``out x in x dtype size`` there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+SCHEMA = "edgectl.readback/1"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _short(dtype_name: str) -> str:
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype_name, dtype_name)
+
+
+def _layer_entry(name: str, module: torch.nn.Module, embed_weight: torch.Tensor | None) -> dict[str, Any] | None:
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    from edgectl_runtime.cpu_int4 import INFO_ATTR, CpuInt4LinearMethod
+
+    if isinstance(module, ParallelLMHead):
+        kind = "lm_head"
+    elif isinstance(module, VocabParallelEmbedding):
+        kind = "embedding"
+    elif isinstance(module, LinearBase):
+        kind = "linear"
+    else:
+        return None
+    method = getattr(module, "quant_method", None)
+    dtype = _dtype_name(getattr(module, "params_dtype", torch.get_default_dtype()))
+    if kind == "linear":
+        out_f = sum(getattr(module, "output_partition_sizes", [module.output_size]))
+        in_f = getattr(module, "input_size_per_partition", module.input_size)
+    else:
+        out_f = module.num_embeddings_per_partition
+        in_f = module.embedding_dim
+    entry: dict[str, Any] = {"name": name, "kind": kind, "out_features": int(out_f), "in_features": int(in_f)}
+    info = getattr(module, INFO_ATTR, None)
+    if isinstance(method, CpuInt4LinearMethod):
+        if method.tied_source is not None:
+            src = method.tied_source.quant_method
+            entry.update(format=f"cpu_int4/g{src.group_size}-tied-embedding", group_size=src.group_size,
+                         kernel="torch", reason="tied to the int4 embedding")
+        elif method.dense is not None:
+            tied = kind == "lm_head" and embed_weight is not None and getattr(module, "weight", None) is embed_weight
+            entry.update(format=f"{_short(dtype)}-tied-embedding" if tied else _short(dtype),
+                         reason=(info or {}).get("reason", ""))
+        elif info and str(info.get("format", "")).startswith("cpu_int4"):
+            entry.update(format=info["format"], group_size=info["group_size"], kernel=info.get("kernel", "torch"),
+                         reason=info.get("reason", ""))
+        else:
+            entry.update(format="unknown", reason=f"cpu_int4 layer in an unexpected state: {info}")
+        return entry
+    if method is None or type(method).__name__ in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"):
+        weight = getattr(module, "weight", None)
+        tied = kind == "lm_head" and embed_weight is not None and weight is embed_weight
+        entry["format"] = f"{_short(dtype)}-tied-embedding" if tied else _short(dtype)
+        return entry
+    entry["format"] = type(method).__name__
+    return entry
+
+
+def _rope_entries(model: torch.nn.Module) -> list[dict[str, Any]]:
+    from edgectl_runtime.rope import INFO_ATTR as ROPE_INFO
+
+    out = []
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        cache = getattr(module, "_buffers", {}).get("cos_sin_cache")
+        if not isinstance(cache, torch.Tensor) or id(module) in seen:
+            continue
+        seen.add(id(module))
+        info = getattr(module, ROPE_INFO, None) or {}
+        out.append({
+            "name": name,
+            "class": type(module).__name__,
+            "rows": int(cache.shape[0]),
+            "full_rows": int(info.get("full_rows", cache.shape[0])),
+            "capped": bool(info.get("capped", False)),
+            "max_position_embeddings": int(getattr(module, "max_position_embeddings", 0) or 0),
+            "dtype": _dtype_name(cache.dtype),
+            "bytes": int(cache.numel() * cache.element_size()),
+        })
+    return out
+
+
+def _resident(model: torch.nn.Module, layers: list[dict[str, Any]]) -> dict[str, Any]:
+    by_dtype: dict[str, int] = {}
+    seen: set[tuple[int, int]] = set()
+    totals = {"parameters_bytes": 0, "buffers_bytes": 0}
+
+    def add(t: torch.Tensor, key: str) -> None:
+        if t is None or t.is_meta:
+            return
+        ident = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if ident in seen:
+            return  # tied / shared tensors count once
+        seen.add(ident)
+        nbytes = t.numel() * t.element_size()
+        by_dtype[_dtype_name(t.dtype)] = by_dtype.get(_dtype_name(t.dtype), 0) + nbytes
+        totals[key] += nbytes
+
+    for p in model.parameters():
+        add(p, "parameters_bytes")
+    for b in model.buffers():
+        add(b, "buffers_bytes")
+    # Dense layers whose weight vLLM moved into a oneDNN handle (empty parameter left behind).
+    outside = 0
+    modules = dict(model.named_modules())
+    for entry in layers:
+        module = modules.get(entry["name"])
+        weight = getattr(module, "weight", None) if module is not None else None
+        if entry["format"] in ("bf16", "fp16", "fp32") and isinstance(weight, torch.Tensor) and weight.numel() == 0:
+            outside += entry["out_features"] * entry["in_features"] * weight.element_size()
+    return {"by_dtype": dict(sorted(by_dtype.items())), **totals,
+            "total_bytes": totals["parameters_bytes"] + totals["buffers_bytes"],
+            "outside_parameters_bytes": outside}
+
+
+def describe_model(model: torch.nn.Module) -> dict[str, Any]:
+    """The read-back of a loaded vLLM model (see the module docstring for the shape)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    from edgectl_runtime import env as runtime_env
+
+    embed_weight = None
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead):
+            embed_weight = getattr(module, "weight", None)
+            break
+    layers = []
+    quant = None
+    for name, module in model.named_modules():
+        entry = _layer_entry(name, module, embed_weight)
+        if entry is None:
+            continue
+        if entry["kind"] == "embedding" and not entry["format"].startswith("cpu_int4"):
+            continue  # a dense embedding is not a matmul; listed only when int4
+        layers.append(entry)
+        cfg = getattr(getattr(module, "quant_method", None), "config", None)
+        if quant is None and cfg is not None and hasattr(cfg, "describe"):
+            quant = {"method": cfg.get_name(), **cfg.describe()}
+    formats: dict[str, int] = {}
+    for entry in layers:
+        formats[entry["format"]] = formats.get(entry["format"], 0) + 1
+    try:
+        from edgectl_runtime.cpu_int4 import packed_layout
+
+        block_rows = packed_layout().block_rows
+    except Exception:  # noqa: BLE001 - reported as unknown, never guessed
+        block_rows = None
+    return {
+        "schema": SCHEMA,
+        "quantization": quant,
+        "levers": runtime_env.snapshot(os.environ),
+        "layers": layers,
+        "formats": dict(sorted(formats.items())),
+        "rope": _rope_entries(model),
+        "resident": _resident(model, layers),
+        "kernel": {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "int4_block_rows": block_rows,
+                   "torch_threads": torch.get_num_threads()},
+    }
+
+
+def dump_int4_layers(model: torch.nn.Module, path: str) -> int:
+    """Write every int4 layer's unpacked values and scales/zeros (as read back from the kernel's
+    tensors) to a safetensors file: ``NAME.q`` uint8 ``[N, K]``, ``NAME.scales`` and
+    ``NAME.zeros`` ``[N, K/g]``. For tests and debugging; returns the number of layers."""
+    from safetensors.torch import save_file
+
+    from edgectl_runtime.cpu_int4 import W_ATTR, CpuInt4LinearMethod, unpack_layer
+
+    tensors = {}
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if not isinstance(method, CpuInt4LinearMethod) or not hasattr(module, W_ATTR):
+            continue
+        q, scales, zeros = unpack_layer(module)
+        tensors[f"{name}.q"] = q.contiguous()
+        tensors[f"{name}.scales"] = scales.contiguous()
+        tensors[f"{name}.zeros"] = zeros.contiguous()
+        tensors[f"{name}.group_size"] = torch.tensor([method.group_size])
+    save_file(tensors, path)
+    return sum(1 for k in tensors if k.endswith(".q"))
+
+
+_STATUS_FIELDS = {"VmHWM": "peak_rss_bytes", "VmRSS": "rss_bytes", "RssAnon": "rss_anon_bytes",
+                  "RssFile": "rss_file_bytes"}
+_SAMPLED: dict[str, Any] = {}
+
+
+def _read_status(status_path: str = "/proc/self/status") -> dict[str, int]:
+    out = {}
+    try:
+        with open(status_path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in _STATUS_FIELDS:
+                    out[_STATUS_FIELDS[key]] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def process_memory(status_path: str = "/proc/self/status") -> dict[str, Any]:
+    """This process's memory in bytes. ``peak_rss_bytes`` (VmHWM) counts file-backed pages too,
+    e.g. the checkpoint while it is mapped during loading; with ``EDGECTL_MEMORY_SAMPLER=1``
+    the anonymous and file-backed peaks are also sampled separately from the start of the process."""
+    out: dict[str, Any] = {"pid": os.getpid(), **_read_status(status_path)}
+    for name in _STATUS_FIELDS.values():
+        out.setdefault(name, None)  # unknown, never 0
+    if _SAMPLED:
+        out["sampled_peak_anon_bytes"] = _SAMPLED.get("anon")
+        out["sampled_peak_file_bytes"] = _SAMPLED.get("file")
+        out["sampler_interval_s"] = _SAMPLED.get("interval_s")
+    return out
+
+
+def start_memory_sampler(interval_s: float = 0.01) -> None:
+    """Sample RssAnon/RssFile of this process in a daemon thread (the plugin starts it in every
+    vLLM process when EDGECTL_MEMORY_SAMPLER=1); peaks are reported by :func:`process_memory`."""
+    import threading
+    import time
+
+    if _SAMPLED:
+        return
+    _SAMPLED.update(anon=0, file=0, interval_s=interval_s)
+
+    def run() -> None:
+        while True:
+            now = _read_status()
+            _SAMPLED["anon"] = max(_SAMPLED["anon"], now.get("rss_anon_bytes", 0))
+            _SAMPLED["file"] = max(_SAMPLED["file"], now.get("rss_file_bytes", 0))
+            time.sleep(interval_s)
+
+    threading.Thread(target=run, name="edgectl-memory-sampler", daemon=True).start()
+
+
+class ReadbackExtension:
+    """A vLLM worker extension (``worker_extension_cls``): adds collective_rpc calls that run
+    in the worker process, next to the model."""
+
+    def edgectl_describe(self) -> dict[str, Any]:
+        return describe_model(self.get_model())
+
+    def edgectl_memory(self) -> dict[str, Any]:
+        """This worker process's memory from /proc/self/status, in bytes: peak (VmHWM) and current
+        resident set, anonymous and file-backed parts, and its pid."""
+        return process_memory()
+
+    def edgectl_dump_int4(self, path: str) -> int:
+        return dump_int4_layers(self.get_model(), path)
+
+    def edgectl_int4_matmul_check(self, m_values: list[int]) -> dict[str, float]:
+        """Max relative error, over int4 layers, of the layer's own ``apply`` against the
+        dequantized weight, for activations of each M in ``m_values`` (eager, in the worker)."""
+        from edgectl_runtime.cpu_int4 import W_ATTR, CpuInt4LinearMethod, unpack_layer
+
+        model = self.get_model()
+        gen = torch.Generator().manual_seed(0)
+        worst: dict[str, float] = {}
+        for name, module in model.named_modules():
+            method = getattr(module, "quant_method", None)
+            if not isinstance(method, CpuInt4LinearMethod) or not hasattr(module, W_ATTR):
+                continue
+            q, scales, zeros = unpack_layer(module)
+            n, k = q.shape
+            g = method.group_size
+            w = ((q.float().reshape(n, k // g, g) - 8) * scales.float().unsqueeze(-1)
+                 + zeros.float().unsqueeze(-1)).reshape(n, k)
+            dtype = scales.dtype if scales.dtype != torch.float32 else torch.bfloat16
+            for m in m_values:
+                x = torch.randn(m, k, generator=gen).to(dtype)
+                out = method.apply(module, x).float()
+                ref = x.float() @ w.t()
+                rel = float((out - ref).norm() / ref.norm().clamp_min(1e-12))
+                worst[str(m)] = max(worst.get(str(m), 0.0), rel)
+        return worst

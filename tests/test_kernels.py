@@ -1,0 +1,96 @@
+"""Which int4 kernels this process can run, against the recorded kernel matrix
+(edgectl/data/vllm_kernels.yaml) and against what the loaded vLLM library really registers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from edgectl.paths import data_dir
+from test_int4_helpers import runtime_env
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from edgectl_runtime import kernels  # noqa: E402
+
+MATRIX = yaml.safe_load((data_dir() / "vllm_kernels.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def report():
+    return kernels.kernel_report()
+
+
+def _expected_library() -> str | None:
+    import platform
+
+    if platform.machine() != "x86_64":
+        return None
+    facts = {"avx512f": bool(torch.cpu._is_avx512_supported()),
+             "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported())}
+    for rule in MATRIX["selection"]:
+        if all(facts[k] == v for k, v in rule["when"].items()):
+            return rule["library"]
+    raise AssertionError(f"no selection rule matches {facts}")
+
+
+def test_matrix_is_well_formed():
+    assert MATRIX["schema"] == "edgectl.vllm-kernels/1"
+    for rule in MATRIX["selection"]:
+        assert rule["library"] in MATRIX["libraries"]
+    known = set(kernels.VLLM_OPS)
+    for lib in MATRIX["libraries"].values():
+        assert set(lib["ops"]) <= known
+    for fmt in MATRIX["formats"].values():
+        assert set(fmt["needs_ops"]) <= known
+
+
+@pytest.mark.host
+def test_vllm_loaded_the_library_the_matrix_predicts(report):
+    expected = _expected_library()
+    if expected is None:
+        pytest.skip("the matrix records x86_64 only")
+    assert report["vllm"]["library_expected"] == expected
+    assert report["vllm"]["libraries_loaded"] == [expected]
+
+
+@pytest.mark.host
+def test_registered_ops_are_the_matrix_row(report):
+    expected = _expected_library()
+    if expected is None:
+        pytest.skip("the matrix records x86_64 only")
+    registered = {name for name, present in report["vllm"]["int4_ops"].items() if present}
+    assert registered == set(MATRIX["libraries"][expected]["ops"])
+    # and the report reads torch.ops._C itself, not the matrix
+    assert report["vllm"]["int4_ops"]["cpu_gemm_wna16"] == hasattr(torch.ops._C, "cpu_gemm_wna16")
+
+
+def test_formats_follow_registered_ops(report):
+    ops = report["vllm"]["int4_ops"]
+    assert report["formats"]["bf16"] is True
+    assert report["formats"]["w4a16-vllm"] == ops["cpu_gemm_wna16"]
+    assert report["formats"]["w4a8-amx"] == (ops["int4_scaled_mm_cpu"] and report["torch"]["amx"])
+    assert report["formats"]["w4a16"] is True  # torch's int4 kernel runs on every x86/arm build
+    int4 = report["torch"]["int4"]
+    assert int4["registered"] and int4["works"] and int4["rel_error"] < 1e-2
+
+
+def test_cli_prints_the_report_as_json():
+    done = subprocess.run([sys.executable, "-m", "edgectl_runtime.kernels"], env=runtime_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["schema"] == "edgectl.kernels/1" and set(out["formats"]) == {"bf16", "w4a16", "w4a16-vllm", "w4a8-amx"}
+
+
+def test_time_ops_measures_every_kernel_present():
+    rows = kernels.time_ops(shapes=(("tiny", 64, 128),), ms=(1, 4), groups=(32, 128), reps=2)
+    assert [r["m"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["bf16_linear_us"] > 0 and r["int4_torch_g32_us"] > 0 and r["int4_torch_g128_us"] > 0
+        assert ("int4_vllm_g32_us" in r) == hasattr(torch.ops._C, "cpu_gemm_wna16")

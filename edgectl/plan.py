@@ -63,7 +63,9 @@ class Request:
     max_model_len: int | None = None
     max_num_seqs: int = 1
     weight_format: str | None = None
-    group_size: int = int4_layout.DEFAULT_GROUP_SIZE
+    group_size: int | None = None  # preferred int4 group; None: the model's hint, else 128
+    # Why a model prefers a group size (the catalog knows how its weights were made).
+    group_size_hint: tuple[int, str] | None = None
     threads: int | None = None
     name: str = DEFAULT_NAME
     host: str = DEFAULT_HOST
@@ -302,7 +304,11 @@ def _host_runs(fmt: str, facts: Any) -> tuple[bool, str]:
         amx = getattr(isa, "amx_tile", False) and getattr(isa, "amx_int8", False)
         granted = str(getattr(facts.cpu, "amx_permission", "")) == "granted"
         if arch == "x86_64" and amx and granted:
-            return True, "AMX tiles usable and the tile-data permission was granted"
+            # The host could run it, but edgectl's runtime cannot yet: the cpu_int4 plugin has
+            # no W4A8 path (vLLM's int4_scaled_mm_cpu is not wired in). Never plan what the
+            # worker would fail to serve.
+            return False, ("AMX is usable here, but edgectl's runtime has no W4A8 path yet "
+                           "(vLLM's int4_scaled_mm_cpu is not wired into the cpu_int4 plugin)")
         if amx and not granted:
             # "not-checked" (a captured tree, or facts from another host): unverified is not
             # usable; the worker would fail at its first AMX instruction if the kernel refused.
@@ -467,8 +473,16 @@ def plan(facts: Any, model: Any, profiles: list[Profile], request: Request) -> P
 
     if request.max_num_seqs < 1:
         raise EdgectlError(f"--max-num-seqs must be at least 1 (got {request.max_num_seqs})")
-    if request.group_size not in int4_layout.ALLOWED_GROUP_SIZES:
-        raise EdgectlError(f"--group-size {request.group_size} is not one of "
+    if request.group_size is not None:
+        group_size, gsrc, gdetail = request.group_size, "flag", "asked with --group-size"
+    elif request.group_size_hint is not None:
+        group_size, gdetail = request.group_size_hint
+        gsrc = "model-config"
+    else:
+        group_size, gsrc = int4_layout.DEFAULT_GROUP_SIZE, "fallback"
+        gdetail = "the common default for 4-bit weights; smaller groups cost more scale bytes"
+    if group_size not in int4_layout.ALLOWED_GROUP_SIZES:
+        raise EdgectlError(f"--group-size {group_size} is not one of "
                            f"{', '.join(map(str, int4_layout.ALLOWED_GROUP_SIZES))}")
 
     candidates = _choose_format(facts, model, profile, request, reasons)
@@ -513,10 +527,10 @@ def plan(facts: Any, model: Any, profiles: list[Profile], request: Request) -> P
         peak_src = "fallback"
 
     def weights(fmt: str) -> tuple[int, str]:
-        weights_bytes, n_quant, n_kept = weights_bytes_for(model, fmt, request.group_size, quantize_lm_head)
+        weights_bytes, n_quant, n_kept = weights_bytes_for(model, fmt, group_size, quantize_lm_head)
         wdetail = f"{model.param_bytes.total / MiB:.0f} MiB of parameters as {fmt}"
         if fmt != "bf16":
-            wdetail += f": {n_quant} linear layers int4 (groups ≤ {request.group_size}, per layer by K), {n_kept} kept bf16"
+            wdetail += f": {n_quant} linear layers int4 (groups ≤ {group_size}, per layer by K), {n_kept} kept bf16"
             ratio = profile.formats.get(fmt)
             if ratio and ratio.weights_bytes_ratio:
                 weights_bytes = int(weights_bytes * ratio.weights_bytes_ratio.median)
@@ -588,6 +602,8 @@ def plan(facts: Any, model: Any, profiles: list[Profile], request: Request) -> P
                      f"{first.fmt} ranks first but {fits} in the budget {_mib(budget)} "
                      f"(needs {_mib(first.ledger(target).limit_bytes)} at {target} tokens); {why.detail}")
     reasons.insert(format_reason_at, why)
+    if weight_format != "bf16":
+        reasons.append(Reason("group_size", group_size, gsrc, gdetail))
     reasons.append(Reason("weights_bytes", weights_bytes, "model-config", wdetail))
     reasons.append(Reason("runtime_bytes", runtime_bytes, rsrc, f"{processes} process(es) × {rdetail}"))
     mem = ledger(max_len)
@@ -661,7 +677,7 @@ def plan(facts: Any, model: Any, profiles: list[Profile], request: Request) -> P
         device_class=str(facts.device_class),
         profile={"name": profile.name, "file": profile.file, "kind": profile.kind},
         weight_format=weight_format,
-        group_size=request.group_size,
+        group_size=group_size,
         quantize_lm_head=quantize_lm_head,
         max_model_len=max_len,
         max_num_seqs=request.max_num_seqs,

@@ -69,7 +69,14 @@ def model_facts(spec: str, environ: Mapping[str, str]) -> tuple[Any, bool]:
 def make_plan(request: Request, environ: Mapping[str, str], *, root: str = "/", facts: Any = None) -> Planned:
     from edgectl.probe import probe
 
+    from dataclasses import replace
+
+    from edgectl.models.catalog import CATALOG
+
     host = facts if facts is not None else probe(root, environ=environ)
     model, pulled = model_facts(request.model, environ)
+    entry = CATALOG.get(request.model)
+    if entry is not None and entry.int4_group_size and request.group_size_hint is None:
+        request = replace(request, group_size_hint=entry.int4_group_size)
     profiles = load_all_profiles(environ)
     return Planned(host, model, plan(host, model, profiles, request), pulled)

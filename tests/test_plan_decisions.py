@@ -83,15 +83,18 @@ def test_amx_not_checked_is_not_used():
         make_plan(facts, shape(QWEN3_17B), weight_format="w4a8-amx")
 
 
-def test_amx_granted_is_used_when_measured_fastest():
+def test_amx_granted_is_still_not_planned_while_the_runtime_has_no_w4a8_path():
+    # The SPR profile measured w4a8-amx fastest (74.4 > w4a16 71.6 tok/s) and the permission is
+    # granted, but edgectl's worker cannot serve W4A8 yet: the plan must not promise it.
     facts = with_cpu(host_facts("xeon-spr-amx-2s"), amx_permission=AmxPermission.GRANTED)
     p = make_plan(facts, shape(QWEN3_17B))
-    assert p.weight_format == "w4a8-amx"
+    assert p.weight_format == "w4a16"
     why = reasons_by_decision(p)["weight_format"][0]
-    assert why["source"] == "profile"
-    assert "74.4" in why["detail"] and "w4a16 71.6" in why["detail"] and "w4a16-vllm 32.3" in why["detail"]
-    # the prediction comes from the measured figure (no reference model size: not scaled)
-    assert p.predicted["decode_tok_s"] == 74.4
+    assert why["source"] == "profile" and "71.6" in why["detail"]
+    skipped = reasons_by_decision(p)["formats_not_runnable"][0]
+    assert "w4a8-amx" in skipped["value"] and "no W4A8 path" in skipped["detail"]
+    with pytest.raises(EdgectlError, match=r"--format w4a8-amx cannot run here: .*no W4A8 path"):
+        make_plan(facts, shape(QWEN3_17B), weight_format="w4a8-amx")
 
 
 def test_amx_denied_is_not_used():

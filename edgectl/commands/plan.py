@@ -31,7 +31,7 @@ def read_facts_file(path: Path):
 MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Context length in tokens (default: the largest that fits, up to 4096 or the model's maximum).")]
 MaxNumSeqs = Annotated[int, typer.Option("--max-num-seqs", help="Sequences served at once; KV is sized for each at full context.")]
 Format = Annotated[Optional[str], typer.Option("--format", help="Weight format: w4a16, w4a8-amx, w4a16-vllm or bf16 (default: the fastest measured that runs here).")]
-GroupSize = Annotated[int, typer.Option("--group-size", help="Preferred int4 group size (32, 64, 128, 256); chosen per layer where K is not a multiple.")]
+GroupSize = Annotated[Optional[int], typer.Option("--group-size", help="Preferred int4 group size (32, 64, 128, 256; default: what suits the model, else 128); chosen per layer where K is not a multiple.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="OpenMP threads (default: one per usable physical core).")]
 
 
@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         max_model_len: MaxModelLen = None,
         max_num_seqs: MaxNumSeqs = 1,
         weight_format: Format = None,
-        group_size: GroupSize = 128,
+        group_size: GroupSize = None,
         threads: Threads = None,
         facts: Annotated[Optional[Path], typer.Option("--facts", help="Plan for the host described by this `edgectl probe --json` output instead of this one.")] = None,
         root: Annotated[str, typer.Option("--root", help="Probe /proc and /sys under this directory.")] = "/",

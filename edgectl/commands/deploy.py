@@ -1,0 +1,77 @@
+"""`edgectl deploy`, `serve` and `undeploy`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from edgectl.commands.plan import Format, GroupSize, MaxModelLen, MaxNumSeqs, Threads
+from edgectl.output import emit
+from edgectl.plan import DEFAULT_HOST, DEFAULT_NAME, DEFAULT_PORT, Request
+
+Name = Annotated[str, typer.Option("--name", help="Deployment name: unit edgectl-NAME.service, config /etc/edgectl/NAME/.")]
+Host = Annotated[str, typer.Option("--host", help="Address the OpenAI API binds to (localhost unless told otherwise).")]
+Port = Annotated[int, typer.Option("--port", help="TCP port of the OpenAI API.")]
+Model = Annotated[str, typer.Argument(help="A catalog name (`edgectl models list`) or a Hugging Face model directory.")]
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("deploy")
+    def deploy_cmd(
+        model: Model,
+        name: Name = DEFAULT_NAME,
+        host: Host = DEFAULT_HOST,
+        port: Port = DEFAULT_PORT,
+        max_model_len: MaxModelLen = None,
+        max_num_seqs: MaxNumSeqs = 1,
+        weight_format: Format = None,
+        group_size: GroupSize = None,
+        threads: Threads = None,
+        watchdog_sec: Annotated[Optional[int], typer.Option("--watchdog-sec", help="WatchdogSec (default: 3 × the longest predicted engine step, at least 30 s).")] = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the unit; write nothing.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    ) -> None:
+        """Run MODEL as a supervised systemd service (Type=notify, watchdog, MemoryMax from the plan)."""
+        from edgectl.deploy import deploy
+
+        request = Request(model=model, name=name, host=host, port=port, max_model_len=max_model_len,
+                          max_num_seqs=max_num_seqs, weight_format=weight_format, group_size=group_size,
+                          threads=threads, watchdog_s=watchdog_sec)
+        emit(deploy(request, os.environ, dry_run=dry_run, progress=_progress), as_json)
+
+    @app.command("serve")
+    def serve_cmd(
+        model: Model,
+        host: Host = DEFAULT_HOST,
+        port: Port = DEFAULT_PORT,
+        max_model_len: MaxModelLen = None,
+        max_num_seqs: MaxNumSeqs = 1,
+        weight_format: Format = None,
+        group_size: GroupSize = None,
+        threads: Threads = None,
+        ask: Annotated[Optional[str], typer.Option("--ask", help="Once serving, ask this question and print the answer.")] = None,
+    ) -> None:
+        """Run the same worker in the foreground, with the same plan (for hosts without systemd)."""
+        from edgectl.serve import serve
+
+        request = Request(model=model, host=host, port=port, max_model_len=max_model_len,
+                          max_num_seqs=max_num_seqs, weight_format=weight_format, group_size=group_size,
+                          threads=threads)
+        raise typer.Exit(serve(request, os.environ, question=ask, progress=_progress))
+
+    @app.command("undeploy")
+    def undeploy_cmd(
+        name: Annotated[str, typer.Argument(help="The deployment's name.")],
+        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    ) -> None:
+        """Stop and remove a deployment (unit and configuration); pulled models are kept."""
+        from edgectl.deploy import undeploy
+
+        emit(undeploy(name, os.environ), as_json)

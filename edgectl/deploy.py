@@ -1,0 +1,385 @@
+"""``edgectl deploy`` and ``undeploy``: a plan turned into a supervised systemd service.
+
+deploy: probe → plan → (pull) → write the plan and the unit atomically → reload →
+(re)start → wait for READY, showing the worker's phases → check with a real chat
+completion → report the endpoint, the plan and the measured memory. If the new version
+does not become ready, the previous unit and plan are put back and restarted (or, on a
+first deploy, everything written is removed) and the command fails with the journal's tail.
+
+Bad input (unknown model, a plan that does not fit, a port in use, an invalid name, not
+root) is refused before anything is written or stopped.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgectl import envvars
+from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
+from edgectl.plan import Request
+from edgectl.systemd import Systemd, UnitState, systemd_running
+from edgectl.units import render_unit, unit_name, validate_name
+
+Progress = Callable[[str], None]
+
+# The service runs with ProtectHome=yes and PrivateTmp=yes: it cannot see these.
+HIDDEN_FROM_SERVICE = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
+QUESTION = "What is the capital of France?"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one deployment's files live."""
+
+    name: str
+    unit_dir: Path
+    config_root: Path
+
+    @property
+    def unit(self) -> str:
+        return unit_name(self.name)
+
+    @property
+    def unit_path(self) -> Path:
+        return self.unit_dir / self.unit
+
+    @property
+    def config_dir(self) -> Path:
+        return self.config_root / self.name
+
+    @property
+    def plan_path(self) -> Path:
+        return self.config_dir / "plan.json"
+
+    @classmethod
+    def of(cls, name: str, environ: Mapping[str, str]) -> Layout:
+        return cls(name, Path(envvars.read("EDGECTL_UNIT_DIR", environ)), Path(envvars.read("EDGECTL_CONFIG_DIR", environ)))
+
+    def existing_plan(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.plan_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+
+@dataclass
+class DeployResult:
+    name: str
+    unit: str
+    endpoint: str
+    plan: dict[str, Any]
+    unit_text: str
+    dry_run: bool
+    answer: str | None = None
+    ready_s: float | None = None
+    memory: dict[str, Any] | None = None
+    replaced_previous: bool = False
+    phases: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "edgectl.deploy/1", "name": self.name, "unit": self.unit, "endpoint": self.endpoint,
+                "dry_run": self.dry_run, "answer": self.answer, "ready_s": self.ready_s,
+                "replaced_previous": self.replaced_previous, "memory": self.memory, "plan": self.plan,
+                "unit_text": self.unit_text if self.dry_run else None}
+
+    def render_text(self) -> str:
+        from edgectl.plan import _mib
+
+        p = self.plan
+        if self.dry_run:
+            return (f"# dry run: nothing written. Plan for {self.unit}:\n" + json.dumps(p, indent=2)
+                    + f"\n\n# {self.unit}:\n" + self.unit_text)
+        lines = [
+            f"{self.unit} is serving {p['model']['name']} at {self.endpoint}/v1 (ready in {self.ready_s:.0f} s)",
+            f"  plan: {p['weight_format']}, {p['max_model_len']} tokens × {p['max_num_seqs']}, "
+            f"{p['threads']} threads on CPUs {','.join(map(str, p['cpus']))}, MemoryMax {_mib(p['memory']['limit_bytes'])}",
+        ]
+        if self.memory:
+            m = self.memory
+            lines.append(f"  memory: measured PSS {_mib(m['pss_bytes'])} in {len(m['processes'])} process(es) "
+                         f"(anon {_mib(m['pss_anon_bytes'])}, file {_mib(m['pss_file_bytes'])}); "
+                         f"predicted {_mib(p['memory']['total_bytes'])}")
+        if self.answer is not None:
+            lines.append(f"  check: {QUESTION!r} → {self.answer.strip()!r}")
+        lines.append(f"  status: edgectl status {self.name}   logs: edgectl logs {self.name}")
+        return "\n".join(lines)
+
+
+def endpoint_of(plan: Mapping[str, Any]) -> str:
+    host = plan["serve"]["host"]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{plan['serve']['port']}"
+
+
+def client_base(plan: Mapping[str, Any]) -> str:
+    host = plan["serve"]["host"]
+    if host in ("0.0.0.0", "", "::"):
+        host = "127.0.0.1"
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{plan['serve']['port']}"
+
+
+def ask(plan: Mapping[str, Any], question: str = QUESTION, max_tokens: int = 32, timeout_s: float = 120) -> str:
+    """One greedy chat completion through the deployment's OpenAI API; the answer text."""
+    body = json.dumps({"model": plan["model"]["name"], "temperature": 0, "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": question}]}).encode()
+    req = urllib.request.Request(client_base(plan) + "/v1/chat/completions", data=body,
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        data = json.loads(r.read())
+    return data["choices"][0]["message"]["content"] or ""
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """None if ``host:port`` can be bound, else a description of who holds it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return None
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise EdgectlError(f"--host {host} is not an address of this machine: use 127.0.0.1, 0.0.0.0 or one "
+                                   "of its interfaces' addresses") from None
+            if exc.errno != errno.EADDRINUSE:
+                raise EdgectlError(f"cannot use {host}:{port}: {exc.strerror}") from None
+    try:
+        import psutil
+
+        for conn in psutil.net_connections("tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                p = psutil.Process(conn.pid)
+                return f"pid {conn.pid} ({p.name()})"
+    except Exception:  # who holds it is a courtesy; that it is held is the fact
+        pass
+    return "another program"
+
+
+def _check_model_visible(path: str) -> None:
+    p = Path(path).resolve()
+    for hidden in HIDDEN_FROM_SERVICE:
+        if p == Path(hidden) or Path(hidden) in p.parents:
+            raise EdgectlError(
+                f"the service cannot see {p}: it runs with ProtectHome=yes and PrivateTmp=yes, which hide {hidden}; "
+                "move the model under /var/lib/edgectl/models or /opt (or deploy a catalog model)")
+    # An unprivileged (dynamic) user must be able to read every file and traverse every directory.
+    for parent in [p, *p.parents]:
+        try:
+            mode = parent.stat().st_mode
+        except OSError:
+            continue
+        if not mode & 0o001:
+            raise EdgectlError(f"the service's unprivileged user cannot enter {parent} (mode {mode & 0o777:o}): "
+                               f"`chmod o+x {parent}`")
+    for f in p.iterdir():
+        if f.is_file() and not f.stat().st_mode & 0o004:
+            raise EdgectlError(f"the service's unprivileged user cannot read {f} (mode {f.stat().st_mode & 0o777:o}): "
+                               f"`chmod o+r {p}/*`")
+
+
+def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+@dataclass
+class _Snapshot:
+    unit_text: str | None
+    plan_text: str | None
+    was_active: bool
+
+
+def _snapshot(layout: Layout, sd: Systemd) -> _Snapshot:
+    unit_text = layout.unit_path.read_text() if layout.unit_path.exists() else None
+    plan_text = layout.plan_path.read_text() if layout.plan_path.exists() else None
+    state = sd.show(layout.unit)
+    return _Snapshot(unit_text, plan_text, state.active in ("active", "activating", "reloading"))
+
+
+def wait_ready(sd: Systemd, unit: str, timeout_s: float, progress: Progress, *, old_pid: int = 0,
+               restarts_before: int | None = None) -> tuple[bool, str, UnitState]:
+    """Poll until the unit is active (READY=1 arrived), fails, or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    last_status = None
+    started = False
+    state = sd.show(unit)
+    base_restarts = state.restarts if restarts_before is None else restarts_before
+    while time.monotonic() < deadline:
+        state = sd.show(unit)
+        if state.main_pid and state.main_pid != old_pid:
+            started = True
+        if state.status_text and state.status_text != last_status:
+            progress(f"  {state.status_text}")
+            last_status = state.status_text
+        if state.active == "active" and state.sub == "running" and started:
+            return True, "ready", state
+        if state.active == "failed":
+            return False, f"the service failed ({state.props.get('Result', '?')})", state
+        if state.sub == "auto-restart" or state.restarts > base_restarts:
+            return False, "the service exited during start-up and systemd is restarting it", state
+        if started and state.active == "inactive":
+            return False, "the service stopped during start-up", state
+        time.sleep(0.5)
+    return False, f"not ready after {timeout_s:.0f} s", state
+
+
+def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = False,
+           progress: Progress = lambda _: None) -> DeployResult:
+    from edgectl.planning import make_plan
+
+    validate_name(request.name)
+    if not dry_run and os.geteuid() != 0:
+        raise EdgectlError("edgectl deploy writes a systemd unit and /etc/edgectl: run it as root (sudo edgectl deploy ...)")
+    layout = Layout.of(request.name, environ)
+    python = envvars.read("EDGECTL_RUNTIME_PYTHON", environ)
+
+    planned = make_plan(request, environ)
+    existing = layout.existing_plan()
+    holder = port_holder(request.host, request.port)
+    if holder is not None:
+        ours = existing and existing.get("serve", {}).get("port") == request.port
+        if not ours:
+            raise EdgectlError(f"port {request.port} on {request.host} is in use by {holder}: pick another with --port")
+
+    if dry_run:
+        plan_dict = planned.plan.to_dict()
+        return DeployResult(request.name, layout.unit, endpoint_of(plan_dict), plan_dict,
+                            render_unit(plan_dict, plan_path=str(layout.plan_path), python=python), True)
+
+    if not systemd_running():
+        raise EdgectlError("systemd is not running on this machine: run the model in the foreground with "
+                           f"`edgectl serve {request.model}`")
+    sd = Systemd(layout.unit_dir)
+
+    if not planned.pulled:
+        from edgectl.models.pull import ensure_pulled
+
+        progress(f"pulling {request.model} (it fits: planned {planned.plan.memory.limit_bytes >> 20} MiB "
+                 f"≤ budget {planned.facts.memory.budget_bytes >> 20} MiB)")
+        ensure_pulled(request.model, progress, environ)
+        planned = make_plan(request, environ, facts=planned.facts)  # from the real files now
+    plan_dict = planned.plan.to_dict()
+    _check_model_visible(plan_dict["model"]["path"])
+    unit_text = render_unit(plan_dict, plan_path=str(layout.plan_path), python=python)
+
+    previous = _snapshot(layout, sd)
+    old = sd.show(layout.unit)
+    progress(f"{'replacing' if previous.was_active else 'starting'} {layout.unit}: "
+             f"{plan_dict['weight_format']}, {plan_dict['max_model_len']} tokens, MemoryMax {plan_dict['memory']['limit_bytes'] >> 20} MiB")
+    _atomic_write(layout.plan_path, json.dumps(plan_dict, indent=2) + "\n")
+    _atomic_write(layout.unit_path, unit_text)
+    t0 = time.monotonic()
+    try:
+        sd.daemon_reload()
+        sd.reset_failed(layout.unit)
+        sd.restart(layout.unit)
+        ok, why, state = wait_ready(sd, layout.unit, plan_dict["timeouts"]["start_s"] + 30, progress,
+                                    old_pid=old.main_pid, restarts_before=old.restarts)
+        answer = None
+        if ok:
+            try:
+                answer = ask(plan_dict)
+            except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
+                ok, why = False, f"it reported ready but a chat completion failed: {exc}"
+            else:
+                if not answer.strip():
+                    ok, why = False, f"it reported ready but answered {QUESTION!r} with nothing"
+    except EdgectlError as exc:
+        ok, why, answer = False, exc.message, None
+    if not ok:
+        tail = sd.journal(layout.unit, 25)
+        restored = _roll_back(layout, sd, previous, progress)
+        raise EdgectlError(f"{layout.unit} did not become ready: {why}; {restored}", exit_code=EXIT_FAILED,
+                           details=["--- journal (last lines) ---", *tail])
+    ready_s = time.monotonic() - t0
+    sd.enable(layout.unit)
+    from edgectl.status import service_memory
+
+    memory = service_memory(sd.show(layout.unit))
+    return DeployResult(request.name, layout.unit, endpoint_of(plan_dict), plan_dict, unit_text, False,
+                        answer=answer, ready_s=ready_s, memory=memory.to_dict() if memory else None,
+                        replaced_previous=previous.was_active)
+
+
+def _roll_back(layout: Layout, sd: Systemd, previous: _Snapshot, progress: Progress) -> str:
+    """Put the previous deployment back (and running, if it was), or remove what was written."""
+    if previous.unit_text is None or previous.plan_text is None:
+        sd.stop(layout.unit)
+        sd.disable(layout.unit)
+        sd.clean(layout.unit)
+        layout.unit_path.unlink(missing_ok=True)
+        shutil.rmtree(layout.config_dir, ignore_errors=True)
+        sd.daemon_reload()
+        sd.reset_failed(layout.unit)
+        return "nothing was deployed before, so the new unit and its configuration were removed"
+    progress(f"rolling back {layout.unit} to the previous deployment")
+    _atomic_write(layout.plan_path, previous.plan_text)
+    _atomic_write(layout.unit_path, previous.unit_text)
+    sd.daemon_reload()
+    sd.reset_failed(layout.unit)
+    if not previous.was_active:
+        sd.stop(layout.unit)
+        return "the previous deployment's unit and plan are restored (it was not running)"
+    old = sd.show(layout.unit)
+    sd.restart(layout.unit)
+    plan = json.loads(previous.plan_text)
+    ok, why, _ = wait_ready(sd, layout.unit, plan["timeouts"]["start_s"] + 30, progress,
+                            old_pid=old.main_pid, restarts_before=old.restarts)
+    if ok:
+        return "the previous deployment is restored and running again"
+    return f"the previous deployment is restored but did not come back: {why}"
+
+
+@dataclass
+class UndeployResult:
+    name: str
+    unit: str
+    removed: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "edgectl.undeploy/1", "name": self.name, "unit": self.unit, "removed": self.removed}
+
+    def render_text(self) -> str:
+        return f"{self.unit} stopped and removed ({', '.join(self.removed)}); models are kept"
+
+
+def undeploy(name: str, environ: Mapping[str, str]) -> UndeployResult:
+    validate_name(name)
+    if os.geteuid() != 0:
+        raise EdgectlError("edgectl undeploy removes a systemd unit: run it as root")
+    layout = Layout.of(name, environ)
+    if not layout.unit_path.exists() and not layout.config_dir.exists():
+        raise EdgectlError(f"no deployment named {name!r} (no {layout.unit_path}, no {layout.config_dir}): "
+                           "see `edgectl status`", exit_code=EXIT_BAD_INPUT)
+    sd = Systemd(layout.unit_dir)
+    removed = []
+    sd.stop(layout.unit)
+    sd.disable(layout.unit)
+    sd.clean(layout.unit)  # its state and cache directories (vLLM's caches); models are kept
+    if layout.unit_path.exists():
+        layout.unit_path.unlink()
+        removed.append(str(layout.unit_path))
+    if layout.config_dir.exists():
+        shutil.rmtree(layout.config_dir)
+        removed.append(str(layout.config_dir))
+    sd.daemon_reload()
+    sd.reset_failed(layout.unit)
+    return UndeployResult(name, layout.unit, removed)

@@ -1,0 +1,179 @@
+"""``edgectl status``: what each deployment is doing and what it really costs.
+
+For each deployment: its systemd state, restarts, uptime and endpoint; the measured memory
+ledger from the service's cgroup (PSS of every process in it, anonymous vs file-backed)
+against the plan's prediction and limit; and the requests and tokens served, from vLLM's
+``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgectl import envvars
+from edgectl.deploy import Layout, client_base, endpoint_of
+from edgectl.errors import EdgectlError
+from edgectl.procmem import TreeMem, cgroup_mem
+from edgectl.systemd import Systemd, UnitState, systemd_running
+from edgectl.units import validate_name
+
+METRICS = {
+    "vllm:request_success_total": "requests",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generated_tokens",
+}
+
+
+def service_memory(state: UnitState) -> TreeMem | None:
+    cgroup = state.props.get("ControlGroup")
+    if not cgroup:
+        return None
+    return cgroup_mem(cgroup)
+
+
+def read_metrics(plan: Mapping[str, Any], timeout_s: float = 3) -> dict[str, float] | None:
+    """Counters from the server's Prometheus endpoint, summed over label sets."""
+    try:
+        with urllib.request.urlopen(client_base(plan) + "/metrics", timeout=timeout_s) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out = {v: 0.0 for v in METRICS.values()}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in METRICS:
+            try:
+                out[METRICS[name]] += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return out
+
+
+def _monotonic_us() -> int:
+    return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+
+
+@dataclass
+class DeploymentStatus:
+    name: str
+    unit: str
+    state: str
+    sub_state: str
+    status_text: str
+    restarts: int
+    uptime_s: float | None
+    endpoint: str | None
+    plan: dict[str, Any] | None
+    memory: TreeMem | None
+    metrics: dict[str, float] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        plan_mem = (self.plan or {}).get("memory", {})
+        mem = None
+        if self.memory is not None:
+            mem = {**self.memory.to_dict(),
+                   "predicted_total_bytes": plan_mem.get("total_bytes"),
+                   "limit_bytes": plan_mem.get("limit_bytes"),
+                   "high_bytes": plan_mem.get("high_bytes"),
+                   "measured_vs_predicted": (round(self.memory.pss_bytes / plan_mem["total_bytes"], 3)
+                                             if plan_mem.get("total_bytes") and self.memory.processes else None)}
+        return {"name": self.name, "unit": self.unit, "state": self.state, "sub_state": self.sub_state,
+                "status_text": self.status_text, "restarts": self.restarts, "uptime_s": self.uptime_s,
+                "endpoint": self.endpoint, "model": (self.plan or {}).get("model", {}).get("name"),
+                "weight_format": (self.plan or {}).get("weight_format"), "memory": mem, "served": self.metrics}
+
+    def render_text(self) -> str:
+        from edgectl.plan import _mib
+
+        up = f", up {self.uptime_s:.0f} s" if self.uptime_s is not None else ""
+        lines = [f"{self.name} ({self.unit}): {self.state} ({self.sub_state}){up}, {self.restarts} restart(s)"]
+        if self.status_text:
+            lines.append(f"  status: {self.status_text}")
+        if self.endpoint:
+            lines.append(f"  endpoint: {self.endpoint}/v1   model {self.to_dict()['model']} ({self.to_dict()['weight_format']})")
+        d = self.to_dict()["memory"]
+        if d and self.memory and self.memory.processes:
+            lines.append(f"  memory (PSS of the service's cgroup): {_mib(d['pss_bytes'])} "
+                         f"= anon {_mib(d['pss_anon_bytes'])} + file {_mib(d['pss_file_bytes'])}; "
+                         f"predicted {_mib(d['predicted_total_bytes'] or 0)}, MemoryMax {_mib(d['limit_bytes'] or 0)}")
+            for p in self.memory.processes:
+                lines.append(f"    pid {p.pid:<7} {p.name:<16} PSS {_mib(p.pss_bytes):>9}  anon {_mib(p.pss_anon_bytes):>9}  file {_mib(p.pss_file_bytes):>9}")
+        if self.metrics:
+            m = self.metrics
+            lines.append(f"  served: {m['requests']:.0f} requests, {m['prompt_tokens']:.0f} prompt + "
+                         f"{m['generated_tokens']:.0f} generated tokens")
+        return "\n".join(lines)
+
+
+@dataclass
+class StatusReport:
+    deployments: list[DeploymentStatus]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "edgectl.status/1", "deployments": [d.to_dict() for d in self.deployments]}
+
+    def render_text(self) -> str:
+        if not self.deployments:
+            return "no deployments (deploy one with `edgectl deploy MODEL`)"
+        return "\n".join(d.render_text() for d in self.deployments)
+
+
+def deployment_names(environ: Mapping[str, str]) -> list[str]:
+    root = Path(envvars.read("EDGECTL_CONFIG_DIR", environ))
+    if not root.is_dir():
+        return []
+    return sorted(p.parent.name for p in root.glob("*/plan.json"))
+
+
+def status_of(name: str, environ: Mapping[str, str]) -> DeploymentStatus:
+    layout = Layout.of(name, environ)
+    plan = layout.existing_plan()
+    sd = Systemd(layout.unit_dir)
+    state = sd.show(layout.unit)
+    if plan is None and not state.loaded:
+        raise EdgectlError(f"no deployment named {name!r}: see `edgectl status` for the deployments here")
+    uptime = None
+    entered = state.int_prop("ActiveEnterTimestampMonotonic")
+    if state.active == "active" and entered:
+        uptime = max(0.0, (_monotonic_us() - entered) / 1e6)
+    memory = service_memory(state) if state.active in ("active", "activating", "deactivating") else None
+    metrics = read_metrics(plan) if plan and state.active == "active" else None
+    return DeploymentStatus(name, layout.unit, state.active or "unknown", state.sub, state.status_text,
+                            state.restarts, uptime, endpoint_of(plan) if plan else None, plan, memory, metrics)
+
+
+def status(name: str | None, environ: Mapping[str, str]) -> StatusReport:
+    if name is not None:
+        validate_name(name)
+    if not systemd_running():
+        raise EdgectlError("systemd is not running on this machine: there are no deployments to show "
+                           "(`edgectl serve` runs a model in the foreground)")
+    names = [name] if name else deployment_names(environ)
+    return StatusReport([status_of(n, environ) for n in names])
+
+
+def logs(name: str, environ: Mapping[str, str], follow: bool, lines: int) -> int:
+    validate_name(name)
+    layout = Layout.of(name, environ)
+    sd = Systemd(layout.unit_dir)
+    if follow:
+        return sd.follow(layout.unit, lines)
+    for line in sd.journal(layout.unit, lines):
+        print(line)
+    return 0
+
+
+def to_json(report: StatusReport) -> str:
+    return json.dumps(report.to_dict(), indent=2)

@@ -1,0 +1,356 @@
+"""The service's main process: vLLM's OpenAI server with exactly the plan's settings.
+
+Started by the unit (``python -m edgectl_runtime.worker --plan /etc/edgectl/NAME/plan.json``)
+or in the foreground by ``edgectl serve``. In order:
+
+1. refuse an environment that would silently change the plan (``VLLM_CPU_KVCACHE_SPACE``
+   overrides the KV budget in vLLM 0.32, ``platforms/cpu.py:323-327``);
+2. load the model with the plan's settings, in the plan's process topology;
+3. read the effective settings back from the engine (KV bytes allocated, RoPE rows, the
+   format of every linear layer, threads, processes) and refuse to serve if any differs;
+4. warm up with a generation through its own HTTP API, and only then ``READY=1``;
+5. ping the watchdog only while the engine thread comes back from every step in time and
+   the event loop runs;
+6. on SIGTERM stop taking requests, let running ones finish (up to the plan's stop
+   timeout), exit 0.
+
+Exit codes: 0 clean stop; 2 the plan cannot be served as written (bad plan, refused
+environment, port in use): restarting will not help; 3 the effective settings differ from
+the plan; 1 anything else (systemd restarts it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from edgectl.effective import mismatches, refused_environment
+from edgectl.vllm_args import server_args
+
+log = logging.getLogger("edgectl.runtime")
+
+EXIT_REFUSED = 2
+EXIT_MISMATCH = 3
+
+
+class Refused(Exception):
+    """The plan cannot be served as written; restarting will not help."""
+
+    def __init__(self, message: str, code: int = EXIT_REFUSED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def load_plan(path: str) -> dict[str, Any]:
+    try:
+        plan = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise Refused(f"cannot read the plan {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise Refused(f"the plan {path} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(plan, dict) or plan.get("schema") != "edgectl.plan/1":
+        raise Refused(f"{path} is not an edgectl plan (schema edgectl.plan/1)")
+    return plan
+
+
+def prepare_environment(plan: dict[str, Any], environ: dict[str, str]) -> None:
+    """Refuse overrides, then put the plan's environment in place (this process only)."""
+    problems = refused_environment(environ, plan)
+    if problems:
+        raise Refused("; ".join(problems))
+    environ.update({k: str(v) for k, v in plan.get("env", {}).items()})
+    from edgectl_runtime import levers
+
+    environ.update(levers.environment(plan))
+
+
+class Service:
+    """Holds what the watchdog and the HTTP routes need to see."""
+
+    def __init__(self, plan: dict[str, Any], notifier) -> None:
+        from edgectl_runtime.notify import LoopHeartbeat
+
+        self.plan = plan
+        self.notifier = notifier
+        self.phase = "starting"
+        self.engine_client = None
+        self.loop_heartbeat = LoopHeartbeat()
+        self.effective: dict[str, Any] | None = None
+        self.started_monotonic = time.monotonic()
+        self.ready_s: float | None = None
+        self.stall_limit_s = max(5.0, float(plan["timeouts"]["watchdog_s"]) / 2)
+
+    def health(self) -> tuple[bool, str]:
+        """Whether the watchdog may ping: the engine and the front end both make progress."""
+        if self.phase in ("starting", "loading", "checking", "warming up"):
+            return True, self.phase  # TimeoutStartSec guards start-up
+        if self.phase == "stopping":
+            return True, self.phase  # TimeoutStopSec guards the drain
+        client = self.engine_client
+        if client is None:
+            return False, "no engine"
+        if getattr(client, "errored", False):
+            return False, "the engine has died"
+        core = getattr(client, "engine_core", None)
+        health = getattr(core, "health", None)
+        if health is not None:
+            if health.dead_reason:
+                return False, health.dead_reason
+            if not core._thread.is_alive():
+                return False, "the engine thread has exited"
+            stalled = health.stalled_for_s()
+            if stalled > self.stall_limit_s:
+                return False, f"the engine thread has not come back for {stalled:.0f} s (limit {self.stall_limit_s:.0f} s)"
+        age = self.loop_heartbeat.age_s()
+        if age > self.stall_limit_s:
+            return False, f"the HTTP event loop has not run for {age:.0f} s"
+        return True, "serving"
+
+
+async def read_effective(engine_client, plan: dict[str, Any]) -> dict[str, Any]:
+    """The settings the running engine actually has, read from the process that holds the model."""
+    from edgectl_runtime.effective import collect_worker_facts, process_tree_facts
+
+    results = await engine_client.collective_rpc(collect_worker_facts)
+    worker = results[0] if isinstance(results, list) else results
+    vc = engine_client.vllm_config
+    eff = {
+        "schema": "edgectl.effective/1",
+        "max_model_len": vc.model_config.max_model_len,
+        "max_num_seqs": vc.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
+        "kv_cache_memory_bytes_config": vc.cache_config.kv_cache_memory_bytes,
+        "quantization": vc.model_config.quantization,
+        "enforce_eager": bool(vc.model_config.enforce_eager),
+        **worker,
+        **process_tree_facts(os.getpid()),
+    }
+    return eff
+
+
+async def warm_up(plan: dict[str, Any]) -> str:
+    """One short generation through this server's own OpenAI API; returns the text."""
+    import aiohttp
+
+    host = plan["serve"]["host"]
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    base = f"http://{'[' + host + ']' if ':' in host else host}:{plan['serve']['port']}"
+    timeout = aiohttp.ClientTimeout(total=float(plan["timeouts"]["start_s"]))
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for _ in range(600):
+            try:
+                async with session.get(f"{base}/health") as r:
+                    if r.status == 200:
+                        break
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+        body = {"model": plan["model"]["name"], "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "Say hello."}]}
+        async with session.post(f"{base}/v1/chat/completions", json=body) as r:
+            if r.status == 400:  # no chat template: a plain completion proves generation as well
+                body = {"model": plan["model"]["name"], "max_tokens": 8, "temperature": 0, "prompt": "Hello"}
+                async with session.post(f"{base}/v1/completions", json=body) as r2:
+                    data = await r2.json()
+                    if r2.status != 200:
+                        raise RuntimeError(f"warm-up completion failed: HTTP {r2.status}: {data}")
+                    text = data["choices"][0]["text"]
+            else:
+                data = await r.json()
+                if r.status != 200:
+                    raise RuntimeError(f"warm-up chat completion failed: HTTP {r.status}: {data}")
+                text = data["choices"][0]["message"]["content"] or ""
+        if not data.get("usage", {}).get("completion_tokens"):
+            raise RuntimeError(f"warm-up generated no tokens: {data}")
+        return text
+
+
+async def serve(plan: dict[str, Any], service: Service) -> None:
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.launcher import serve_http, setup_server
+    from vllm.entrypoints.launchers.utils.server_utils import get_uvicorn_log_config
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser(prog="edgectl-worker")).parse_args(server_args(plan))
+    validate_parsed_serve_args(args)
+    notifier = service.notifier
+    asyncio.get_running_loop().create_task(service.loop_heartbeat.run())
+
+    try:
+        listen_address, sock = setup_server(args, reuse_port=False)
+    except OSError as exc:
+        raise Refused(f"cannot bind {plan['serve']['host']}:{plan['serve']['port']}: {exc.strerror} "
+                      "(another service uses the port? pick another with --port)") from None
+
+    service.phase = "loading"
+    notifier.status(f"loading weights: {plan['model']['name']} as {plan['weight_format']}")
+    async with build_async_engine_client(args) as engine_client:
+        service.engine_client = engine_client
+        core = getattr(engine_client, "engine_core", None)
+        if hasattr(core, "on_shutdown"):
+            def on_shutdown() -> None:
+                service.phase = "stopping"
+                notifier.stopping("stopping: finishing running requests")
+
+            core.on_shutdown = on_shutdown
+        service.phase = "checking"
+        notifier.status("checking the effective settings against the plan")
+        effective = await read_effective(engine_client, plan)
+        service.effective = effective
+        problems = mismatches(plan, effective)
+        if problems:
+            for p in problems:
+                log.error("effective setting differs from the plan: %s", p)
+            raise Refused("refusing to serve: " + "; ".join(problems), code=EXIT_MISMATCH)
+        log.info("effective settings match the plan: %s", json.dumps(_summary(effective)))
+
+        supported_tasks = await engine_client.get_supported_tasks()
+        app = build_app(args, supported_tasks, engine_client.model_config)
+        _add_edgectl_routes(app, service)
+        await init_app_state(engine_client, app.state, args, supported_tasks)
+
+        service.phase = "warming up"
+        notifier.status("warming up: a first generation through the API")
+
+        async def warm_then_ready() -> None:
+            try:
+                text = await warm_up(plan)
+            except Exception as exc:
+                log.error("warm-up failed: %s", exc)
+                notifier.status(f"warm-up failed: {exc}")
+                os._exit(1)  # nothing served yet: let systemd restart us
+            service.ready_s = time.monotonic() - service.started_monotonic
+            service.phase = "serving"
+            log.info("warm-up answered %r", text)
+            notifier.ready(f"serving {plan['model']['name']} on {listen_address} "
+                           f"({plan['weight_format']}, {plan['max_model_len']} tokens; ready in {service.ready_s:.0f} s)")
+
+        asyncio.get_running_loop().create_task(warm_then_ready())
+        log_config = get_uvicorn_log_config(args)
+        kwargs: dict[str, Any] = {}
+        if log_config is not None:
+            kwargs["log_config"] = log_config
+        shutdown_task = await serve_http(
+            DrainGuard(app, service), sock=sock, enable_ssl_refresh=False, host=args.host, port=args.port,
+            log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
+            **kwargs,
+        )
+    try:
+        await shutdown_task
+    finally:
+        sock.close()
+
+
+def _summary(effective: dict[str, Any]) -> dict[str, Any]:
+    keys = ("kv_cache_bytes", "rope_rows", "threads", "processes", "max_model_len", "linear_format_counts")
+    return {k: effective.get(k) for k in keys}
+
+
+def _add_edgectl_routes(app, service: Service) -> None:
+    """``GET /edgectl/effective``: what the engine really runs with, and the worker's phase."""
+    from fastapi.responses import JSONResponse
+
+    @app.get("/edgectl/effective")
+    async def effective() -> JSONResponse:
+        body = dict(service.effective or {})
+        body.update({"phase": service.phase, "ready_s": service.ready_s,
+                     "plan_kv_cache_bytes": service.plan["kv_cache_bytes"]})
+        return JSONResponse(body)
+
+
+class DrainGuard:
+    """The app as uvicorn sees it: once draining, new API requests get 503 instead of a slot.
+
+    (vLLM builds the middleware stack before edgectl can add to it, so this wraps the app.)
+    Everything else is the FastAPI app itself.
+    """
+
+    def __init__(self, app, service: Service) -> None:
+        self._app = app
+        self._service = service
+
+    def __getattr__(self, name: str):
+        return getattr(self._app, name)
+
+    async def __call__(self, scope, receive, send) -> None:
+        core = getattr(self._service.engine_client, "engine_core", None)
+        if scope.get("type") == "http" and getattr(core, "draining", False) and scope.get("path", "").startswith("/v1/"):
+            body = json.dumps({"error": {"message": "the server is shutting down", "type": "ServiceUnavailable",
+                                         "code": 503}}).encode()
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self._app(scope, receive, send)
+
+
+def _configure_logging() -> None:
+    # Under systemd stdout/stderr go to the journal; keep lines plain (no timestamps twice).
+    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("INVOCATION_ID") else \
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=fmt, stream=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgectl-worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", required=True, help="the deployment's plan file (edgectl.plan/1)")
+    ns = parser.parse_args(argv)
+    _configure_logging()
+    # On a watchdog timeout systemd sends SIGABRT: the journal then shows where every thread was.
+    import faulthandler
+
+    faulthandler.enable()
+
+    from edgectl_runtime.notify import Notifier, Watchdog, watchdog_interval_s
+
+    notifier = Notifier()
+    try:
+        plan = load_plan(ns.plan)
+        prepare_environment(plan, os.environ)  # the worker's own process: the plan's environment
+    except Refused as exc:
+        log.error("%s", exc)
+        notifier.status(f"refused: {exc}")
+        return exc.code
+
+    service = Service(plan, notifier)
+    watchdog = Watchdog(notifier, service.health, watchdog_interval_s(dict(os.environ), plan["timeouts"]["watchdog_s"]))
+    watchdog.start()
+
+    if plan["topology"] == "single-process":
+        from edgectl_runtime import inproc
+
+        inproc.install()
+    import uvloop
+
+    try:
+        uvloop.run(serve(plan, service))
+    except Refused as exc:
+        log.error("%s", exc)
+        notifier.status(f"refused: {exc}")
+        return exc.code
+    except KeyboardInterrupt:
+        pass
+    finally:
+        watchdog.stop()
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    # Leave without running interpreter teardown: vLLM's AsyncLLM.__del__ would call its
+    # shutdown again on half-torn-down modules and print a traceback into the journal.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -51,5 +51,9 @@ def server_args(plan: dict[str, Any], *, stock: bool = False) -> list[str]:
             args += ["--quantization", quant]
         if plan["topology"] == "single-process":
             args += ["--distributed-executor-backend", "uni"]
+        else:
+            # vLLM's worker is another process: the read-back runs there, called by name
+            # (a function cannot be sent to it).
+            args += ["--worker-extension-cls", "edgectl_runtime.readback.ReadbackExtension"]
         args += ["--shutdown-timeout", str(max(1, int(plan["timeouts"]["stop_s"]) - 5))]
     return args

@@ -55,6 +55,10 @@ if [ "$want" != "$have" ]; then
   # fail to load beside the CPU torch and break `import transformers` and `import vllm`.
   # Nothing edgectl serves needs them.
   $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  # triton comes with xgrammar: a GPU compiler vLLM disables on CPU anyway ("doesn't include
+  # CPU backend"), yet importing it maps ~70 MB of libtriton.so into every vLLM process and
+  # takes 1 GB of disk. xgrammar and vLLM import without it.
+  $PIP uninstall -y triton >/dev/null 2>&1 || true
   "$PY" -c "import vllm, torch, systemd.daemon" || { echo "error: the runtime does not import; see above" >&2; exit 1; }
   echo "$want" > "$STAMP"
 fi

@@ -1,5 +1,10 @@
 """Helpers for the planner and profile tests: the fixture hosts' facts, the model shapes' facts,
-the shipped profiles, profiles written for one test, and the CLI run as a user runs it.
+the frozen and the shipped profiles, profiles written for one test, and the CLI run as a user runs it.
+
+The hand-computed planner tests plan with the FROZEN profiles (tests/profiles_frozen/: copies of
+what shipped when the tables were worked out), so adding or re-recording a shipped profile does not
+move them. The shipped ones (profiles/) are what `edgectl plan` uses; tests of them ask for
+``shipped_profiles()`` explicitly.
 
 Nothing here computes an expected value: the tests do that by hand, in their comments.
 """
@@ -25,6 +30,7 @@ KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 SHIPPED_PROFILES = REPO / "profiles"
+FROZEN_PROFILES = Path(__file__).resolve().parent / "profiles_frozen"
 
 # The model shapes the tables use (tests/model_shapes/<dir>).
 SMOLLM2 = "smollm2-135m"
@@ -50,15 +56,23 @@ def shape(name: str) -> ModelFacts:
 
 @lru_cache(maxsize=None)
 def shipped_profiles() -> tuple[Profile, ...]:
+    """The profiles edgectl ships (profiles/*.yaml): what `edgectl plan` selects from."""
     return tuple(load_profiles([SHIPPED_PROFILES]))
+
+
+@lru_cache(maxsize=None)
+def frozen_profiles() -> tuple[Profile, ...]:
+    """The frozen copies the hand-computed tables rest on (tests/profiles_frozen/*.yaml)."""
+    return tuple(load_profiles([FROZEN_PROFILES]))
 
 
 def make_plan(facts: HostFacts, model: ModelFacts, profiles: tuple[Profile, ...] | list[Profile] | None = None,
               *, spec: str | None = None, **request: Any) -> Plan:
-    """plan() with the shipped profiles unless others are given; ``request`` are Request fields,
-    ``spec`` what the user typed for the model (default: its name)."""
+    """plan() with the FROZEN profiles unless others are given (``shipped_profiles()`` for what
+    the CLI would use); ``request`` are Request fields, ``spec`` what the user typed for the model
+    (default: its name)."""
     req = Request(model=spec or model.name, **request)
-    return plan(facts, model, list(shipped_profiles() if profiles is None else profiles), req)
+    return plan(facts, model, list(frozen_profiles() if profiles is None else profiles), req)
 
 
 def write_profile(directory: Path, text: str, name: str = "test.yaml") -> Path:

@@ -1,7 +1,10 @@
 """Context, concurrency, KV and RoPE: the largest context that fits, the caps, the refusals with a
 hint that holds, sliding-window layers, and vLLM's own KV arithmetic as the referee.
 
-The by-hand model and host numbers are the ones of test_plan_table.py (imported, not recomputed).
+The by-hand model and host numbers are the ones of test_plan_table.py (imported, not recomputed);
+the profiles are the frozen copies (tests/profiles_frozen/, plan_helpers.make_plan's default). The
+worked examples below are for prefill chunks of MAX_BATCHED_TOKENS = 512 tokens: batched =
+min(max_model_len, 512), so every context of 512 tokens or more pays the same workspace.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import pytest
 
 from edgectl import envvars
 from edgectl.errors import EdgectlError
+from edgectl.plan import MAX_BATCHED_TOKENS
 from plan_helpers import (
     LLAMA31_8B,
     MISTRAL_7B,
@@ -31,6 +35,12 @@ from plan_helpers import (
 from test_plan_table import HOSTS, MIB, QWEN17, ledger
 
 # ---- the largest context that fits, and its caps -------------------------------------------------
+
+
+def test_the_worked_examples_are_for_512_token_chunks():
+    # The literal numbers below (contexts that fit, MiB in messages, sliding-window blocks) were worked
+    # out by hand for 512-token prefill chunks. If plan.MAX_BATCHED_TOKENS changes, re-derive them.
+    assert MAX_BATCHED_TOKENS == 512
 
 
 def test_default_cap_is_4096_on_a_roomy_host():
@@ -50,7 +60,7 @@ def test_the_models_maximum_caps_the_context():
 
 def test_more_than_4096_only_when_asked():
     p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), max_model_len=8192)
-    assert (p.max_model_len, p.rope_rows, p.max_num_batched_tokens) == (8192, 8192, 2048)
+    assert (p.max_model_len, p.rope_rows, p.max_num_batched_tokens) == (8192, 8192, min(8192, MAX_BATCHED_TOKENS))
     # 30 layers × (8192 / 128 = 64 blocks + 1 null) × 128 tokens × 768 B per token and layer
     assert p.kv_cache_bytes == 30 * 65 * 128 * 768 == 191692800
     assert reasons_by_decision(p)["max_model_len"][0]["source"] == "flag"
@@ -70,9 +80,18 @@ def test_a_tiny_max_model_len_is_refused():
 
 
 def test_the_context_shrinks_to_what_fits():
-    # host-cgroup1 (budget 4187593114 B) × Qwen3-1.7B w4a16: 1792 fits, 2048 does not (test_plan_table)
+    # host-cgroup1 (budget 4187593114 B = 3993.6 MiB) × Qwen3-1.7B w4a16 (generic: 640 MiB runtime,
+    # load peak 1.3). At any context ≥ 512 the fixed part is runtime 671088640 + weights 1371260928 +
+    # workspace 163840 × 512 (83886080) = 2126235648 B; KV takes 28 layers × 128 × 4096 B = 14680064 B
+    # per block (plus one null block), RoPE 256 B per row:
+    #   3584: KV 29 × 14680064 = 425721856, RoPE 917504 → total 2552875008, × 1.625 → 3957 MiB ≤ 3993.6
+    #   3840: KV 31 × 14680064 = 455081984, RoPE 983040 → total 2582300672, × 1.625 → 4002 MiB > budget
+    h = HOSTS["host-cgroup1"]
+    assert ledger(QWEN17, "w4a16", 3584, h.runtime).total == 2552875008
+    assert ledger(QWEN17, "w4a16", 3584, h.runtime).limit == 3957 * MIB <= h.budget
+    assert ledger(QWEN17, "w4a16", 3840, h.runtime).limit == 4002 * MIB > h.budget
     p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B))
-    assert p.max_model_len == 1792
+    assert p.max_model_len == 3584
     why = reasons_by_decision(p)["max_model_len"][0]
     assert why["source"] == "probe" and "largest that fits the budget 3994 MiB" in why["detail"]
 
@@ -80,19 +99,23 @@ def test_the_context_shrinks_to_what_fits():
 def test_an_over_large_request_is_refused_with_need_budget_and_a_hint_that_holds():
     h = HOSTS["host-cgroup1"]
     need = ledger(QWEN17, "w4a16", 4096, h.runtime)
-    # 4096 tokens: weights 1371260928 + KV 28 × 33 × 128 × 4096 = 484442112 + RoPE 4096 × 256 + workspace
-    # 163840 × 2048 + runtime 671088640 = 2863384576; × 1.625 → 4438 MiB against a 3994 MiB budget
-    assert (need.total, need.limit) == (2863384576, 4438 * MIB)
+    # 4096 tokens: weights 1371260928 + KV 28 × 33 × 128 × 4096 = 484442112 + RoPE 4096 × 256 = 1048576
+    # + workspace 163840 × 512 = 83886080 + runtime 671088640 = 2611726336 B (2491 MiB, KV 462 MiB);
+    # × 1.625 → 4048 MiB against a 3994 MiB budget. The largest that fits is 3584 (above).
+    assert (need.total, need.limit) == (2611726336, 4048 * MIB)
     with pytest.raises(EdgectlError) as exc:
         make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=4096)
     msg = exc.value.message
     assert exc.value.exit_code == 2 and "\n" not in msg
-    assert msg.startswith("qwen3-1.7b at --max-model-len 4096 does not fit: needs 4438 MiB as w4a16")
-    assert "steady 2731 MiB incl. KV 462 MiB" in msg and "budget is 3994 MiB" in msg
-    assert msg.endswith("fits with --max-model-len 1792")
-    # the hint holds: planning exactly that fits
-    p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=1792)
-    assert p.max_model_len == 1792 and p.memory.limit_bytes <= h.budget
+    assert msg.startswith("qwen3-1.7b at --max-model-len 4096 does not fit: needs 4048 MiB as w4a16")
+    assert "steady 2491 MiB incl. KV 462 MiB" in msg and "budget is 3994 MiB" in msg
+    assert msg.endswith("fits with --max-model-len 3584")
+    # the hint holds: planning exactly that fits, and the next step of 256 does not
+    p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=3584)
+    assert p.max_model_len == 3584 and p.memory.limit_bytes == 3957 * MIB <= h.budget
+    with pytest.raises(EdgectlError, match=r"at --max-model-len 3840 does not fit: needs 4002 MiB .*"
+                                           r"fits with --max-model-len 3584$"):
+        make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=3840)
 
 
 def test_nothing_fits_at_the_shortest_context():
@@ -135,15 +158,16 @@ def test_max_num_seqs_multiplies_the_kv_blocks():
 
 
 def test_concurrency_shrinks_the_largest_context():
-    # host-cgroup1 × Qwen3-1.7B with 2 sequences: at 1280 tokens KV = 28 × (10 × 2 + 1) × 128 × 4096 =
-    # 308281344; total = 671088640 + 1371260928 + 308281344 + 1280 × 256 + 163840 × 1280 = 2560673792,
-    # × 1.625 → 3969 MiB ≤ 3994 MiB; at 1536: total 2661402624 → 4125 MiB > budget
+    # host-cgroup1 × Qwen3-1.7B with 2 sequences (one alone fits 3584, above): at 1792 tokens
+    # KV = 28 × (14 × 2 + 1) × 128 × 4096 = 425721856; total = 671088640 + 1371260928 + 425721856 +
+    # 1792 × 256 (458752) + 163840 × 512 (83886080) = 2552416256, × 1.625 → 3956 MiB ≤ 3994 MiB;
+    # at 2048: KV 28 × (16 × 2 + 1) × 524288 = 484442112, total 2611202048 → 4047 MiB > budget
     h = HOSTS["host-cgroup1"]
-    assert ledger(QWEN17, "w4a16", 1280, h.runtime, seqs=2).total == 2560673792
-    assert ledger(QWEN17, "w4a16", 1280, h.runtime, seqs=2).limit == 3969 * MIB
-    assert ledger(QWEN17, "w4a16", 1536, h.runtime, seqs=2).limit > h.budget
+    assert ledger(QWEN17, "w4a16", 1792, h.runtime, seqs=2).total == 2552416256
+    assert ledger(QWEN17, "w4a16", 1792, h.runtime, seqs=2).limit == 3956 * MIB
+    assert ledger(QWEN17, "w4a16", 2048, h.runtime, seqs=2).limit == 4047 * MIB > h.budget
     p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_num_seqs=2)
-    assert (p.max_model_len, p.max_num_seqs, p.kv_cache_bytes) == (1280, 2, 308281344)
+    assert (p.max_model_len, p.max_num_seqs, p.kv_cache_bytes) == (1792, 2, 425721856)
     assert "with 2 sequence(s)" in reasons_by_decision(p)["max_model_len"][0]["detail"]
 
 
@@ -165,21 +189,22 @@ def test_max_num_seqs_below_one_is_refused():
 
 def test_sliding_window_layers_hold_their_window_plus_one_batch():
     # Mistral-7B: every layer slides over 4096 tokens; per layer and block: 128 × 4096 B = 524288 B.
-    # At 8192 tokens (batched 2048): ceil(min(4095 + 2048, 8192) / 128) + 1 = 48 + 1 = 49 blocks, + 1 null
-    # → 32 × 50 × 524288 = 838860800, where Llama-3.1-8B's full attention takes 32 × 65 × 524288.
+    # At 8192 tokens (batched 512): ceil(min(4095 + 512, 8192) / 128) + 1 = 36 + 1 = 37 blocks, + 1 null
+    # → 32 × 38 × 524288 = 637534208, where Llama-3.1-8B's full attention takes 32 × 65 × 524288.
     spr = host_facts("xeon-spr-amx-2s")
     mistral = make_plan(spr, shape(MISTRAL_7B), max_model_len=8192)
     llama = make_plan(spr, shape(LLAMA31_8B), max_model_len=8192)
-    assert mistral.kv_cache_bytes == 32 * 50 * 524288 == 838860800
+    assert mistral.kv_cache_bytes == 32 * 38 * 524288 == 637534208
     assert llama.kv_cache_bytes == 32 * 65 * 524288 == 1090519040
     assert mistral.kv_bytes_per_token == llama.kv_bytes_per_token == 131072
     assert "sliding-window layers hold their window (4096)" in reasons_by_decision(mistral)["kv_cache_bytes"][0]["detail"]
-    # At 16384 the window part is the same 49 blocks: only full attention grows
-    assert make_plan(spr, shape(MISTRAL_7B), max_model_len=16384).kv_cache_bytes == 838860800
+    # At 16384 the window part is the same ceil(min(4095 + 512, 16384) / 128) + 1 = 37 blocks (+ 1 null):
+    # only full attention grows
+    assert make_plan(spr, shape(MISTRAL_7B), max_model_len=16384).kv_cache_bytes == 32 * 38 * 524288
 
 
 def test_below_the_window_a_sliding_layer_holds_one_block_more():
-    # 2048 tokens < window: ceil(min(4095 + 2048, 2048) / 128) + 1 = 17 blocks (full attention: 16),
+    # 2048 tokens < window: ceil(min(4095 + 512, 2048) / 128) + 1 = 17 blocks (full attention: 16),
     # because the window need not start on a block boundary (vLLM SlidingWindowSpec)
     spr = host_facts("xeon-spr-amx-2s")
     assert make_plan(spr, shape(MISTRAL_7B), max_model_len=2048).kv_cache_bytes == 32 * 18 * 524288

@@ -1,5 +1,8 @@
 """What the planner decides and why: kernels the host can run, ranking by measured figures, the
-fallback profile, and threads and CPUs from cpuset, quota, NUMA, SMT and the profile."""
+fallback profile, and threads and CPUs from cpuset, quota, NUMA, SMT and the profile.
+
+Profiles: the frozen copies (tests/profiles_frozen/, plan_helpers.make_plan's default) or ones
+written for the test; never the shipped ones, which may be re-recorded."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import pytest
 from edgectl.errors import EdgectlError
 from edgectl.probe import AmxPermission, NumaNode
 from plan_helpers import (
+    FROZEN_PROFILES,
     LLAMA31_8B,
     QWEN3_17B,
     SMOLLM2,
@@ -18,8 +22,8 @@ from plan_helpers import (
     profile_from_yaml,
     profile_yaml,
     reasons_by_decision,
+    frozen_profiles,
     shape,
-    shipped_profiles,
     with_cpu,
     with_topology,
 )
@@ -74,7 +78,7 @@ def test_amx_not_checked_is_not_used():
     facts = host_facts("xeon-spr-amx-2s")
     assert facts.cpu.amx_permission is AmxPermission.NOT_CHECKED
     p = make_plan(facts, shape(QWEN3_17B))
-    # SPR profile: w4a8-amx 74.4 > w4a16 71.6 > w4a16-vllm 32.3 tok/s; AMX is out, so w4a16
+    # the (frozen) SPR profile: w4a8-amx 74.4 > w4a16 71.6 > w4a16-vllm 32.3 tok/s; AMX is out, so w4a16
     assert p.weight_format == "w4a16"
     skipped = reasons_by_decision(p)["formats_not_runnable"][0]
     assert skipped["value"] == ["w4a8-amx"]
@@ -157,10 +161,9 @@ def test_the_fastest_format_that_does_not_fit_gives_way_to_one_that_does(tmp_pat
 # ---- the fallback profile -----------------------------------------------------------------------------
 
 def test_fallback_profile_is_used_and_said_so():
-    # AVX-512 without BF16: no shipped profile measures that class
+    # AVX-512 without BF16: no frozen profile measures that class
     p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2))
-    assert p.profile == {"name": "generic", "file": str(Path(p.profile["file"])), "kind": "fallback"}
-    assert p.profile["file"].endswith("profiles/generic.yaml")
+    assert p.profile == {"name": "generic", "file": str(FROZEN_PROFILES / "generic.yaml"), "kind": "fallback"}
     why = reasons_by_decision(p)
     assert why["profile"][0]["source"] == "fallback"
     assert "nobody has measured this class" in why["profile"][0]["detail"]
@@ -281,6 +284,7 @@ def test_threads_flag_within_the_usable_cpus():
         make_plan(host_facts("arm64-board"), shape(SMOLLM2), threads=5)
 
 
-def test_shipped_profiles_are_the_ones_selected():
-    names = {p.name for p in shipped_profiles()}
-    assert names == {"generic", "x86_64-avx2", "x86_64-amx-spr"}
+def test_the_tables_plan_with_the_frozen_profiles():
+    # the set every hand-computed expectation in these files rests on (a new shipped profile is not in it)
+    assert {p.name for p in frozen_profiles()} == {"generic", "x86_64-avx2", "x86_64-amx-spr"}
+    assert all(Path(p.file).parent == FROZEN_PROFILES for p in frozen_profiles())

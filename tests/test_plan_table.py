@@ -2,7 +2,9 @@
 
 The model numbers come from the shapes' config.json (tests/model_shapes/*), the host numbers from
 the probe of each fixture tree (tests/fixtures/hosts/*, derived by hand in test_probe_fixtures.py),
-the profile numbers from profiles/*.yaml. The rules the arithmetic follows, with their sources:
+the profile numbers from the FROZEN profiles, tests/profiles_frozen/*.yaml (copies of what shipped
+when this table was worked out: adding or re-recording a shipped profile does not move it). The
+rules the arithmetic follows, with their sources:
 
 - KV per token and layer: 2 (K and V) × KV heads × head_dim × 2 bytes (bf16). vLLM's CPU block is
   128 tokens; a sequence of L tokens takes ceil(L / 128) blocks in a full-attention layer, and the
@@ -13,7 +15,9 @@ the profile numbers from profiles/*.yaml. The rules the arithmetic follows, with
   Embeddings, LM head, norms and biases stay bf16.
 - RoPE table: max_model_len rows × head_dim values × 2 bytes (cos and sin halves of rotary_dim).
 - Workspace without a measured figure: 4 × (8 × hidden + 4 × intermediate) bytes per batched token,
-  batched = min(max_model_len, 2048).
+  batched = min(max_model_len, MAX_BATCHED_TOKENS) (plan.py: prefill chunks of at most 512 tokens).
+- Sliding-window layers (vLLM's SlidingWindowSpec): ceil(min(window − 1 + batched, max_model_len) / 128)
+  + 1 blocks per sequence instead of ceil(max_model_len / 128).
 - Runtime: one process (single-process topology) × the profile's process_bytes (generic: 640 MiB,
   x86_64-avx2: 700 MiB) or the planner's fallback 640 MiB (the SPR profile has none).
 - total = runtime + weights + KV + RoPE + workspace; MemoryHigh = ceil_MiB(total × 1.3 × 1.05),
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 import pytest
 
 from edgectl.errors import EdgectlError
+from edgectl.plan import MAX_BATCHED_TOKENS
 from plan_helpers import (
     GIB,
     LLAMA31_8B,
@@ -194,7 +199,7 @@ def test_the_hand_sums_add_up():
 
 def kv_blocks_per_seq(s: ShapeByHand, max_len: int) -> int:
     """Blocks one sequence holds in one layer."""
-    batched = min(max_len, 2048)
+    batched = min(max_len, MAX_BATCHED_TOKENS)
     if s.sliding_window:
         # vLLM's SlidingWindowSpec: ceil(min(window − 1 + tokens in flight, max_model_len) / block) + 1
         return math.ceil(min(s.sliding_window - 1 + batched, max_len) / BLOCK) + 1
@@ -221,7 +226,7 @@ def ledger(s: ShapeByHand, fmt: str, max_len: int, runtime: int, seqs: int = 1) 
     weights = s.w4a16_bytes if fmt == "w4a16" else s.bf16_bytes
     kv = kv_bytes(s, max_len, seqs)
     rope = max_len * s.head_dim * 2
-    workspace = s.workspace_per_token * min(max_len, 2048)
+    workspace = s.workspace_per_token * min(max_len, MAX_BATCHED_TOKENS)
     total = runtime + weights + kv + rope + workspace
     return Ledger(weights, kv, rope, runtime, workspace, total, ceil_mib(total * 1.3 * 1.05),
                   ceil_mib(total * 1.3 * 1.25))
@@ -238,8 +243,8 @@ class HostByHand:
     bind: str  # VLLM_CPU_OMP_THREADS_BIND
 
 
-GENERIC_PROCESS = 671088640  # profiles/generic.yaml runtime.process_bytes (640 MiB)
-AVX2_PROCESS = 734003200  # profiles/x86_64-avx2.yaml runtime.process_bytes (700 MiB)
+GENERIC_PROCESS = 671088640  # profiles_frozen/generic.yaml runtime.process_bytes (640 MiB)
+AVX2_PROCESS = 734003200  # profiles_frozen/x86_64-avx2.yaml runtime.process_bytes (700 MiB)
 FALLBACK_PROCESS = 640 * MIB  # plan.py FALLBACK_PROCESS_BYTES, for a profile without the figure
 SPR_NODE0 = tuple(range(0, 56)) + tuple(range(112, 168))  # node0/cpulist "0-55,112-167"
 
@@ -264,6 +269,7 @@ HOSTS = {
 
 REFUSED = None
 # (host, model) → (weight format, max_model_len), or REFUSED. Why each is what it is:
+# (Profiles: the frozen copies, tests/profiles_frozen/.)
 # - generic and the SPR profile: 4-bit first (generic measures nothing; SPR: w4a16 71.6 tok/s > vLLM's
 #   32.3; its AMX format needs a verified permission, which a captured tree cannot give).
 # - x86_64-avx2: no format is measured with edgectl's runtime there (the profile keeps stock vLLM's
@@ -284,7 +290,7 @@ OUTCOME = {
     ("container-cgroup2", QWEN3_8B): REFUSED,
     ("host-cgroup1", SMOLLM2): ("w4a16", 4096),
     ("host-cgroup1", QWEN25_05B): ("w4a16", 4096),
-    ("host-cgroup1", QWEN3_17B): ("w4a16", 1792),
+    ("host-cgroup1", QWEN3_17B): ("w4a16", 3584),  # 3840 does not fit: worked out in test_plan_context
     ("host-cgroup1", LLAMA31_8B): REFUSED,
     ("host-cgroup1", MISTRAL_7B): REFUSED,
     ("host-cgroup1", QWEN3_8B): REFUSED,
@@ -357,7 +363,7 @@ def test_plan_table(host_name: str, model_name: str):
     assert p.device_class == str(facts.device_class)
     assert p.weight_format == fmt
     assert p.max_model_len == max_len and p.max_num_seqs == 1
-    assert p.max_num_batched_tokens == min(max_len, 2048)
+    assert p.max_num_batched_tokens == min(max_len, MAX_BATCHED_TOKENS)
     assert p.block_size == BLOCK
     assert p.kv_bytes_per_token == s.kv_per_token
     assert p.kv_cache_bytes == want.kv

@@ -1,5 +1,11 @@
 """Device profiles: strict validation (`file: path.to.field: problem`, one line per bad field, all
-at once), the shipped profiles, and which profile a host gets."""
+at once), the shipped profiles, the frozen copies the planner tables rest on, and which profile a
+host gets.
+
+The tests of the SHIPPED profiles (profiles/) hold for any set of valid profiles: adding a profile
+or re-recording one from a benchmark does not break them; expectations come from the profiles' own
+match rules and provenance. Tests that need known figures or a known set use the frozen copies
+(tests/profiles_frozen/)."""
 
 from __future__ import annotations
 
@@ -9,12 +15,19 @@ import pytest
 import yaml
 
 from edgectl.errors import EdgectlError
-from edgectl.profiles import load_profile, load_profiles, parse_profile, select_profile
+from edgectl.probe import AmxPermission
+from edgectl.profiles import Figure, Profile, load_profile, load_profiles, parse_profile, select_profile
 from plan_helpers import (
+    FROZEN_PROFILES,
     SHIPPED_PROFILES,
+    SMOLLM2,
+    frozen_profiles,
     host_facts,
+    make_plan,
     profile_from_yaml,
     profile_yaml,
+    reasons_by_decision,
+    shape,
     shipped_profiles,
     with_cpu,
     write_profile,
@@ -211,21 +224,126 @@ def test_a_fallback_profile_must_match_any_host():
     assert _errors(text) == ["lab.yaml: match: a fallback profile must match any host (arch: any, no ISA rules)"]
 
 
-# ---- the shipped profiles ------------------------------------------------------------------------------
+# ---- the shipped profiles (any set of them) -------------------------------------------------------
+
+
+def _figures(p: Profile) -> list[tuple[str, Figure]]:
+    """Every figure a profile holds, with its path in the file."""
+    out = [(path, fig) for path, fig in (
+        ("runtime.process_bytes", p.process_bytes), ("runtime.workspace_bytes_per_token", p.workspace_bytes_per_token),
+        ("runtime.load_peak_ratio", p.load_peak_ratio), ("runtime.ready_s", p.ready_s),
+        ("bandwidth_gbps", p.bandwidth_gbps)) if fig is not None]
+    for fmt, f in p.formats.items():
+        for key in ("decode_tok_s", "prefill_tok_s", "weights_bytes_ratio"):
+            if getattr(f, key) is not None:
+                out.append((f"formats.{fmt}.{key}", getattr(f, key)))
+    return out
 
 
 def test_every_shipped_profile_validates():
     files = sorted(SHIPPED_PROFILES.glob("*.yaml"))
-    assert [f.name for f in files] == ["generic.yaml", "x86_64-amx.yaml", "x86_64-avx2.yaml"]
-    for f in files:
-        load_profile(f)  # raises with every problem if one is invalid
-    kinds = {p.name: (p.kind, p.device_class) for p in shipped_profiles()}
-    assert kinds == {"generic": ("fallback", "generic"), "x86_64-avx2": ("external", "x86_64-avx2"),
-                     "x86_64-amx-spr": ("external", "x86_64-amx")}
+    profiles = [load_profile(f) for f in files]  # raises with every problem if one is invalid
+    names = [p.name for p in profiles]
+    # one profile per name: a second file of the same name would silently hide the first
+    assert len(set(names)) == len(names), names
+    assert sorted(p.file for p in shipped_profiles()) == sorted(str(f) for f in files)
+    # the fallback ships (the planner's "no profile" error points at it) and matches every host
+    generic = load_profile(SHIPPED_PROFILES / "generic.yaml")
+    assert (generic.kind, generic.device_class) == ("fallback", "generic")
+    for host in FIXTURE_NAMES:
+        assert generic.matches(host_facts(host))[0], host
 
 
-def test_shipped_external_figures_carry_their_provenance():
-    spr = {p.name: p for p in shipped_profiles()}["x86_64-amx-spr"]
+def test_shipped_figures_carry_their_provenance():
+    checked = 0
+    for p in shipped_profiles():
+        assert p.sources, p.name
+        for path, fig in _figures(p):
+            where = f"{p.file}: {path}"
+            src = fig.source
+            assert p.sources.get(src.key) == src, where  # a source defined in the same file
+            assert src.cpu_model.strip() and src.cores >= 1 and src.date.strip() and src.command.strip(), where
+            if src.external:
+                assert src.reference and src.reference.strip(), where  # where it was published
+            else:
+                # measured with edgectl: the versions it ran, and the passes the median is of
+                assert src.edgectl_commit and src.vllm and src.torch, where
+                assert fig.passes is not None and fig.passes >= 1, where
+            if fig.min is not None and fig.max is not None:
+                assert fig.min <= fig.median <= fig.max, where
+            checked += 1
+        if p.kind == "external":
+            # a profile that says its figures are external must not pass off any as edgectl's own
+            assert all(fig.source.external for _, fig in _figures(p)), p.name
+        for fmt, f in p.formats.items():
+            assert f.runs or (f.reason and f.reason.strip()), f"{p.file}: formats.{fmt}: runs false without a reason"
+    assert checked > 0  # the loop saw figures at all
+
+
+@pytest.mark.parametrize("host", FIXTURE_NAMES)
+def test_each_fixture_host_gets_a_sensible_shipped_profile(host: str):
+    facts = host_facts(host)
+    profiles = list(shipped_profiles())
+    chosen, considered = select_profile(profiles, facts)
+    # one line per shipped profile, saying why it matched or not
+    assert [line.split(": ", 1)[0] for line in considered] == [p.name for p in profiles]
+    # the chosen one's own rules accept this host: its arch, ISA it can use, none it must not have
+    assert chosen.matches(facts) == (True, "matches")
+    assert chosen.match.arch in ("any", facts.cpu.arch)
+    isa = facts.cpu.isa
+    assert all(getattr(isa, f) for f in chosen.match.isa_all)
+    assert not any(getattr(isa, f) for f in chosen.match.isa_none)
+    # a figure for the host beats the guesses of the fallback, and one for the probed class beats one
+    # for another class
+    matching = [p for p in profiles if p.matches(facts)[0]]
+    measured = [p for p in matching if p.kind != "fallback"]
+    assert (chosen.kind == "fallback") == (not measured)
+    if any(p.device_class == str(facts.device_class) for p in measured):
+        assert chosen.device_class == str(facts.device_class)
+    # and a plan made with it names it, and says so when it holds guesses
+    try:
+        plan = make_plan(facts, shape(SMOLLM2), profiles)
+    except EdgectlError:
+        return  # a refusal is checked below (test_the_shipped_profiles_never_plan_a_kernel_the_host_lacks)
+    assert plan.profile == {"name": chosen.name, "file": chosen.file, "kind": chosen.kind}
+    why = reasons_by_decision(plan)["profile"][0]
+    assert (why["source"] == "fallback") == (chosen.kind == "fallback")
+    assert ("nobody has measured this class" in why["detail"]) == (chosen.kind == "fallback")
+
+
+@pytest.mark.parametrize("host", FIXTURE_NAMES)
+def test_the_shipped_profiles_never_plan_a_kernel_the_host_lacks(host: str):
+    facts = host_facts(host)
+    try:
+        p = make_plan(facts, shape(SMOLLM2), shipped_profiles())
+    except EdgectlError as exc:  # a shipped profile may make SmolLM2 not fit; it must say so cleanly
+        assert exc.exit_code == 2 and "\n" not in exc.message
+        return
+    isa = facts.cpu.isa
+    if p.weight_format == "w4a16-vllm":  # vLLM's cpu_gemm_wna16: only in its AVX-512 library
+        assert facts.cpu.arch == "x86_64" and all(getattr(isa, f) for f in ("avx512f", "avx512bw", "avx512vl",
+                                                                             "avx512dq"))
+    if p.weight_format == "w4a8-amx":  # needs AMX, and the tile-data permission granted
+        assert isa.amx_tile and isa.amx_int8 and facts.cpu.amx_permission is AmxPermission.GRANTED
+    assert p.memory.limit_bytes <= facts.memory.budget_bytes
+
+
+# ---- the frozen copies the planner tables rest on -------------------------------------------------
+
+
+def test_the_frozen_profiles_hold_the_figures_the_tables_use():
+    # tests/profiles_frozen/*.yaml, read by hand; test_plan_table.py's GENERIC_PROCESS, AVX2_PROCESS
+    # and load peak 1.3 come from here
+    frozen = {p.name: p for p in frozen_profiles()}
+    assert {n: (p.kind, p.device_class) for n, p in frozen.items()} == {
+        "generic": ("fallback", "generic"), "x86_64-avx2": ("external", "x86_64-avx2"),
+        "x86_64-amx-spr": ("external", "x86_64-amx")}
+    generic, avx2, spr = frozen["generic"], frozen["x86_64-avx2"], frozen["x86_64-amx-spr"]
+    assert (generic.process_bytes.median, generic.load_peak_ratio.median) == (671088640, 1.3)
+    assert (avx2.process_bytes.median, avx2.load_peak_ratio) == (734003200, None)
+    assert (spr.process_bytes, spr.load_peak_ratio) == (None, None)
+    assert all(p.workspace_bytes_per_token is None for p in frozen.values())  # the fallback workspace rule
+    assert all(p.processes["single-process"] == 1 for p in frozen.values())
     # the published figures of issue 3: 74.4 (W4A8 AMX), 71.6 / 2190 (W4A16 tinygemm), 32.3 (vLLM wna16)
     assert spr.formats["w4a8-amx"].decode_tok_s.median == 74.4
     assert (spr.formats["w4a16"].decode_tok_s.median, spr.formats["w4a16"].prefill_tok_s.median) == (71.6, 2190)
@@ -233,17 +351,13 @@ def test_shipped_external_figures_carry_their_provenance():
     assert spr.bandwidth_gbps.median == 222
     src = spr.formats["w4a16"].decode_tok_s.source
     assert src.external and src.reference and src.cpu_model == "Intel(R) Xeon(R) Platinum 8480C" and src.cores == 24
-    avx2 = {p.name: p for p in shipped_profiles()}["x86_64-avx2"]
     # measured-here.md's figures are stock vLLM's, not edgectl's path: they do not rank formats
     assert avx2.formats["bf16"].runs and avx2.formats["bf16"].decode_tok_s is None
     assert avx2.process_bytes.source.reference.startswith("shared/facts/measured-here.md")
     assert not avx2.formats["w4a16-vllm"].runs and not avx2.formats["w4a8-amx"].runs
 
 
-# ---- selection ------------------------------------------------------------------------------------
-
-
-SHIPPED_CHOICE = {
+FROZEN_CHOICE = {
     "arm64-board": "generic",  # aarch64: nothing measured
     "container-cgroup2": "generic",  # x86_64-avx512-bf16: nothing measured
     "host-cgroup1": "generic",  # x86_64-avx512: nothing measured
@@ -255,17 +369,20 @@ SHIPPED_CHOICE = {
 
 
 @pytest.mark.parametrize("host", FIXTURE_NAMES)
-def test_shipped_profile_for_each_fixture_host(host: str):
-    profile, considered = select_profile(list(shipped_profiles()), host_facts(host))
-    assert profile.name == SHIPPED_CHOICE[host]
+def test_frozen_profile_for_each_fixture_host(host: str):
+    profile, considered = select_profile(list(frozen_profiles()), host_facts(host))
+    assert profile.name == FROZEN_CHOICE[host]
     assert len(considered) == 3 and all(": " in line for line in considered)
 
 
 def test_the_amx_profile_needs_intel_and_amx():
     amd_amx = with_cpu(host_facts("xeon-spr-amx-2s"), vendor="AuthenticAMD")
-    profile, considered = select_profile(list(shipped_profiles()), amd_amx)
+    profile, considered = select_profile(list(frozen_profiles()), amd_amx)
     assert profile.name == "generic"
     assert "x86_64-amx-spr: vendor 'AuthenticAMD' does not match 'GenuineIntel'" in considered
+
+
+# ---- selection ------------------------------------------------------------------------------------
 
 
 def test_the_most_specific_matching_profile_wins(tmp_path: Path):
@@ -279,7 +396,7 @@ def test_the_most_specific_matching_profile_wins(tmp_path: Path):
         name="other-class", device_class="x86_64-avx512",
         match="  arch: x86_64\n  isa_all: [avx2, fma]\n  vendor: AuthenticAMD\n  model_pattern: 'EPYC'\n"
               "  min_cores: 1\n  max_cores: 64\n"), "other.yaml")
-    generic = [p for p in shipped_profiles() if p.kind == "fallback"]
+    generic = [p for p in frozen_profiles() if p.kind == "fallback"]
     facts = host_facts("kvm-epyc-avx2-2c")  # AMD EPYC 7B13, AVX2 + FMA, class x86_64-avx2
     for order in ([broad, narrow, other_class, *generic], [*generic, other_class, narrow, broad]):
         # the probed class first (other-class's rules are the most specific, but for another class),
@@ -293,16 +410,19 @@ def test_the_most_specific_matching_profile_wins(tmp_path: Path):
 def test_core_count_rules(tmp_path: Path):
     big = profile_from_yaml(tmp_path, profile_yaml(name="big", device_class="x86_64-avx2",
                                                    match="  arch: x86_64\n  isa_all: [avx2]\n  min_cores: 8\n"))
-    p, considered = select_profile([big, *[p for p in shipped_profiles() if p.kind == "fallback"]],
+    p, considered = select_profile([big, *[p for p in frozen_profiles() if p.kind == "fallback"]],
                                    host_facts("kvm-epyc-avx2-2c"))
     assert p.name == "generic" and "big: 2 usable CPUs < 8" in considered
 
 
 def test_a_local_profile_replaces_a_shipped_one_of_the_same_name(tmp_path: Path):
+    # the frozen copies stand in for the shipped directory (load_profiles does not care which it is)
     local = tmp_path / "local"
-    text = (SHIPPED_PROFILES / "x86_64-avx2.yaml").read_text().replace("median: 734003200", "median: 700000000")
-    write_profile(local, text, "mine.yaml")
-    profiles = {p.name: p for p in load_profiles([SHIPPED_PROFILES, local])}
+    original = (FROZEN_PROFILES / "x86_64-avx2.yaml").read_text()
+    assert original.count("median: 734003200") == 1
+    write_profile(local, original.replace("median: 734003200", "median: 700000000"), "mine.yaml")
+    profiles = {p.name: p for p in load_profiles([FROZEN_PROFILES, local])}
     assert profiles["x86_64-avx2"].process_bytes.median == 700000000
     assert profiles["x86_64-avx2"].file == str(local / "mine.yaml")
-    assert load_profiles([SHIPPED_PROFILES, tmp_path / "does-not-exist"])  # a missing directory is no error
+    assert profiles["generic"].file == str(FROZEN_PROFILES / "generic.yaml")  # the others stay
+    assert load_profiles([FROZEN_PROFILES, tmp_path / "does-not-exist"])  # a missing directory is no error

@@ -278,6 +278,12 @@ class ReadbackExtension:
     def edgectl_describe(self) -> dict[str, Any]:
         return describe_model(self.get_model())
 
+    def edgectl_effective(self) -> dict[str, Any]:
+        """What the edgectl worker checks against its plan (``edgectl_runtime/effective.py``)."""
+        from edgectl_runtime.effective import collect_worker_facts
+
+        return collect_worker_facts(self)
+
     def edgectl_memory(self) -> dict[str, Any]:
         """This worker process's memory from /proc/self/status, in bytes: peak (VmHWM) and current
         resident set, anonymous and file-backed parts, and its pid."""

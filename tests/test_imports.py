@@ -1,0 +1,42 @@
+"""The control plane stays light: no torch, no vLLM, for any command that does not need them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "vllm", "transformers", "numpy")
+
+
+@pytest.mark.parametrize("code", [
+    "import edgectl, edgectl.cli",
+    "from edgectl.cli import app",
+    "import edgectl.plan, edgectl.planning, edgectl.profiles, edgectl.deploy, edgectl.status, edgectl.units",
+    "import edgectl.models.inspect, edgectl.models.pull, edgectl.effective, edgectl.vllm_args, edgectl.procmem",
+])
+def test_importing_the_control_plane_pulls_in_nothing_heavy(code: str):
+    probe = f"{code}\nimport sys\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"{code!r} imported {out.stdout.strip()}"
+
+
+def test_plan_runs_without_heavy_imports(tmp_path):
+    """`edgectl plan` on a config-only model: the planner, the probe and inspection only."""
+    code = (
+        "import sys, os\n"
+        "from edgectl.cli import main\n"
+        "try:\n"
+        "    main(['plan', sys.argv[1], '--json'])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code in (0, None), e.code\n"
+        f"print('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n"
+    )
+    from pathlib import Path
+
+    shape = Path(__file__).parent / "model_shapes" / "smollm2-135m"
+    out = subprocess.run([sys.executable, "-c", code, str(shape)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY=\n" in out.stderr or out.stderr.rstrip().endswith("HEAVY="), out.stderr[-500:]

@@ -773,14 +773,6 @@ def _mib(n: int) -> str:
 
 def _cpu_list(cpus: list[int], sep: str = ",") -> str:
     """CPU ids as ranges: [0,1,2,5] -> "0-2,5" (the kernel's cpulist format)."""
-    out: list[str] = []
-    cpus = sorted(cpus)
-    i = 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-        i = j + 1
-    return sep.join(out)
+    from edgectl.probe.formats import format_cpu_list
 
+    return format_cpu_list(cpus, sep)

@@ -17,6 +17,7 @@ from typing import Any
 
 from edgectl.errors import EdgectlError
 from edgectl.paths import units_dir
+from edgectl.probe.formats import format_cpu_list
 
 TEMPLATE = "edgectl.service.in"
 
@@ -140,17 +141,7 @@ def _free_text(text: str) -> str:
 
 def _cpu_list(cpus: list[int]) -> str:
     """[0, 1, 2, 5] -> "0-2 5" (the list syntax of CPUAffinity= and AllowedCPUs=)."""
-    ranges: list[str] = []
-    ordered = sorted(cpus)
-    start = prev = ordered[0]
-    for cpu in ordered[1:] + [None]:
-        if cpu is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        ranges.append(str(start) if start == prev else f"{start}-{prev}")
-        if cpu is not None:
-            start = prev = cpu
-    return " ".join(ranges)
+    return format_cpu_list(cpus, sep=" ")
 
 
 # --- reading the plan ------------------------------------------------------------------------

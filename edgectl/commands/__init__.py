@@ -4,6 +4,6 @@ Modules import only the light control plane at module level: ``edgectl --help`` 
 ``edgectl probe`` must not pay for torch or vLLM.
 """
 
-from edgectl.commands import deploy, models, plan, probe, quantize, status
+from edgectl.commands import bench, deploy, models, plan, probe, quantize, status
 
-ALL = [probe, models, plan, quantize, deploy, status]
+ALL = [probe, models, plan, quantize, deploy, status, bench]

@@ -36,8 +36,8 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     return tuple(sorted(cpus))
 
 
-def format_cpu_list(cpus: tuple[int, ...] | list[int]) -> str:
-    """(0, 1, 2, 3, 8) → ``"0-3,8"``: the kernel's own notation, for the text view."""
+def format_cpu_list(cpus: tuple[int, ...] | list[int], sep: str = ",") -> str:
+    """(0, 1, 2, 3, 8) → ``"0-3,8"``: the kernel's own notation (``sep=" "``: systemd's)."""
     out: list[str] = []
     items = sorted(set(cpus))
     i = 0
@@ -47,7 +47,7 @@ def format_cpu_list(cpus: tuple[int, ...] | list[int]) -> str:
             j += 1
         out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
         i = j + 1
-    return ",".join(out) if out else "none"
+    return sep.join(out) if out else "none"
 
 
 def parse_meminfo(text: str) -> dict[str, int]:

@@ -1,0 +1,484 @@
+"""The bench's arms: named configurations, each a set of plan overrides and a launcher.
+
+Three launchers:
+
+- ``worker``: edgectl's own worker (``python -m edgectl_runtime.worker --plan FILE``) on a
+  plan made by the same planner ``edgectl plan`` uses, with the arm's overrides. Read-back:
+  ``GET /edgectl/effective`` (what the engine holds, read inside the process that holds the
+  model); integrity: ``edgectl.effective.mismatches`` plus the process count the bench sees.
+- ``vllm``: unmodified vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
+  with ``server_args(plan, stock=True)``; edgectl's plugin excluded with ``VLLM_PLUGINS``.
+  Read-back, since the server has no edgectl route: ``/v1/models`` (context),
+  ``/metrics`` ``vllm:cache_config_info`` (KV blocks the engine allocated), and
+  ``edgectl_runtime.readback.ReadbackExtension`` through ``--worker-extension-cls`` +
+  ``VLLM_SERVER_DEV_MODE=1`` + ``POST /collective_rpc`` (layer formats, RoPE rows, threads in
+  the worker). The extension only adds RPC methods; it changes nothing vLLM runs.
+- ``llama.cpp``: ``llama-server`` on the GGUF the catalog keeps; read-back ``GET /props``
+  (context, slots) and its log (threads).
+
+Every arm of a run gets the planned arm's context and concurrency, so ratios compare levers,
+not contexts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgectl.bench.client import Client, HttpFailed
+from edgectl.bench.server import ServerProcess
+from edgectl.effective import is_int4, mismatches
+from edgectl.errors import EdgectlError
+from edgectl.vllm_args import server_args
+
+CONTROL = "stock"
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    name: str
+    launcher: str  # worker | vllm | vllm-defaults | llama.cpp
+    overrides: Mapping[str, Any]
+    description: str
+
+
+ARMS: dict[str, ArmSpec] = {a.name: a for a in [
+    ArmSpec("stock", "vllm", {}, "unmodified vLLM OpenAI server, bf16, the plan's context, concurrency and KV bytes, "
+                                 "vLLM's default compilation and threading (the control)"),
+    ArmSpec("stock-defaults", "vllm-defaults", {}, "unmodified vLLM given only the model and --max-model-len"),
+    ArmSpec("planned", "worker", {}, "edgectl's plan"),
+    ArmSpec("rope-cap-off", "worker", {"rope_cap": False}, "the plan with the RoPE table uncapped"),
+    ArmSpec("layerwise-off", "worker", {"layerwise_repack": False}, "the plan with the whole-model repack at load"),
+    ArmSpec("topology-stock", "worker", {"topology": "stock"}, "the plan in vLLM's multi-process topology"),
+    ArmSpec("reserve-core-on", "worker", {"reserve_frontend_core": True}, "the plan with one core kept for the front end"),
+    ArmSpec("reserve-core-off", "worker", {"reserve_frontend_core": False}, "the plan with every core for OpenMP"),
+    ArmSpec("lm-head-int4", "worker", {"quantize_lm_head": True}, "the plan with the output head in int4"),
+    ArmSpec("bf16", "worker", {"weight_format": "bf16"}, "the plan with bf16 weights (the fidelity reference)"),
+    ArmSpec("compiled", "worker", {"compilation": "default"}, "the plan with vLLM's default torch.compile mode"),
+    ArmSpec("llama.cpp", "llama.cpp", {}, "llama-server on the GGUF the model was converted from"),
+]}
+DEFAULT_ARMS = ("stock", "planned", "llama.cpp")
+
+
+def parse_arm_names(text: str | None) -> list[str]:
+    """``--arms a,b,c`` (or ``all``) as a list of known arm names, in the order given."""
+    if not text:
+        return list(DEFAULT_ARMS)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return list(ARMS)
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise EdgectlError(f"--arms: unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)} (or all)")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise EdgectlError(f"--arms: {', '.join(dupes)} given twice")
+    return names
+
+
+class Crashed(Exception):
+    """The server died or never became ready. ``invalid``: it refused because a setting differs."""
+
+    def __init__(self, message: str, *, invalid: bool = False) -> None:
+        super().__init__(message)
+        self.invalid = invalid
+
+
+# -- what every launcher needs from the run ----------------------------------------------------
+
+
+@dataclass
+class BenchContext:
+    model_name: str  # the served model name
+    model_path: str
+    vocab_size: int
+    kv_bytes_per_token: int
+    planned: dict[str, Any]  # the planned arm's plan: every arm runs its context and concurrency
+    planner: Callable[[dict[str, Any]], dict[str, Any]]  # Request overrides -> plan dict
+    runtime_python: str
+    child_env: dict[str, str]  # the environment servers start from (overriding variables removed)
+    logs_dir: Path  # one sub-directory per pass: the server's log (and the worker's plan file)
+    usable_cpus: int
+    stock_plugins: str  # VLLM_PLUGINS for the unmodified arms: every general plugin but edgectl's
+    llama_server: str | None = None
+    llama_unavailable: str | None = None
+    gguf_path: str | None = None
+    start_timeout_s: float = 1800.0
+    # Tests replace a launcher's command line (e.g. with a fake server speaking the same HTTP).
+    commands: dict[str, Callable[["PreparedArm", int, Path], list[str]]] = field(default_factory=dict)
+
+
+class PreparedArm:
+    """An arm ready to launch: its plan (if any), what to check, how to read back."""
+
+    launcher = "?"
+    fidelity = "vllm"  # how fidelity is collected: vllm (prompt_logprobs) | llama | None
+
+    def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.ctx = ctx
+        self.plan: dict[str, Any] | None = None
+
+    # the launch
+    def default_command(self, port: int, pass_dir: Path) -> list[str]:
+        raise NotImplementedError
+
+    def prepare_files(self, port: int, pass_dir: Path) -> None:
+        """Write what the server reads (the worker's plan file) into ``pass_dir``."""
+
+    def command(self, port: int, pass_dir: Path) -> list[str]:
+        self.prepare_files(port, pass_dir)
+        custom = self.ctx.commands.get(self.launcher)
+        return custom(self, port, pass_dir) if custom else self.default_command(port, pass_dir)
+
+    def env(self) -> dict[str, str]:
+        return dict(self.ctx.child_env)
+
+    # readiness, read-back, integrity
+    def wait_ready(self, client: Client, server: ServerProcess, deadline: float) -> None:
+        while True:
+            _check_alive(server)
+            if client.status("/health") == 200:
+                return
+            _check_deadline(server, deadline)
+            time.sleep(0.25)
+
+    def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+        raise NotImplementedError
+
+    def weights_bytes(self, effective: Mapping[str, Any]) -> int | None:
+        """Bytes read per decoded token, approximately: the resident weights."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"launcher": self.launcher, "description": self.spec.description,
+                "overrides": dict(self.spec.overrides), "plan": self.plan}
+
+
+def _check_alive(server: ServerProcess) -> None:
+    code = server.returncode()
+    if code is not None:
+        raise Crashed(f"the server exited with code {code} before it was ready: {crash_reason(server)}")
+
+
+_EXCEPTION_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Exit)\b.*:")
+
+
+def crash_reason(server: ServerProcess) -> str:
+    """The last exception line of the server's log (interpreter-shutdown noise skipped), else its tail."""
+    tail = server.log_tail(60)
+    for line in reversed(tail):
+        text = line.strip()
+        if _EXCEPTION_LINE.match(text) and not text.startswith("Exception ignored"):
+            return text
+    return " | ".join(tail[-6:])
+
+
+def _check_deadline(server: ServerProcess, deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise Crashed(f"not ready after {server.elapsed_s():.0f} s (--start-timeout): " + " | ".join(server.log_tail(4)))
+
+
+def _write_plan(plan: dict[str, Any], port: int, pass_dir: Path) -> Path:
+    """The plan as the worker reads it, bound to this pass's port on the loopback."""
+    plan = json.loads(json.dumps(plan))
+    plan["serve"] = {**plan.get("serve", {}), "host": "127.0.0.1", "port": port}
+    pass_dir.mkdir(parents=True, exist_ok=True)
+    path = pass_dir / "plan.json"
+    path.write_text(json.dumps(plan, indent=1))
+    return path
+
+
+def _with_port(plan: dict[str, Any], port: int) -> dict[str, Any]:
+    return {**plan, "serve": {**plan["serve"], "host": "127.0.0.1", "port": port}}
+
+
+def _same_shape(ctx: BenchContext, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The arm's overrides plus the planned arm's context and concurrency."""
+    return {"max_model_len": ctx.planned["max_model_len"], "max_num_seqs": ctx.planned["max_num_seqs"],
+            **overrides}
+
+
+# -- edgectl's worker ----------------------------------------------------------------------------
+
+
+class WorkerArm(PreparedArm):
+    launcher = "worker"
+
+    def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
+        super().__init__(spec, ctx)
+        self.plan = ctx.planned if spec.name == "planned" else ctx.planner(_same_shape(ctx, spec.overrides))
+
+    def prepare_files(self, port: int, pass_dir: Path) -> None:
+        _write_plan(self.plan, port, pass_dir)
+
+    def default_command(self, port: int, pass_dir: Path) -> list[str]:
+        return [self.ctx.runtime_python, "-m", "edgectl_runtime.worker", "--plan", str(pass_dir / "plan.json")]
+
+    def wait_ready(self, client: Client, server: ServerProcess, deadline: float) -> None:
+        # The worker answers /edgectl/effective once its app is up; "serving" after its warm-up.
+        while True:
+            code = server.returncode()
+            if code is not None:
+                tail = server.log_tail(8)
+                if code == 3:  # EXIT_MISMATCH: the worker refused, a setting did not take effect
+                    differs = [ln for ln in tail if "differs from the plan" in ln or "refusing" in ln]
+                    raise Crashed("the worker refused to serve: " + " | ".join(differs or tail), invalid=True)
+                raise Crashed(f"the worker exited with code {code} before it was ready: {crash_reason(server)}")
+            try:
+                if client.get_json("/edgectl/effective", timeout=5).get("phase") == "serving":
+                    return
+            except HttpFailed:
+                pass
+            _check_deadline(server, deadline)
+            time.sleep(0.25)
+
+    def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
+        eff = client.get_json("/edgectl/effective", timeout=30)
+        eff["readback_via"] = "GET /edgectl/effective (edgectl worker)"
+        return eff
+
+    def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+        problems = mismatches(self.plan, effective)
+        if self.plan["topology"] == "single-process" and processes != 1:
+            problems.append(f"the bench counts {processes} processes in the server's tree, "
+                            "the plan's single-process topology has 1")
+        if effective.get("phase") not in (None, "serving"):
+            problems.append(f"the worker is in phase {effective.get('phase')!r}, not serving")
+        return problems
+
+    def weights_bytes(self, effective: Mapping[str, Any]) -> int | None:
+        resident = effective.get("resident") or {}
+        if resident.get("parameters_bytes") is not None:
+            return int(resident["parameters_bytes"]) + int(resident.get("outside_parameters_bytes") or 0)
+        return int(self.plan["memory"]["weights_bytes"])
+
+
+# -- unmodified vLLM -----------------------------------------------------------------------------
+
+READBACK_EXTENSION = "edgectl_runtime.readback.ReadbackExtension"
+
+
+class VllmArm(PreparedArm):
+    """The control: vLLM's own server on the bf16 model, the plan's context/concurrency/KV bytes."""
+
+    launcher = "vllm"
+
+    def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
+        super().__init__(spec, ctx)
+        self.plan = ctx.planner(_same_shape(ctx, {
+            "weight_format": "bf16", "topology": "stock", "compilation": "default", "rope_cap": False,
+            "kv_cache_bytes": ctx.planned["kv_cache_bytes"], **spec.overrides}))
+
+    def server_args(self, port: int) -> list[str]:
+        return server_args(_with_port(self.plan, port), stock=True) + ["--worker-extension-cls", READBACK_EXTENSION]
+
+    def default_command(self, port: int, pass_dir: Path) -> list[str]:
+        return [self.ctx.runtime_python, "-m", "vllm.entrypoints.openai.api_server", *self.server_args(port)]
+
+    def env(self) -> dict[str, str]:
+        # VLLM_PLUGINS lists every general plugin but edgectl's: stock vLLM runs without it.
+        # VLLM_SERVER_DEV_MODE=1 only adds the dev routes (/collective_rpc) the read-back uses.
+        return {**self.ctx.child_env, "VLLM_PLUGINS": self.ctx.stock_plugins, "VLLM_SERVER_DEV_MODE": "1"}
+
+    def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
+        eff: dict[str, Any] = {"schema": "edgectl.effective/1", "readback_via": (
+            "/v1/models (context), /metrics vllm:cache_config_info (KV blocks), "
+            f"POST /collective_rpc edgectl_describe ({READBACK_EXTENSION}: formats, RoPE rows, threads)")}
+        models = client.get_json("/v1/models", timeout=30).get("data") or [{}]
+        eff["max_model_len"] = models[0].get("max_model_len")
+        info = cache_config_info(client.get_text("/metrics", timeout=30))
+        eff["cache_config_info"] = {k: info.get(k) for k in (
+            "num_gpu_blocks", "block_size", "kv_cache_memory_bytes", "kv_cache_size_tokens",
+            "enable_prefix_caching", "gpu_memory_utilization")}
+        blocks, block = _int(info.get("num_gpu_blocks")), _int(info.get("block_size"))
+        eff["kv_cache_bytes"] = blocks * block * self.ctx.kv_bytes_per_token if blocks and block else None
+        eff["unverified"] = ["max_num_seqs (no read-back route in stock vLLM)"]
+        try:
+            res = client.post_json("/collective_rpc", {"method": "edgectl_describe"}, timeout=120).get("results") or []
+            described = res[0] if res else None
+        except HttpFailed as exc:
+            described = None
+            eff["unverified"].append(f"layer formats, RoPE rows, threads: {exc}")
+        if isinstance(described, dict):
+            layers = described.get("layers") or []
+            formats = {("lm_head" if e.get("kind") == "lm_head" else e["name"]): e["format"]
+                       for e in layers if e.get("kind") in ("linear", "lm_head")}
+            eff.update({
+                "rope_rows": {r["name"]: r["rows"] for r in described.get("rope") or []},
+                "linear_formats": formats,
+                "linear_format_counts": described.get("formats"),
+                "lm_head_format": formats.get("lm_head"),
+                "quantization_readback": described.get("quantization"),
+                "resident": described.get("resident"),
+                "threads": (described.get("kernel") or {}).get("torch_threads"),
+                "kernel": described.get("kernel"),
+            })
+        return eff
+
+    def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+        out: list[str] = []
+        plan = self.plan
+
+        def differ(what: str, want: Any, got: Any) -> None:
+            if got != want:
+                out.append(f"{what} is {got!r}, the arm asks for {want!r}")
+
+        differ("max_model_len", plan["max_model_len"], effective.get("max_model_len"))
+        differ("KV cache bytes", plan["kv_cache_bytes"], effective.get("kv_cache_bytes"))
+        out += self._check_model(effective)
+        return out
+
+    def _check_model(self, effective: Mapping[str, Any]) -> list[str]:
+        out = []
+        formats = effective.get("linear_formats")
+        if not isinstance(formats, Mapping) or not formats:
+            out.append("linear layer formats could not be read back")
+        else:
+            int4 = [n for n, f in formats.items() if is_int4(f)]
+            if int4:
+                out.append(f"{len(int4)} layers are 4-bit in an unmodified bf16 arm (e.g. {int4[0]})")
+        rope = effective.get("rope_rows")
+        if not isinstance(rope, Mapping) or not rope:
+            out.append("RoPE table rows could not be read back")
+        else:
+            capped = {k: v for k, v in rope.items() if v != self.plan["rope_rows"]}
+            if capped:
+                name, rows = next(iter(capped.items()))
+                out.append(f"RoPE table {name} has {rows} rows; unmodified vLLM builds {self.plan['rope_rows']} "
+                           "(is edgectl's plugin loaded?)")
+        return out
+
+    def weights_bytes(self, effective: Mapping[str, Any]) -> int | None:
+        resident = effective.get("resident") or {}
+        if resident.get("parameters_bytes") is not None:
+            return int(resident["parameters_bytes"]) + int(resident.get("outside_parameters_bytes") or 0)
+        return int(self.plan["memory"]["weights_bytes"])
+
+
+class VllmDefaultsArm(VllmArm):
+    """What a user gets from vLLM given only the model and the context (KV: vLLM's own default)."""
+
+    launcher = "vllm-defaults"
+
+    def server_args(self, port: int) -> list[str]:
+        return ["--model", self.plan["model"]["path"], "--max-model-len", str(self.plan["max_model_len"]),
+                # naming and binding only, so the harness can reach it; plus the read-back extension
+                "--served-model-name", self.plan["model"]["name"], "--host", "127.0.0.1", "--port", str(port),
+                "--worker-extension-cls", READBACK_EXTENSION]
+
+    def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+        out = []
+        if effective.get("max_model_len") != self.plan["max_model_len"]:
+            out.append(f"max_model_len is {effective.get('max_model_len')!r}, the arm asks for {self.plan['max_model_len']}")
+        return out + self._check_model(effective)
+
+
+def cache_config_info(metrics_text: str) -> dict[str, str]:
+    """The labels of ``vllm:cache_config_info`` in a Prometheus text page (engine 0)."""
+    for line in metrics_text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            body = line[line.index("{") + 1:line.rindex("}")]
+            return dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', body))
+    return {}
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+# -- llama.cpp -------------------------------------------------------------------------------------
+
+
+class LlamaCppArm(PreparedArm):
+    launcher = "llama.cpp"
+    fidelity = "llama"
+
+    def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
+        super().__init__(spec, ctx)
+        self.threads = ctx.usable_cpus
+        self.expected = {"max_model_len": ctx.planned["max_model_len"], "max_num_seqs": ctx.planned["max_num_seqs"],
+                         "threads": self.threads, "model": ctx.gguf_path}
+
+    def default_command(self, port: int, pass_dir: Path) -> list[str]:
+        assert self.ctx.llama_server and self.ctx.gguf_path
+        return [self.ctx.llama_server, *self.server_args(port)]
+
+    def server_args(self, port: int) -> list[str]:
+        e = self.expected
+        return ["-m", str(e["model"]), "-c", str(e["max_model_len"] * e["max_num_seqs"]), "-np", str(e["max_num_seqs"]),
+                "-t", str(self.threads), "-tb", str(self.threads), "--host", "127.0.0.1", "--port", str(port),
+                "--alias", self.ctx.model_name, "--no-webui"]
+
+    def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
+        props = client.get_json("/props", timeout=30)
+        gen = props.get("default_generation_settings") or {}
+        threads = None
+        for line in reversed(server.log_tail(400)):
+            m = re.search(r"n_threads\s*=\s*(\d+)", line)
+            if m:
+                threads = int(m.group(1))
+                break
+        slots = props.get("total_slots")
+        n_ctx = gen.get("n_ctx")
+        return {"schema": "edgectl.effective/1", "readback_via": "GET /props (context, slots), log (threads)",
+                "max_model_len": n_ctx, "max_num_seqs": slots, "threads": threads,
+                "model_path": props.get("model_path"), "build_info": props.get("build_info")}
+
+    def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+        out = []
+        for key in ("max_model_len", "max_num_seqs", "threads"):
+            if effective.get(key) != self.expected[key]:
+                out.append(f"{key} is {effective.get(key)!r}, the arm asks for {self.expected[key]!r}")
+        path = effective.get("model_path")
+        if path and Path(path).resolve() != Path(str(self.expected["model"])).resolve():
+            out.append(f"llama-server loaded {path}, not {self.expected['model']}")
+        return out
+
+    def weights_bytes(self, effective: Mapping[str, Any]) -> int | None:
+        try:
+            return Path(str(self.ctx.gguf_path)).stat().st_size
+        except OSError:
+            return None
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "server": self.ctx.llama_server, "gguf": self.ctx.gguf_path,
+                "expected": dict(self.expected)}
+
+
+LAUNCHERS = {"worker": WorkerArm, "vllm": VllmArm, "vllm-defaults": VllmDefaultsArm, "llama.cpp": LlamaCppArm}
+
+
+def prepare_arms(names: list[str], ctx: BenchContext) -> tuple[list[PreparedArm], dict[str, str]]:
+    """The arms to run, and the arms skipped with the reason (llama.cpp when it is unavailable)."""
+    arms: list[PreparedArm] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        spec = ARMS[name]
+        if spec.launcher == "llama.cpp" and "llama.cpp" not in ctx.commands:
+            if not ctx.llama_server:
+                skipped[name] = ctx.llama_unavailable or "llama-server not found"
+                continue
+            if not ctx.gguf_path or not Path(ctx.gguf_path).is_file():
+                skipped[name] = (f"the GGUF {ctx.gguf_path} is missing: `edgectl models pull {ctx.model_name}` keeps it"
+                                 if ctx.gguf_path else "the model has no GGUF in the catalog")
+                continue
+        try:
+            arms.append(LAUNCHERS[spec.launcher](spec, ctx))
+        except EdgectlError as exc:
+            # an arm the planner refuses here (e.g. a format this host cannot run) is skipped, and says why
+            skipped[name] = f"cannot be planned here: {exc.message}"
+    return arms, skipped
+

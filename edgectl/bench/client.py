@@ -1,0 +1,119 @@
+"""A small HTTP client for the few endpoints the bench uses (standard library only).
+
+Streaming completions are read as server-sent events, and every chunk is timestamped on
+arrival with ``time.perf_counter``: decode and prefill speeds are measured from the client,
+the way a deployed service is used, not from the server's own log.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class HttpFailed(Exception):
+    """The server could not be reached, or answered with an error status."""
+
+
+@dataclass
+class Client:
+    host: str
+    port: int
+
+    def _conn(self, timeout: float) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> tuple[int, bytes]:
+        conn = self._conn(timeout)
+        try:
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                         headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise HttpFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from None
+        finally:
+            conn.close()
+
+    def status(self, path: str, timeout: float = 2.0) -> int | None:
+        """The HTTP status of GET ``path``, or None if nothing answered."""
+        try:
+            return self.request("GET", path, timeout=timeout)[0]
+        except HttpFailed:
+            return None
+
+    def get_json(self, path: str, timeout: float = 10.0) -> Any:
+        status, data = self.request("GET", path, timeout=timeout)
+        return _decode(status, data, f"GET {path}")
+
+    def get_text(self, path: str, timeout: float = 10.0) -> str:
+        status, data = self.request("GET", path, timeout=timeout)
+        if status != 200:
+            raise HttpFailed(f"GET {path}: HTTP {status}: {data[:300]!r}")
+        return data.decode("utf-8", "replace")
+
+    def post_json(self, path: str, body: Any, timeout: float = 600.0) -> Any:
+        status, data = self.request("POST", path, body, timeout=timeout)
+        return _decode(status, data, f"POST {path}")
+
+    def stream(self, path: str, body: dict[str, Any], timeout: float = 600.0) -> "Stream":
+        """POST ``body`` with ``stream: true`` and time every server-sent event."""
+        conn = self._conn(timeout)
+        chunks: list[tuple[float, dict[str, Any]]] = []
+        try:
+            payload = json.dumps({**body, "stream": True}).encode()
+            t_sent = time.perf_counter()
+            conn.request("POST", path, body=payload, headers={"Content-Type": "application/json",
+                                                               "Accept": "text/event-stream"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise HttpFailed(f"POST {path}: HTTP {resp.status}: {resp.read()[:300]!r}")
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                now = time.perf_counter()
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                try:
+                    chunks.append((now, json.loads(data)))
+                except json.JSONDecodeError:
+                    raise HttpFailed(f"POST {path}: a stream event is not JSON: {data[:200]!r}") from None
+            return Stream(t_sent, chunks)
+        except (OSError, http.client.HTTPException) as exc:
+            raise HttpFailed(f"POST {path} (stream): {exc.__class__.__name__}: {exc}") from None
+        finally:
+            conn.close()
+
+
+@dataclass
+class Stream:
+    t_sent: float
+    chunks: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+
+    def token_events(self) -> list[tuple[float, dict[str, Any]]]:
+        """Events that carry generated text (a choice), in arrival order; usage-only events excluded."""
+        return [(t, c) for t, c in self.chunks if c.get("choices")]
+
+    def usage(self) -> dict[str, Any] | None:
+        for _t, c in reversed(self.chunks):
+            if isinstance(c.get("usage"), dict):
+                return c["usage"]
+        return None
+
+
+def _decode(status: int, data: bytes, what: str) -> Any:
+    if status != 200:
+        raise HttpFailed(f"{what}: HTTP {status}: {data[:300]!r}")
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError:
+        raise HttpFailed(f"{what}: the answer is not JSON: {data[:200]!r}") from None

@@ -1,0 +1,215 @@
+"""``edgectl bench``: from the options to the artifact (and, if asked, a recorded profile).
+
+Order of work: check the request (nothing is started or written for bad input), probe the host
+with its memory bandwidth, plan the model, prepare the arms, run the interleaved grid
+(writing the artifact after every pass, so an interrupted run keeps what it measured),
+compare fidelity with the reference arm, summarise, plot, record the profile.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgectl import envvars
+from edgectl.bench import provenance as prov
+from edgectl.bench import report
+from edgectl.bench.arms import CONTROL, BenchContext, parse_arm_names, prepare_arms
+from edgectl.bench.llamacpp import find_llama_server
+from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
+from edgectl.bench.runner import attach_fidelity, interleaved, run_grid
+from edgectl.errors import EdgectlError
+
+MIN_PASSES_FOR_PROFILE = 3
+QUOTABLE_PASSES = 3  # issue 5: "medians of ≥ 3 interleaved passes"
+Progress = Callable[[str], None]
+
+
+@dataclass
+class BenchOptions:
+    model: str
+    arms: str | None = None
+    passes: int = 3
+    out: Path = Path("results")
+    max_model_len: int | None = None
+    record_profile: bool = False
+    profiles_dir: Path | None = None
+    plot: bool = False
+    seed: int = 0
+    start_timeout_s: float = 1800.0
+    llama_server: str | None = None
+    fidelity: bool = True
+    argv: list[str] | None = None
+    # tests: replace launchers' command lines, and the probe (bandwidth) result
+    commands: dict[str, Callable] = field(default_factory=dict)
+    facts: Any = None
+
+
+def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress) -> report.BenchResult:
+    names = parse_arm_names(opts.arms)
+    if opts.passes < 1:
+        raise EdgectlError(f"--passes {opts.passes}: at least 1 (3 or more for a result worth quoting)")
+    if opts.record_profile:
+        if "planned" not in names:
+            raise EdgectlError("--record-profile needs the `planned` arm (add it to --arms)")
+        if opts.passes < MIN_PASSES_FOR_PROFILE:
+            raise EdgectlError(f"--record-profile needs at least {MIN_PASSES_FOR_PROFILE} passes (got --passes {opts.passes})")
+    profiles_dir = opts.profiles_dir or Path(envvars.read("EDGECTL_PROFILES_DIR", environ))
+    _check_writable(opts.out, "--out")
+    if opts.record_profile:
+        _check_writable(profiles_dir, "--profiles-dir (or EDGECTL_PROFILES_DIR)")
+    prompts = prompt_set()
+
+    from edgectl.plan import Request
+    from edgectl.planning import make_plan
+    from edgectl.probe import probe
+
+    from edgectl.models.cache import resolve_model
+
+    resolve_model(opts.model, environ)  # a catalog model must be pulled; a directory must exist
+    started = _dt.datetime.now(_dt.timezone.utc)
+    progress("probing the host (with a ≤ 2 s memory-bandwidth copy)")
+    facts = opts.facts if opts.facts is not None else probe("/", bandwidth=True, environ=environ)
+    planned = make_plan(Request(model=opts.model, max_model_len=opts.max_model_len), environ, facts=facts)
+    model = planned.model
+    if planned.plan.max_model_len <= PREFILL_TOKENS:
+        raise EdgectlError(f"a context of {planned.plan.max_model_len} tokens has no room for the {PREFILL_TOKENS}-token "
+                           f"prefill prompt and its answer: use --max-model-len {PREFILL_TOKENS * 2} or more")
+    base_request = {"model": opts.model}
+
+    def planner(overrides: dict[str, Any]) -> dict[str, Any]:
+        return make_plan(Request(**{**base_request, **overrides}), environ, facts=facts).plan.to_dict()
+
+    runtime_python = envvars.read("EDGECTL_RUNTIME_PYTHON", environ)
+    child_env, dropped = prov.child_environment(environ)
+    runtime = prov.runtime_info(runtime_python, child_env)
+    plugins, excluded = prov.stock_plugins(runtime)
+
+    llama = find_llama_server(environ, opts.llama_server)
+    gguf = _gguf_for(opts.model, environ)
+
+    date = started.strftime("%Y-%m-%d")
+    host = socket.gethostname()
+    path = report.artifact_path(opts.out, date, host, planned.plan.model["name"])
+    logs_dir = path.with_suffix(".logs")
+    ctx = BenchContext(
+        model_name=planned.plan.model["name"], model_path=planned.plan.model["path"],
+        vocab_size=int(model.vocab_size), kv_bytes_per_token=int(planned.plan.kv_bytes_per_token),
+        planned=planned.plan.to_dict(), planner=planner, runtime_python=runtime_python, child_env=child_env,
+        logs_dir=logs_dir, usable_cpus=len(facts.topology.usable_cpus or []) or 1,
+        stock_plugins=plugins, llama_server=llama.path, llama_unavailable=llama.origin if not llama.path else None,
+        gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, commands=dict(opts.commands),
+    )
+    arms, skipped = prepare_arms(names, ctx)
+    for name, why in skipped.items():
+        progress(f"skipping arm {name}: {why}")
+    if not arms:
+        raise EdgectlError("no arm can run here: " + "; ".join(f"{n}: {w}" for n, w in skipped.items()))
+
+    artifact: dict[str, Any] = {
+        "schema": report.SCHEMA,
+        "provenance": {
+            "model": ctx.model_name, "model_path": ctx.model_path, "max_model_len": ctx.planned["max_model_len"],
+            "max_num_seqs": ctx.planned["max_num_seqs"], "passes": opts.passes, "seed": opts.seed,
+            "arms": [a.name for a in arms], "order": [f"{n}#{i + 1}" for n, i in interleaved([a.name for a in arms], opts.passes)],
+            "host": host, "probe": facts.to_dict(), "edgectl": prov.edgectl_version(),
+            "vllm": runtime.get("vllm"), "torch": runtime.get("torch"), "runtime_python": runtime_python,
+            "command": prov.command_line(opts.argv), "started_at": started.isoformat(timespec="seconds"),
+            "ended_at": None,
+            "environment": {"dropped_from_servers": dropped, "added_for_servers": dict(prov.OFFLINE_ENV),
+                            "stock_VLLM_PLUGINS": plugins, "stock_plugins_excluded": excluded,
+                            "stock_VLLM_SERVER_DEV_MODE": "1"},
+            "llama_server": {"path": llama.path, "origin": llama.origin, "gguf": ctx.gguf_path},
+            "prompts": prompts.source,
+        },
+        "finished": False, "complete": False, "quotable": False,
+        "arms": {a.name: {**a.describe(), "passes": []} for a in arms},
+        "skipped": skipped, "incomplete_reasons": [], "ratios": None, "fidelity": {},
+        "versus_llama_cpp": None, "bandwidth_ceiling": None,
+    }
+    records: dict[str, list[dict[str, Any]]] = {a.name: [] for a in arms}
+
+    def save(rec: dict[str, Any]) -> None:
+        artifact["arms"][rec["arm"]]["passes"].append(rec)
+        report.write_json_atomic(path, artifact)
+
+    progress(f"{len(arms)} arm(s) × {opts.passes} pass(es), interleaved; artifact {path}")
+    try:
+        records, raw = run_grid(arms, opts.passes, ctx, prompts, opts.seed, progress, on_pass=save,
+                                with_fidelity=opts.fidelity)
+    except KeyboardInterrupt:
+        artifact["provenance"]["ended_at"] = _now()
+        artifact["incomplete_reasons"] = ["interrupted"]
+        report.write_json_atomic(path, artifact)
+        raise
+    reference = "bf16" if "bf16" in records else (CONTROL if CONTROL in records else None)
+    artifact["fidelity"] = attach_fidelity(records, raw, reference)
+    finish(artifact, records, opts.passes, facts.bandwidth_gbps)
+    artifact["provenance"]["ended_at"] = _now()
+    report.write_json_atomic(path, artifact)
+    result = report.BenchResult(artifact, path)
+
+    if opts.plot:
+        msg = report.plot(artifact, path.with_suffix(".png"))
+        result.messages.append(msg)
+    if opts.record_profile:
+        from edgectl.bench.profile_record import record_profile
+
+        if not artifact["complete"]:
+            result.messages.append("--record-profile: not recorded, the grid is incomplete (see above)")
+        else:
+            written = record_profile(artifact, path, profiles_dir, facts, planned.model, environ)
+            result.messages.append(f"profile recorded: {written}")
+    return result
+
+
+def finish(artifact: dict[str, Any], records: dict[str, list[dict[str, Any]]], passes: int,
+           bandwidth_gbps: float | None) -> None:
+    """Summaries, completeness, ratios: the rules in report.py's docstring."""
+    summaries = {}
+    for name, recs in records.items():
+        artifact["arms"][name]["passes"] = recs
+        summaries[name] = report.summarise_arm(recs)
+        artifact["arms"][name].update(summaries[name])  # passes_ok, passes_run, median, min, max
+    reasons = report.incomplete_reasons(records, passes)
+    artifact["finished"] = True
+    artifact["complete"] = not reasons and bool(records)
+    artifact["quotable"] = artifact["complete"] and passes >= QUOTABLE_PASSES
+    artifact["incomplete_reasons"] = reasons
+    if artifact["complete"] and CONTROL in records:
+        artifact["ratios"] = report.ratios(records, summaries)
+        artifact["versus_llama_cpp"] = report.versus_llama(summaries)
+        artifact["bandwidth_ceiling"] = report.bandwidth_ceiling(records, summaries, bandwidth_gbps)
+    else:
+        artifact["ratios"] = None
+        if artifact["complete"]:
+            artifact["bandwidth_ceiling"] = report.bandwidth_ceiling(records, summaries, bandwidth_gbps)
+            artifact["versus_llama_cpp"] = report.versus_llama(summaries)
+
+
+def _gguf_for(model: str, environ: Mapping[str, str]) -> Path | None:
+    from edgectl.models.cache import gguf_path
+    from edgectl.models.catalog import CATALOG
+
+    entry = CATALOG.get(model)
+    return gguf_path(entry, environ) if entry else None
+
+
+def _check_writable(directory: Path, what: str) -> None:
+    """Fail before any work if ``directory`` cannot be created or written (nothing is created here)."""
+    probe = directory.absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise EdgectlError(f"{what} {directory}: {probe} is not a directory: pick a writable directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise EdgectlError(f"{what} {directory}: {probe} is not writable: pick a writable directory")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,279 @@
+"""A stand-in server for testing the bench's *rules* (not a stand-in for any measurement).
+
+It speaks the few HTTP endpoints the bench uses, in the dialect of the launcher it replaces,
+and takes that launcher's own command line after ``--``:
+
+    python fake_server.py [OPTIONS] -- --plan FILE            # edgectl's worker
+    python fake_server.py [OPTIONS] -- --vllm ARGS...          # vLLM's OpenAI server
+    python fake_server.py [OPTIONS] -- --llama ARGS...         # llama-server
+
+OPTIONS make it misbehave the ways real engines have: ``--sabotage kv`` reports half the
+asked KV bytes (a setting that did not take effect), ``--crash-on-start N --state FILE`` exits
+before ready on its N-th start, ``--child-alloc-mb M`` starts a child process that holds M MB
+(memory that only a whole-tree measurement sees), ``--alloc-mb M`` holds M MB itself,
+``--ready-delay S`` answers 503 at first.
+Standard library only; the bench's tests start it as a real process on a real port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+VOCAB = 49152
+K_MAX = 20
+
+
+def token_ids(text: str) -> list[int]:
+    return [256 + int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "big") % (VOCAB - 256)
+            for w in text.split()]
+
+
+def distribution(prev: int, k: int) -> dict[int, float]:
+    """A deterministic next-token distribution: k ids with geometric probabilities."""
+    out = {}
+    for j in range(k):
+        tid = (prev * 7919 + j * 104729 + 13) % VOCAB
+        out[tid] = math.log(0.5 ** (j + 1))
+    return out
+
+
+class State:
+    def __init__(self, ns: argparse.Namespace, mode: str, rest: list[str]) -> None:
+        self.ns = ns
+        self.mode = mode
+        self.started = time.monotonic()
+        self.plan: dict[str, Any] | None = None
+        self.args: dict[str, str] = {}
+        if mode == "worker":
+            self.plan = json.loads(Path(rest[rest.index("--plan") + 1]).read_text())
+            self.port = int(self.plan["serve"]["port"])
+            self.name = self.plan["model"]["name"]
+        else:
+            i = 0
+            while i < len(rest):  # "--flag value" pairs; a flag followed by another flag has no value
+                has_value = i + 1 < len(rest) and not rest[i + 1].startswith("-")
+                self.args[rest[i]] = rest[i + 1] if has_value else "1"
+                i += 2 if has_value else 1
+            self.port = int(self.args["--port"])
+            self.name = self.args.get("--served-model-name") or self.args.get("--alias") or "fake"
+
+    def max_model_len(self) -> int:
+        if self.plan is not None:
+            return int(self.plan["max_model_len"])
+        if "--max-model-len" in self.args:
+            return int(self.args["--max-model-len"])
+        return int(self.args.get("-c", 4096)) // int(self.args.get("-np", 1))
+
+    def ready(self) -> bool:
+        return time.monotonic() - self.started >= self.ns.ready_delay
+
+    def processes(self) -> int:
+        return 1 + (1 if CHILD else 0)
+
+    # -- read-back, as each server reports it
+    def worker_effective(self) -> dict[str, Any]:
+        p = self.plan
+        assert p is not None
+        kv = p["kv_cache_bytes"] // 2 if self.ns.sabotage == "kv" else p["kv_cache_bytes"]
+        int4 = p["weight_format"] != "bf16"
+        layers = {f"model.layers.{i}.{n}": ("cpu_int4/g64" if int4 else "bf16")
+                  for i in range(2) for n in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.down_proj")}
+        head = "cpu_int4/g64-tied-embedding" if p.get("quantize_lm_head") else "bf16-tied-embedding"
+        return {"schema": "edgectl.effective/1", "max_model_len": p["max_model_len"],
+                "max_num_seqs": p["max_num_seqs"], "kv_cache_bytes": kv, "threads": p["threads"],
+                "rope_rows": {"model.layers.0.self_attn.rotary_emb": p["rope_rows"]},
+                "linear_formats": {**layers, "lm_head": head}, "lm_head_format": head,
+                "processes": self.processes(), "resident": {"parameters_bytes": p["memory"]["weights_bytes"],
+                                                            "outside_parameters_bytes": 0},
+                "phase": "serving" if self.ready() else "loading"}
+
+    def vllm_config(self) -> dict[str, Any]:
+        return json.loads((Path(self.args["--model"]) / "config.json").read_text())
+
+    def kv_bytes_per_token(self) -> int:
+        c = self.vllm_config()
+        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        return 2 * c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim * 2 * c["num_hidden_layers"]
+
+    def metrics(self) -> str:
+        block = int(self.args.get("--block-size", 128))
+        kv = int(self.args.get("--kv-cache-memory-bytes", 1 << 30))
+        if self.ns.sabotage == "kv":
+            kv //= 2
+        blocks = kv // (block * self.kv_bytes_per_token())
+        return ("# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{block_size="{block}",engine="0",enable_prefix_caching="True",'
+                f'kv_cache_memory_bytes="{kv}",num_gpu_blocks="{blocks}"}} 1.0\n')
+
+    def describe(self) -> dict[str, Any]:
+        rows = int(self.vllm_config().get("max_position_embeddings", 2048))
+        layers = [{"name": f"model.layers.0.{n}", "kind": "linear", "format": "bf16"}
+                  for n in ("self_attn.qkv_proj", "mlp.down_proj")]
+        layers.append({"name": "lm_head", "kind": "lm_head", "format": "bf16-tied-embedding"})
+        return {"schema": "edgectl.readback/1", "quantization": None, "layers": layers,
+                "formats": {"bf16": 2, "bf16-tied-embedding": 1},
+                "rope": [{"name": "model.layers.0.self_attn.rotary_emb", "rows": rows}],
+                "resident": {"parameters_bytes": 1000, "outside_parameters_bytes": 2000},
+                "kernel": {"torch_threads": 1}}
+
+
+STATE: State
+CHILD: subprocess.Popen | None = None
+BALLAST: bytes = b""
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # quiet: the bench keeps the log
+        pass
+
+    def _send(self, status: int, body: Any, ctype: str = "application/json") -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802
+        s = STATE
+        if self.path == "/health":
+            self._send(200 if s.ready() else 503, {})
+        elif self.path == "/edgectl/effective" and s.mode == "worker":
+            self._send(200, s.worker_effective())
+        elif self.path == "/v1/models" and s.mode == "vllm":
+            self._send(200, {"data": [{"id": s.name, "max_model_len": int(s.args["--max-model-len"])}]})
+        elif self.path == "/metrics" and s.mode == "vllm":
+            self._send(200, s.metrics(), "text/plain")
+        elif self.path == "/props" and s.mode == "llama":
+            self._send(200, {"default_generation_settings": {"n_ctx": int(s.args["-c"]) // int(s.args.get("-np", 1))},
+                             "total_slots": int(s.args.get("-np", 1)), "model_path": s.args["-m"]})
+        else:
+            self._send(404, {"error": self.path})
+
+    def do_POST(self) -> None:  # noqa: N802
+        s = STATE
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path == "/collective_rpc" and s.mode == "vllm":
+            self._send(200, {"results": [s.describe()]})
+        elif self.path == "/tokenize":
+            self._send(200, {"tokens": token_ids(body.get("prompt") or body.get("content") or "")})
+        elif self.path == "/completion" and s.mode == "llama":
+            ids = body["prompt"] if isinstance(body["prompt"], list) else token_ids(body["prompt"])
+            top = distribution(ids[-1], int(body.get("n_probs", 1)))
+            self._send(200, {"content": " x", "completion_probabilities": [
+                {"id": 1, "top_logprobs": [{"id": t, "logprob": lp} for t, lp in top.items()]}]})
+        elif self.path == "/v1/completions":
+            self.completions(body)
+        else:
+            self._send(404, {"error": self.path})
+
+    def completions(self, body: dict[str, Any]) -> None:
+        prompt = body.get("prompt")
+        ids = prompt if isinstance(prompt, list) else token_ids(str(prompt))
+        n = int(body.get("max_tokens", 16))
+        if len(ids) + n > STATE.max_model_len():  # as vLLM refuses it
+            self._send(400, {"error": {"message": f"{len(ids)} prompt + {n} tokens exceed the context"}})
+            return
+        time.sleep(0.00002 * len(ids))  # "prefill"
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for i in range(n):
+                if i:
+                    time.sleep(0.002)  # "decode"
+                chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if i == n - 1 else None}]}
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            usage = {"choices": [], "usage": {"prompt_tokens": len(ids), "completion_tokens": n}}
+            self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        k = int(body.get("logprobs") or 0)
+        choice: dict[str, Any] = {"index": 0, "text": " t0", "finish_reason": "length"}
+        if k:
+            top = distribution(ids[-1], k)
+            choice["logprobs"] = {"top_logprobs": [{f"token_id:{t}": lp for t, lp in top.items()}]}
+        pk = body.get("prompt_logprobs")
+        if pk:
+            positions: list[Any] = [None]
+            for i in range(1, len(ids)):
+                d = {str(t): {"logprob": lp} for t, lp in distribution(ids[i - 1], int(pk)).items()}
+                d.setdefault(str(ids[i]), {"logprob": -12.0})  # vLLM always adds the actual token
+                positions.append(d)
+            choice["prompt_logprobs"] = positions
+        self._send(200, {"choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": 1}})
+
+
+def main(argv: list[str]) -> int:
+    global STATE, CHILD, BALLAST
+    if "--" not in argv:
+        print("usage: fake_server.py [OPTIONS] -- (--plan FILE | --vllm ARGS | --llama ARGS)", file=sys.stderr)
+        return 2
+    cut = argv.index("--")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sabotage", choices=["kv"])
+    parser.add_argument("--crash-on-start", type=int)
+    parser.add_argument("--state")
+    parser.add_argument("--child-alloc-mb", type=int, default=0)
+    parser.add_argument("--alloc-mb", type=int, default=0)
+    parser.add_argument("--ready-delay", type=float, default=0.3)
+    ns = parser.parse_args(argv[:cut])
+    rest = argv[cut + 1:]
+    mode = "worker" if rest[0] == "--plan" else rest[0].lstrip("-")
+    if mode not in ("worker", "vllm", "llama"):
+        print(f"unknown mode {rest[0]}", file=sys.stderr)
+        return 2
+    if ns.crash_on_start:
+        state = Path(ns.state)
+        starts = int(state.read_text()) + 1 if state.exists() else 1
+        state.write_text(str(starts))
+        if starts == ns.crash_on_start:
+            print(f"fake server: crashing on start {starts}", flush=True)
+            time.sleep(0.2)
+            return 1
+    STATE = State(ns, mode, rest if mode == "worker" else rest[1:])
+    if ns.alloc_mb:
+        BALLAST = b"\x01" * (ns.alloc_mb << 20)  # held by the server process itself
+    if ns.child_alloc_mb:
+        # The child fills its memory (b"\x01" * n touches every page) and says so before the parent serves.
+        CHILD = subprocess.Popen([sys.executable, "-c",
+                                  f"import sys,time; b = b'\\x01' * ({ns.child_alloc_mb} << 20); "
+                                  "print('held', flush=True); time.sleep(3600)"], stdout=subprocess.PIPE)
+        assert CHILD.stdout is not None
+        CHILD.stdout.readline()
+    if mode == "llama":
+        print(f"system_info: n_threads = {STATE.args.get('-t')} (n_threads_batch = {STATE.args.get('-tb')})",
+              flush=True)
+    print(f"fake server ({mode}) on port {STATE.port}, pid {os.getpid()}", flush=True)
+    server = ThreadingHTTPServer(("127.0.0.1", STATE.port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    sys.exit(main(sys.argv[1:]))

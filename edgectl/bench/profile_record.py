@@ -1,0 +1,303 @@
+"""``--record-profile``: the device class's profile (``edgectl.profile/1``) from a complete run.
+
+What is written, each figure the median of the run's passes with min, max and the pass count,
+each naming a source that carries the run's provenance:
+
+- ``formats.<planned format>`` decode/prefill from the ``planned`` arm (and its measured
+  resident/planned weight ratio), ``formats.bf16`` from the ``bf16`` arm; formats the run did
+  not measure are carried over from the profile of that name already installed, if any;
+- ``runtime.process_bytes``: solved so that the planner's ledger for the planned request
+  (runtime × processes + weights + KV + RoPE + workspace) equals the measured steady PSS —
+  the planner itself computes the model-dependent parts, so nothing is estimated twice;
+- ``runtime.processes.stock``: with a ``topology-stock`` arm, the process count whose ledger is
+  closest to that arm's steady PSS (process-equivalents: vLLM's processes differ in size);
+- ``runtime.load_peak_ratio`` (peak PSS launch→ready / steady PSS, at least 1) and ``runtime.ready_s``;
+- ``threads.reserve_frontend_core`` from the ``reserve-core-on``/``-off`` pair: reserved only
+  if its decode range lies entirely above the other's, with the numbers as evidence;
+- ``bandwidth_gbps`` from the probe.
+
+The document is validated with ``parse_profile``, re-planned to check the ±10% match, and
+written atomically to ``<dir>/<device class>.yaml`` (a local profile of the same name
+overrides the shipped one).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgectl.errors import EdgectlError
+from edgectl.profiles import SCHEMA, parse_profile
+
+MiB = 1 << 20
+MATCH_TOLERANCE = 0.10
+
+# Match rules per device class, used when no profile of that name exists yet to copy them from
+# (the same ISA tests as edgectl.probe.cpu.device_class).
+CLASS_MATCH: dict[str, dict[str, Any]] = {
+    "x86_64-amx": {"arch": "x86_64", "isa_all": ["avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile", "amx_bf16"]},
+    "x86_64-avx512-bf16": {"arch": "x86_64", "isa_all": ["avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"],
+                           "isa_none": ["amx_tile"]},
+    "x86_64-avx512": {"arch": "x86_64", "isa_all": ["avx512f", "avx512bw", "avx512vl", "avx512dq"],
+                      "isa_none": ["avx512_bf16", "amx_tile"]},
+    "x86_64-avx2": {"arch": "x86_64", "isa_all": ["avx2", "fma"], "isa_none": ["avx512f"]},
+    "aarch64-sve": {"arch": "aarch64", "isa_all": ["sve"]},
+    "aarch64-neon": {"arch": "aarch64", "isa_all": ["asimd"], "isa_none": ["sve"]},
+}
+
+
+def record_profile(artifact: dict[str, Any], artifact_path: Path, profiles_dir: Path, facts: Any, model: Any,
+                   environ: Any) -> Path:
+    doc, check = build_profile(artifact, artifact_path, facts, model, environ, profiles_dir)
+    profiles_dir.mkdir(parents=True, exist_ok=True)
+    path = profiles_dir / f"{doc['name']}.yaml"
+    header = (f"# Recorded by `edgectl bench --record-profile` from {artifact_path.name}\n"
+              f"# ({artifact['provenance']['command']}).\n"
+              f"# Check: the plan's steady memory {check['planned_total_bytes'] / MiB:.0f} MiB vs measured "
+              f"{check['measured_steady_bytes'] / MiB:.0f} MiB ({100 * check['error']:+.1f}%).\n")
+    text = header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=profiles_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, model: Any,
+                  environ: Any, profiles_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The profile document, and the ledger check against the measured steady PSS."""
+    from edgectl.planning import profile_dirs
+    from edgectl.profiles import load_profiles
+
+    arms = artifact["arms"]
+    if "planned" not in arms or not arms["planned"].get("median"):
+        raise EdgectlError("--record-profile: the planned arm has no complete set of passes")
+    prov = artifact["provenance"]
+    device_class = str(facts.device_class)
+    name = device_class
+    existing_profiles = {p.name: p for p in load_profiles([*profile_dirs(environ), profiles_dir])}
+    existing_raw = _raw_profile(existing_profiles.get(name))
+    date = prov["started_at"][:10]
+    planned = arms["planned"]
+    plan = planned["plan"]
+    fmt = plan["weight_format"]
+
+    base_source = {
+        "cpu_model": facts.cpu.model_name or "unknown",
+        "cores": len(facts.topology.usable_cpus or []),
+        "ram_bytes": int(facts.memory.total_bytes or 0),
+        "date": date,
+        "command": prov["command"],
+        "vllm": prov.get("vllm") or "unknown",
+        "torch": prov.get("torch") or "unknown",
+        "edgectl_commit": _commit(prov.get("edgectl") or {}),
+        "artifact": str(artifact_path.name),
+        "model": prov["model"],
+    }
+    sources: dict[str, Any] = {}
+    formats: dict[str, Any] = {}
+
+    def add_format(arm_name: str, arm_fmt: str) -> None:
+        arm = arms[arm_name]
+        key = f"bench-{date}-{arm_fmt}"
+        sources[key] = {**base_source, "model_weights_bytes": int(arm["plan"]["memory"]["weights_bytes"]),
+                        "notes": f"arm `{arm_name}` ({arm['description']}), {prov['max_model_len']} tokens context"}
+        entry: dict[str, Any] = {"runs": True}
+        for metric in ("decode_tok_s", "prefill_tok_s"):
+            entry[metric] = _figure(arm, metric, key)
+        ratios = [(p.get("weights_bytes_per_token") or 0) / arm["plan"]["memory"]["weights_bytes"]
+                  for p in arm["passes"]]
+        if arm_fmt != "bf16" and all(r > 0 for r in ratios) and arm["launcher"] == "worker":
+            entry["weights_bytes_ratio"] = _figure_values(ratios, key, digits=4)
+        formats[arm_fmt] = entry
+
+    add_format("planned", fmt)
+    if fmt != "bf16" and "bf16" in arms and arms["bf16"].get("median"):
+        add_format("bf16", "bf16")
+    planned_key = f"bench-{date}-{fmt}"
+    # formats this run did not measure: keep what the installed profile of this name says
+    for other, entry in (existing_raw.get("formats") or {}).items():
+        if other not in formats:
+            formats[other] = _carry(entry, existing_raw, sources)
+
+    runtime: dict[str, Any] = {"processes": dict((existing_raw.get("runtime") or {}).get("processes")
+                                                 or {"single-process": 1, "stock": 4})}
+    runtime["processes"][plan["topology"]] = 1 if plan["topology"] == "single-process" else \
+        int(planned["median"]["processes"])
+    # The peak is sampled from launch to ready; serving can grow past it (activations of the first
+    # long prompt), and the planner's MemoryHigh/MemoryMax multiply the steady total by this ratio:
+    # a ratio below 1 would put MemoryHigh under the steady state, so it is taken as ≥ 1.
+    peak = [max(p["pss_peak_bytes"], p["pss_steady_bytes"]) / p["pss_steady_bytes"] for p in planned["passes"]]
+    runtime["load_peak_ratio"] = _figure_values(peak, planned_key, digits=4)
+    runtime["ready_s"] = _figure(planned, "ready_s", planned_key, digits=1)
+
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "name": name,
+        "device_class": device_class,
+        "kind": "measured",
+        "description": (f"Measured with `edgectl bench` on {base_source['cpu_model']}, {base_source['cores']} CPUs, "
+                        f"{date}: {prov['model']} at {prov['max_model_len']} tokens, {prov['passes']} interleaved passes."),
+        "match": existing_raw.get("match") or CLASS_MATCH.get(device_class) or {"arch": facts.cpu.arch or "any"},
+        "sources": sources,
+        "formats": formats,
+        "runtime": runtime,
+        "compilation": plan["compilation"],
+    }
+    threads = _reserve_core(arms, artifact_path.name) or existing_raw.get("threads")
+    if threads:
+        doc["threads"] = threads
+    if facts.bandwidth_gbps is not None:
+        doc["bandwidth_gbps"] = {"median": round(float(facts.bandwidth_gbps), 2), "passes": 1, "source": planned_key}
+
+    # -- runtime.process_bytes: the planner's ledger for the planned request = the measured steady PSS
+    request = _request(plan, fmt)
+    steady = [p["pss_steady_bytes"] for p in planned["passes"]]
+    n, rest = _ledger_parts(doc, facts, model, request, existing_profiles, planned_key)
+    per_pass = [(s - rest) / n for s in steady]
+    if min(per_pass) <= 0:
+        raise EdgectlError(
+            f"--record-profile: the measured steady PSS ({min(steady) / MiB:.0f} MiB) is below the plan's "
+            f"model-dependent parts ({rest / MiB:.0f} MiB): the ledger cannot be solved; not recorded")
+    runtime["process_bytes"] = _figure_values([round(v) for v in per_pass], planned_key, digits=0)
+
+    if "topology-stock" in arms and arms["topology-stock"].get("median"):
+        runtime["processes"]["stock"] = _stock_processes(doc, facts, model, arms["topology-stock"], existing_profiles)
+
+    profile, errors = parse_profile(doc, f"{name}.yaml")
+    if errors:
+        raise EdgectlError("--record-profile: the recorded profile does not validate: " + errors[0],
+                           details=errors[1:])
+    total = _plan_total(profile, facts, model, request, existing_profiles)
+    measured = planned["median"]["pss_steady_bytes"]
+    error = (total - measured) / measured
+    if abs(error) > MATCH_TOLERANCE:
+        raise EdgectlError(f"--record-profile: the plan from the recorded profile predicts {total / MiB:.0f} MiB, "
+                           f"measured {measured / MiB:.0f} MiB ({100 * error:+.0f}%): not recorded")
+    return doc, {"planned_total_bytes": total, "measured_steady_bytes": measured, "error": error}
+
+
+# -- pieces ------------------------------------------------------------------------------------------
+
+
+def _figure(arm: dict[str, Any], metric: str, source: str, digits: int = 2) -> dict[str, Any]:
+    values = [p[metric] for p in arm["passes"]]
+    return _figure_values(values, source, digits)
+
+
+def _figure_values(values: list[float], source: str, digits: int) -> dict[str, Any]:
+    from edgectl.bench.stats import median
+
+    def r(v: float) -> float | int:
+        return int(round(v)) if digits == 0 else round(float(v), digits)
+
+    med = median(values)
+    assert med is not None
+    return {"median": r(med), "min": r(min(values)), "max": r(max(values)), "passes": len(values), "source": source}
+
+
+def _commit(ed: dict[str, Any]) -> str:
+    if ed.get("commit"):
+        return ed["commit"] + ("+dirty" if ed.get("dirty") else "")
+    return f"edgectl {ed.get('version') or 'unknown version'} (no git checkout)"
+
+
+def _request(plan: dict[str, Any], fmt: str) -> Any:
+    from edgectl.plan import Request
+
+    return Request(**{**plan["request"], "weight_format": fmt})
+
+
+def _candidate(doc: dict[str, Any], existing: dict[str, Any]) -> list[Any]:
+    profile, errors = parse_profile(doc, f"{doc['name']}.yaml")
+    if errors:
+        raise EdgectlError("--record-profile: the recorded profile does not validate: " + errors[0],
+                           details=errors[1:])
+    return [p for n, p in existing.items() if n != doc["name"]] + [profile]
+
+
+def _plan_total(profile: Any, facts: Any, model: Any, request: Any, existing: dict[str, Any]) -> int:
+    from edgectl.plan import plan
+    from edgectl.profiles import select_profile
+
+    profiles = [p for n, p in existing.items() if n != profile.name] + [profile]
+    chosen, _ = select_profile(profiles, facts)
+    if chosen.name != profile.name:
+        raise EdgectlError(f"--record-profile: the planner would pick profile {chosen.name}, not the recorded "
+                           f"{profile.name}, on this host: check its match rules")
+    return plan(facts, model, profiles, request).memory.total_bytes
+
+
+def _ledger_parts(doc: dict[str, Any], facts: Any, model: Any, request: Any, existing: dict[str, Any],
+                  source: str) -> tuple[int, int]:
+    """(processes, everything but runtime) of the planner's ledger, from a draft with 1 MiB per process."""
+    from edgectl.plan import plan
+
+    draft = {**doc, "runtime": {**doc["runtime"], "process_bytes": {"median": MiB, "passes": 1, "source": source}}}
+    profiles = _candidate(draft, existing)
+    p = plan(facts, model, profiles, request)
+    n = p.memory.runtime_bytes // MiB
+    return n, p.memory.total_bytes - p.memory.runtime_bytes
+
+
+def _stock_processes(doc: dict[str, Any], facts: Any, model: Any, arm: dict[str, Any], existing: dict[str, Any]) -> int:
+    from edgectl.plan import plan
+
+    request = _request(arm["plan"], arm["plan"]["weight_format"])
+    measured = arm["median"]["pss_steady_bytes"]
+    best, best_err = 1, None
+    for k in range(1, 9):
+        trial = {**doc, "runtime": {**doc["runtime"], "processes": {**doc["runtime"]["processes"], "stock": k}}}
+        total = plan(facts, model, _candidate(trial, existing), request).memory.total_bytes
+        err = abs(total - measured)
+        if best_err is None or err < best_err:
+            best, best_err = k, err
+    return best
+
+
+def _reserve_core(arms: dict[str, Any], artifact_name: str) -> dict[str, Any] | None:
+    on, off = arms.get("reserve-core-on"), arms.get("reserve-core-off")
+    if not (on and off and on.get("median") and off.get("median")):
+        return None
+    reserve = on["min"]["decode_tok_s"] > off["max"]["decode_tok_s"]
+    evidence = (f"decode {on['median']['decode_tok_s']:.1f} tok/s [{on['min']['decode_tok_s']:.1f}–"
+                f"{on['max']['decode_tok_s']:.1f}] with a core reserved for the front end vs "
+                f"{off['median']['decode_tok_s']:.1f} [{off['min']['decode_tok_s']:.1f}–{off['max']['decode_tok_s']:.1f}] "
+                f"without ({len(on['passes'])} interleaved passes each, {artifact_name}); reserved only if every "
+                "pass with it beats every pass without")
+    return {"reserve_frontend_core": bool(reserve), "evidence": evidence}
+
+
+def _raw_profile(profile: Any) -> dict[str, Any]:
+    if profile is None:
+        return {}
+    try:
+        return yaml.safe_load(Path(profile.file).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def _carry(entry: dict[str, Any], raw: dict[str, Any], sources: dict[str, Any]) -> dict[str, Any]:
+    """A format entry of an installed profile, its figures' sources made explicit and copied along."""
+    raw_sources = raw.get("sources") or {}
+    default = next(iter(raw_sources)) if len(raw_sources) == 1 else None
+    out = dict(entry)
+    for key, value in entry.items():
+        if isinstance(value, dict) and "median" in value:
+            src = value.get("source", default)
+            if src in raw_sources:
+                sources.setdefault(src, raw_sources[src])
+                out[key] = {**value, "source": src}
+    return out

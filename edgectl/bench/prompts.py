@@ -1,0 +1,59 @@
+"""The prompts a bench run sends: the shipped fidelity set, and a fresh prefill prompt per pass.
+
+vLLM enables prefix caching by default and serves a repeated prompt from its cache: a prefill
+benchmark that sends the same prompt twice measures the cache, not the prefill (a mistake
+made and retracted here once, shared/facts/measured-here.md). So every pass of every arm gets
+its own prompt of random token ids, generated deterministically from the run's seed and the
+pass's position in the grid (``order``, unique across arms and passes): a run can be
+reproduced exactly, and no two passes of one run share even their first KV block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+
+from edgectl import paths
+from edgectl.errors import EdgectlError
+
+PREFILL_TOKENS = 512
+DECODE_TOKENS = 128
+# Token ids below this are left out of random prompts: the special and byte-level tokens
+# of small BPE vocabularies sit at the start (SmolLM2's <|endoftext|>, <|im_start|>, ...).
+FIRST_ORDINARY_TOKEN = 256
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    decode_prompt: str
+    prompts: tuple[str, ...]
+    perplexity_text: str
+    source: str  # the file it was read from
+
+
+@lru_cache(maxsize=1)
+def prompt_set() -> PromptSet:
+    path = paths.data_dir() / "prompts" / "fidelity.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return PromptSet(str(data["decode_prompt"]), tuple(str(p) for p in data["prompts"]),
+                         str(data["perplexity_text"]), str(path))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EdgectlError(f"{path}: the shipped prompt set cannot be read ({exc}): reinstall edgectl") from None
+
+
+def prefill_token_ids(seed: int, order: int, vocab_size: int, n: int = PREFILL_TOKENS) -> list[int]:
+    """``n`` random token ids for the pass at grid position ``order`` of a run seeded ``seed``."""
+    if vocab_size <= FIRST_ORDINARY_TOKEN + n:
+        raise ValueError(f"vocabulary of {vocab_size} tokens is too small for random prompts")
+    digest = hashlib.sha256(f"edgectl-bench-prefill:{seed}:{order}".encode()).digest()
+    rng = random.Random(int.from_bytes(digest[:8], "big"))
+    return [rng.randrange(FIRST_ORDINARY_TOKEN, vocab_size) for _ in range(n)]
+
+
+def ids_digest(ids: list[int]) -> str:
+    """A short fingerprint of a prompt, recorded with each pass so reuse would be visible."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]

@@ -1,0 +1,267 @@
+"""The run's artifact (schema ``edgectl.bench/1``), its summary and ratios, the text table, the plot.
+
+Rules that keep a ratio from being quoted wrongly:
+
+- an arm's median/min/max are computed only when *every* pass of that arm is ``ok``;
+- the grid is ``complete`` only when every pass of every arm that ran is ``ok`` (an arm skipped
+  before it ran, e.g. llama.cpp unavailable, is listed under ``skipped`` and does not count);
+- ``ratios`` exist only for a complete grid with the control arm (``stock``); otherwise the
+  artifact says why under ``incomplete_reasons``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgectl.bench import stats
+from edgectl.bench.arms import CONTROL
+
+SCHEMA = "edgectl.bench/1"
+# Per-pass numbers summarised per arm (median, min, max) and divided by the control's.
+METRICS = ("decode_tok_s", "prefill_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes", "load_peak_ratio",
+           "processes")
+FIDELITY_METRICS = ("top1_agreement", "mean_kl", "perplexity", "next_token_top1_agreement", "next_token_mean_kl")
+RATIO_METRICS = ("decode_tok_s", "prefill_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes")
+
+
+def pass_value(rec: dict[str, Any], metric: str) -> float | None:
+    if metric in FIDELITY_METRICS:
+        return (rec.get("fidelity") or {}).get(metric)
+    return rec.get(metric)
+
+
+def summarise_arm(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [p for p in passes if p["status"] == "ok"]
+    out: dict[str, Any] = {"passes_ok": len(ok), "passes_run": len(passes)}
+    if not passes or len(ok) != len(passes):
+        out.update(median=None, min=None, max=None,
+                   note="not summarised: not every pass of this arm is ok")
+        return out
+    for name, fn in (("median", stats.median), ("min", stats.minimum), ("max", stats.maximum)):
+        out[name] = {m: fn([pass_value(p, m) for p in ok]) for m in (*METRICS, *FIDELITY_METRICS)}
+    return out
+
+
+def incomplete_reasons(records: dict[str, list[dict[str, Any]]], passes: int) -> list[str]:
+    out = []
+    for name, recs in records.items():
+        if len(recs) < passes:
+            out.append(f"{name}: {len(recs)} of {passes} passes ran")
+        for r in recs:
+            if r["status"] != "ok":
+                why = "; ".join(r.get("problems") or []) or r.get("error") or "no reason recorded"
+                out.append(f"{name} pass {r['pass'] + 1}: {r['status']}: {why}")
+    return out
+
+
+def ratios(records: dict[str, list[dict[str, Any]]], summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each arm / the control, of medians and pass by pass (pass i with the control's pass i)."""
+    control = summaries[CONTROL]["median"]
+    out: dict[str, Any] = {}
+    for name, recs in records.items():
+        if name == CONTROL:
+            continue
+        med = summaries[name]["median"]
+        by_pass = []
+        for i, rec in enumerate(recs):
+            ctl = records[CONTROL][i] if i < len(records[CONTROL]) else None
+            by_pass.append({m: stats.ratio(pass_value(rec, m), pass_value(ctl, m) if ctl else None)
+                            for m in RATIO_METRICS})
+        out[name] = {"median": {m: stats.ratio(med[m], control[m]) for m in RATIO_METRICS}, "passes": by_pass}
+    return out
+
+
+def versus_llama(summaries: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    llama = summaries.get("llama.cpp")
+    if not llama or not llama.get("median"):
+        return None
+    ref = llama["median"]
+    return {name: {"decode": stats.ratio(s["median"]["decode_tok_s"], ref["decode_tok_s"]),
+                   "prefill": stats.ratio(s["median"]["prefill_tok_s"], ref["prefill_tok_s"])}
+            for name, s in summaries.items() if name != "llama.cpp" and s.get("median")}
+
+
+def bandwidth_ceiling(records: dict[str, list[dict[str, Any]]], summaries: dict[str, dict[str, Any]],
+                      bandwidth_gbps: float | None) -> dict[str, Any]:
+    """Decode as a share of what memory bandwidth allows if every weight byte is read once per token."""
+    out: dict[str, Any] = {"bandwidth_gbps": bandwidth_gbps, "method": (
+        "ceiling tok/s = probe bandwidth (GB/s, read + write bytes of a multi-threaded copy, "
+        "`edgectl probe --bandwidth`) / bytes read per token, taken as the resident weights "
+        "(parameters incl. the tied embedding/LM head, plus weights vLLM moved outside them; "
+        "llama.cpp: the GGUF file); KV and activations are not counted, so the real ceiling is lower"),
+        "arms": {}}
+    if bandwidth_gbps is None:
+        out["note"] = "the bandwidth could not be measured: no ceiling"
+        return out
+    for name, s in summaries.items():
+        if not s.get("median"):
+            continue
+        w = stats.median([r.get("weights_bytes_per_token") for r in records[name]])
+        decode = s["median"]["decode_tok_s"]
+        ceiling = bandwidth_gbps * 1e9 / w if w else None
+        out["arms"][name] = {"weights_bytes_per_token": w, "ceiling_tok_s": ceiling,
+                             "decode_fraction_of_ceiling": stats.ratio(decode, ceiling)}
+    return out
+
+
+@dataclass
+class BenchResult:
+    artifact: dict[str, Any]
+    path: Path | None = None
+    plot_path: Path | None = None
+    messages: list[str] = field(default_factory=list)  # e.g. the plot was skipped, a profile was recorded
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.artifact
+
+    def render_text(self) -> str:
+        return render_text(self.artifact, self.path, self.messages)
+
+
+def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> str:
+    prov = a["provenance"]
+    n_arms = len(a["arms"])
+    head = (f"edgectl bench {prov['model']}: {n_arms} arm(s) × {prov['passes']} pass(es), interleaved, "
+            f"{prov['max_model_len']} tokens context — " + ("complete" if a["complete"] else "INCOMPLETE"))
+    if a["complete"] and not a.get("quotable"):
+        head += " (fewer than 3 passes per arm: indicative only, not a figure to quote)"
+    lines = [head]
+    rows = [("arm", "passes", "decode tok/s", "prefill tok/s", "ready s", "PSS steady", "PSS peak", "procs",
+             "top-1", "KL", "ppl")]
+    for name, arm in a["arms"].items():
+        gb = " GB" if arm.get("median") else ""
+        rows.append((name, f"{arm.get('passes_ok', 0)}/{arm.get('passes_run', len(arm['passes']))} ok",
+                     _cell(arm, "decode_tok_s", "{:.1f}"), _cell(arm, "prefill_tok_s", "{:.1f}"),
+                     _cell(arm, "ready_s", "{:.0f}"), _cell(arm, "pss_steady_bytes", "{:.2f}", 1e9) + gb,
+                     _cell(arm, "pss_peak_bytes", "{:.2f}", 1e9) + gb, _cell(arm, "processes", "{:.0f}"),
+                     _cell(arm, "top1_agreement", "{:.3f}"), _cell(arm, "mean_kl", "{:.4f}"),
+                     _cell(arm, "perplexity", "{:.2f}")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    lines.append("  (medians [min–max] of the passes; PSS of the server's whole process tree; top-1/KL against "
+                 f"{a['fidelity'].get('reference_arm') or 'no reference'})")
+    for name, why in a.get("skipped", {}).items():
+        lines.append(f"  skipped {name}: {why}")
+    if not a["complete"]:
+        lines.append("no ratios: the grid is incomplete —")
+        lines += [f"  - {r}" for r in a["incomplete_reasons"]]
+    elif a.get("ratios"):
+        lines.append(f"ratios to {CONTROL} (medians; pass by pass in the JSON):")
+        for name, r in a["ratios"].items():
+            m = r["median"]
+            lines.append(f"  {name:<16} decode {_x(m['decode_tok_s'])}  prefill {_x(m['prefill_tok_s'])}  "
+                         f"PSS {_x(m['pss_steady_bytes'])}  peak {_x(m['pss_peak_bytes'])}  ready {_x(m['ready_s'])}")
+    else:
+        lines.append(f"no ratios: the control arm `{CONTROL}` was not run")
+    if a.get("versus_llama_cpp"):
+        lines.append("relative to llama.cpp (medians): " + ", ".join(
+            f"{n} decode {_x(v['decode'])} prefill {_x(v['prefill'])}" for n, v in a["versus_llama_cpp"].items()))
+    bw = a.get("bandwidth_ceiling") or {}
+    if bw.get("arms"):
+        lines.append(f"decode vs the bandwidth ceiling ({bw['bandwidth_gbps']:.1f} GB/s ÷ resident weights): " + ", ".join(
+            f"{n} {_pct(v['decode_fraction_of_ceiling'])} of {_f(v['ceiling_tok_s'])} tok/s"
+            for n, v in bw["arms"].items()))
+    if path:
+        lines.append(f"artifact: {path}")
+    lines += messages
+    return "\n".join(lines)
+
+
+def _cell(arm: dict[str, Any], metric: str, fmt: str, scale: float = 1.0) -> str:
+    """The median, with [min–max] when the passes differ; "–" when not measured."""
+    med, lo, hi = arm.get("median"), arm.get("min"), arm.get("max")
+    if not med or med.get(metric) is None:
+        return "–"
+    text = fmt.format(med[metric] / scale)
+    if lo and hi and lo.get(metric) is not None and hi.get(metric) is not None and lo[metric] != hi[metric]:
+        text += f" [{fmt.format(lo[metric] / scale)}–{fmt.format(hi[metric] / scale)}]"
+    return text
+
+
+def _x(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}×"
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def _f(v: float | None) -> str:
+    return "–" if v is None else f"{v:.0f}"
+
+
+# -- files ------------------------------------------------------------------------------------------
+
+
+def artifact_path(out_dir: Path, date: str, host: str, model: str) -> Path:
+    """``<out>/<date>-<host>-<model>.json``; a second run that day gets ``-2``, ``-3``, …"""
+    stem = f"{date}-{_safe(host)}-{_safe(model)}"
+    path = out_dir / f"{stem}.json"
+    n = 2
+    while path.exists() or path.with_suffix(".logs").exists():
+        path = out_dir / f"{stem}-{n}.json"
+        n += 1
+    return path
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def plot(artifact: dict[str, Any], png: Path) -> str:
+    """A PNG of decode, prefill and steady PSS per arm (median, min–max bars); a message either way."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return ("--plot: matplotlib is not installed, so no plot was written "
+                "(install it with `pip install matplotlib` next to edgectl)")
+    arms = [(n, a) for n, a in artifact["arms"].items() if a.get("median")]
+    if not arms:
+        return "--plot: no arm has a complete set of passes: nothing to plot"
+    panels = (("decode_tok_s", "decode tok/s", 1.0), ("prefill_tok_s", "prefill tok/s", 1.0),
+              ("pss_steady_bytes", "steady PSS (GB)", 1e9))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    names = [n for n, _ in arms]
+    for ax, (metric, label, scale) in zip(axes, panels):
+        med = [(s["median"][metric] or 0) / scale for _, s in arms]
+        lo = [m - (s["min"][metric] or 0) / scale for m, (_, s) in zip(med, arms)]
+        hi = [(s["max"][metric] or 0) / scale - m for m, (_, s) in zip(med, arms)]
+        ax.bar(range(len(names)), med, yerr=[lo, hi], capsize=3, color="#4a7ab5")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(label, fontsize=10)
+    prov = artifact["provenance"]
+    fig.suptitle(f"{prov['model']} on {prov['host']} ({prov['probe'].get('device_class')}), "
+                 f"{prov['passes']} interleaved passes, medians with min–max"
+                 + ("" if artifact["complete"] else " — INCOMPLETE")
+                 + ("" if artifact.get("quotable") else " — indicative only"), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return f"plot: {png}"

@@ -1,0 +1,201 @@
+"""The grid: arms × passes, interleaved (A B C A B C …), every pass a fresh server process.
+
+A pass ends in one of three states:
+
+- ``ok``: the server came up, its read-back settings are the arm's, every measurement ran;
+- ``invalid``: the server ran, but a setting differs from its arm (or the worker refused to
+  serve because one did, or a measurement came back not as specified, e.g. a prompt served
+  from the cache): its numbers are not recorded, so they cannot be quoted;
+- ``crashed``: the server died, never became ready, or stopped answering.
+
+The memory figures are the PSS of the server's whole process tree (``procmem.tree_mem``):
+``pss_peak_bytes`` sampled every 0.2 s from launch until ready, ``pss_steady_bytes`` after
+the pass's requests (warm-up, decode, prefill, fidelity) have run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edgectl.bench import fidelity as fid
+from edgectl.bench import measure
+from edgectl.bench.arms import BenchContext, Crashed, PreparedArm
+from edgectl.bench.client import Client, HttpFailed
+from edgectl.bench.prompts import PromptSet, ids_digest, prefill_token_ids
+from edgectl.bench.server import ServerProcess, free_port
+
+OK, INVALID, CRASHED = "ok", "invalid", "crashed"
+Progress = Callable[[str], None]
+
+
+def interleaved(names: list[str], passes: int) -> list[tuple[str, int]]:
+    """(arm, pass index) in run order: every arm's pass i before any arm's pass i + 1."""
+    return [(name, i) for i in range(passes) for name in names]
+
+
+def run_grid(arms: list[PreparedArm], passes: int, ctx: BenchContext, prompts: PromptSet, seed: int,
+             progress: Progress, on_pass: Callable[[dict[str, Any]], None] | None = None,
+             with_fidelity: bool = True) -> tuple[dict[str, list[dict[str, Any]]], dict[tuple[str, int], Any]]:
+    """Run every pass; the records per arm, and the raw fidelity data per (arm, pass)."""
+    by_name = {a.name: a for a in arms}
+    order = interleaved([a.name for a in arms], passes)
+    records: dict[str, list[dict[str, Any]]] = {a.name: [] for a in arms}
+    raw: dict[tuple[str, int], Any] = {}
+    for position, (name, i) in enumerate(order):
+        arm = by_name[name]
+        progress(f"[{position + 1:>2}/{len(order)}] {name} pass {i + 1}/{passes}: starting")
+        rec, fidelity_raw = run_pass(arm, i, position, ctx, prompts, seed, with_fidelity=with_fidelity)
+        records[name].append(rec)
+        if fidelity_raw is not None:
+            raw[(name, i)] = fidelity_raw
+        progress(f"[{position + 1:>2}/{len(order)}] {name} pass {i + 1}/{passes}: {pass_line(rec)}")
+        if on_pass:
+            on_pass(rec)
+    return records, raw
+
+
+def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, prompts: PromptSet, seed: int,
+             *, with_fidelity: bool = True) -> tuple[dict[str, Any], Any]:
+    rec: dict[str, Any] = {
+        "arm": arm.name, "pass": pass_index, "order": order, "status": None, "problems": [], "error": None,
+        "started_at": _now(), "loadavg_start": _loadavg(),
+    }
+    pass_dir = ctx.logs_dir / f"{order:03d}-{arm.name}-p{pass_index + 1}"
+    port = free_port()
+    argv = arm.command(port, pass_dir)
+    rec.update(command=argv, port=port, log=str(pass_dir / "server.log"))
+    try:
+        server = ServerProcess(argv, arm.env(), pass_dir / "server.log")
+    except OSError as exc:
+        rec.update(status=CRASHED, error=f"cannot start {argv[0]}: {exc.strerror or exc}", ended_at=_now())
+        return rec, None
+    rec["pid"] = server.pid
+    client = Client("127.0.0.1", port)
+    deadline = time.monotonic() + ctx.start_timeout_s
+    fidelity_raw = None
+    sampling = True
+    try:
+        arm.wait_ready(client, server, deadline)
+        text = measure.warm_up(client, ctx.model_name, timeout_s=max(60.0, deadline - time.monotonic()))
+        rec["ready_s"] = server.elapsed_s()
+        rec["warm_up_text"] = text
+        rec["pss_peak_bytes"] = server.stop_sampling()
+        sampling = False
+        rec["pss_peak_samples"] = server.samples
+        ready_mem = server.memory()
+        rec["pss_ready_bytes"] = ready_mem.pss_bytes
+
+        effective = arm.readback(client, server)
+        rec["effective"] = effective
+        problems = arm.check(effective, len(ready_mem.processes))
+        if problems:
+            rec.update(status=INVALID, problems=problems)
+            return rec, None
+
+        ids = prefill_token_ids(seed, order, ctx.vocab_size)
+        rec["prefill_prompt"] = {"seed": seed, "order": order, "tokens": len(ids), "digest": ids_digest(ids),
+                                 "first_ids": ids[:8]}
+        d = measure.decode(client, ctx.model_name, prompts.decode_prompt)
+        rec["decode_tok_s"] = d.pop("decode_tok_s")
+        rec["decode"] = d
+        p = measure.prefill(client, ctx.model_name, ids)
+        rec["prefill_tok_s"] = p.pop("prefill_tok_s")
+        rec["prefill"] = p
+        if with_fidelity and arm.fidelity == "vllm":
+            fidelity_raw = fid.collect_vllm(client, ctx.model_name, prompts)
+        elif with_fidelity and arm.fidelity == "llama":
+            fidelity_raw = fid.collect_llama(client, prompts)
+        if fidelity_raw is not None:
+            rec["fidelity"] = fid.summary(fidelity_raw)
+
+        steady = server.memory()
+        if not server.alive():
+            raise Crashed(f"the server exited with code {server.returncode()} during the measurements")
+        rec.update(
+            pss_steady_bytes=steady.pss_bytes, pss_anon_steady_bytes=steady.pss_anon_bytes,
+            pss_file_steady_bytes=steady.pss_file_bytes, processes=len(steady.processes),
+            process_tree=[{"pid": m.pid, "name": m.name, "pss_bytes": m.pss_bytes} for m in steady.processes],
+            load_peak_ratio=(rec["pss_peak_bytes"] / steady.pss_bytes) if steady.pss_bytes else None,
+            weights_bytes_per_token=arm.weights_bytes(effective),
+        )
+        rec["status"] = OK
+    except Crashed as exc:
+        rec.update(status=INVALID if exc.invalid else CRASHED, error=str(exc))
+        if exc.invalid:
+            rec["problems"] = [str(exc)]
+    except measure.MeasurementFailed as exc:
+        rec.update(status=INVALID, error=str(exc), problems=[str(exc)])
+    except HttpFailed as exc:
+        state = "the server had exited" if not server.alive() else "the server still ran"
+        rec.update(status=CRASHED, error=f"{exc} ({state})")
+    finally:
+        if sampling:
+            rec["pss_peak_bytes"] = server.stop_sampling() or None
+        rec["exit_code"] = server.stop()
+        rec["ended_at"] = _now()
+        rec["loadavg_end"] = _loadavg()
+        if rec["status"] != OK:
+            rec["log_tail"] = server.log_tail(12)
+            # numbers of a pass that did not complete as specified are not kept: nothing to quote
+            for key in ("decode_tok_s", "prefill_tok_s", "pss_steady_bytes", "load_peak_ratio"):
+                rec.pop(key, None)
+    return rec, fidelity_raw
+
+
+def pass_line(rec: dict[str, Any]) -> str:
+    if rec["status"] != OK:
+        why = "; ".join(rec.get("problems") or []) or rec.get("error") or ""
+        return f"{rec['status'].upper()}: {why}"
+    parts = [f"ready {rec['ready_s']:.1f} s", f"decode {_f(rec.get('decode_tok_s'))} tok/s",
+             f"prefill {_f(rec.get('prefill_tok_s'))} tok/s",
+             f"PSS {_gb(rec.get('pss_steady_bytes'))} (peak {_gb(rec.get('pss_peak_bytes'))})",
+             f"{rec.get('processes')} process(es)"]
+    ppl = (rec.get("fidelity") or {}).get("perplexity")
+    if ppl is not None:
+        parts.append(f"ppl {ppl:.2f}")
+    return "ok: " + ", ".join(parts)
+
+
+def attach_fidelity(records: dict[str, list[dict[str, Any]]], raw: dict[tuple[str, int], Any],
+                    reference_arm: str | None) -> dict[str, Any]:
+    """Compare every pass's outputs with the reference arm's first valid pass (in place)."""
+    info: dict[str, Any] = {"reference_arm": reference_arm, "reference_pass": None,
+                            "k": fid.TOP_K, "method": fid.METHOD}
+    if reference_arm is None:
+        info["note"] = "no bf16 reference arm (bf16 or stock) ran: agreement and KL are not computed"
+        return info
+    ref = next(((i, raw[(reference_arm, i)]) for i, r in enumerate(records.get(reference_arm, []))
+                if r["status"] == OK and (reference_arm, i) in raw), None)
+    if ref is None:
+        info["note"] = f"the reference arm {reference_arm} has no valid pass: agreement and KL are not computed"
+        return info
+    info["reference_pass"] = ref[0] + 1
+    for name, recs in records.items():
+        for i, rec in enumerate(recs):
+            if rec["status"] == OK and (name, i) in raw:
+                rec["fidelity"].update(fid.compare(ref[1], raw[(name, i)]))
+                rec["fidelity"]["reference"] = f"{reference_arm} pass {ref[0] + 1}"
+    return info
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
+def _f(v: float | None) -> str:
+    return "?" if v is None else f"{v:.1f}"
+
+
+def _gb(v: int | None) -> str:
+    return "?" if v is None else f"{v / 1e9:.2f} GB"

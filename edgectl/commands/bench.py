@@ -1,0 +1,71 @@
+"""`edgectl bench MODEL`: interleaved, read-back-checked measurements with provenance."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from edgectl.errors import EdgectlError
+from edgectl.output import emit
+
+ARMS_HELP = ("Comma list of arms (default stock,planned,llama.cpp; `all` for every one): stock, stock-defaults, "
+             "planned, rope-cap-off, layerwise-off, topology-stock, reserve-core-on, reserve-core-off, "
+             "lm-head-int4, bf16, compiled, llama.cpp.")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench_cmd(
+        model: Annotated[Optional[str], typer.Argument(help="A pulled catalog model (`edgectl models list`) or a model directory.")] = None,
+        arms: Annotated[Optional[str], typer.Option("--arms", help=ARMS_HELP)] = None,
+        passes: Annotated[int, typer.Option("--passes", help="Passes per arm, interleaved A B C A B C …; each a fresh server (3 or more to quote).")] = 3,
+        out: Annotated[Path, typer.Option("--out", help="Directory for the artifact <date>-<host>-<model>.json and the servers' logs.")] = Path("results"),
+        max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Context for every arm (default: the plan's).")] = None,
+        record_profile: Annotated[bool, typer.Option("--record-profile", help="Write this device class's profile from the medians (needs `planned` and ≥ 3 passes).")] = False,
+        profiles_dir: Annotated[Optional[Path], typer.Option("--profiles-dir", help="Where --record-profile writes (default $EDGECTL_PROFILES_DIR, /etc/edgectl/profiles).")] = None,
+        plot: Annotated[bool, typer.Option("--plot", help="Also write a PNG next to the JSON (needs matplotlib).")] = False,
+        seed: Annotated[int, typer.Option("--seed", help="Seed of the per-pass random prefill prompts.")] = 0,
+        start_timeout: Annotated[float, typer.Option("--start-timeout", help="Seconds a server may take to become ready before its pass counts as crashed.")] = 1800.0,
+        no_fidelity: Annotated[bool, typer.Option("--no-fidelity", help="Skip the fidelity prompts (agreement, KL, perplexity).")] = False,
+        llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="The llama-server binary (default: a cached build, else PATH).")] = None,
+        build_llama_cpp: Annotated[bool, typer.Option("--build-llama-cpp", help="Build llama-server once from llama-cpp-python's source archive (pip, cmake; several minutes), then bench if MODEL is given.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the artifact (schema edgectl.bench/1) instead of the table.")] = False,
+    ) -> None:
+        """Measure arms (stock vLLM, edgectl's plan, its levers, llama.cpp) in interleaved passes; refuse to quote an incomplete grid."""
+        from edgectl import envvars
+
+        def progress(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+
+        if build_llama_cpp:
+            from edgectl.bench.llamacpp import build_llama_cpp as build
+
+            path = build(os.environ, envvars.read("EDGECTL_RUNTIME_PYTHON", os.environ), progress)
+            if model is None:
+                emit(_Built(str(path)), as_json)
+                return
+        if model is None:
+            raise EdgectlError("give the MODEL to bench (e.g. `edgectl bench smollm2-135m`), or --build-llama-cpp alone")
+
+        from edgectl.bench.core import BenchOptions, run_bench
+
+        opts = BenchOptions(model=model, arms=arms, passes=passes, out=out, max_model_len=max_model_len,
+                            record_profile=record_profile, profiles_dir=profiles_dir, plot=plot, seed=seed,
+                            start_timeout_s=start_timeout, llama_server=llama_server, fidelity=not no_fidelity,
+                            argv=sys.argv)
+        emit(run_bench(opts, os.environ, progress), as_json)
+
+
+class _Built:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def to_dict(self) -> dict[str, str]:
+        return {"llama_server": self.path}
+
+    def render_text(self) -> str:
+        return f"llama-server built: {self.path}"

@@ -1,0 +1,359 @@
+"""`edgectl bench`: the integrity rules, with real server processes that speak the bench's HTTP.
+
+The servers here are ``edgectl/bench/fake_server.py``, started as real processes on real ports,
+each taking the real launcher's command line (the worker's plan file, vLLM's arguments,
+llama-server's flags): they test the harness's rules — read-back checks, crashes, the
+whole-tree memory, the prompts, the arithmetic, the artifact — not any measurement. Plans
+come from the real planner on a captured host (tests/fixtures/hosts) and a model directory
+written by the tests. Nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgectl.bench import fake_server, report
+from edgectl.bench.arms import ARMS, DEFAULT_ARMS, cache_config_info, parse_arm_names
+from edgectl.bench.core import BenchOptions, run_bench
+from edgectl.bench.prompts import PREFILL_TOKENS, prefill_token_ids, prompt_set
+from edgectl.bench.runner import interleaved
+from edgectl.errors import EdgectlError
+from edgectl.probe import probe
+from models_helpers import REPO, llama_tensors, make_model, run_cli, tiny_config
+
+FAKE = str(Path(fake_server.__file__).resolve())
+HOST = REPO / "tests" / "fixtures" / "hosts" / "kvm-xeon-avx512-2c"
+# A small Llama with a real-sized vocabulary (random prefill prompts need > 768 ids).
+SHAPE = {"layers": 2, "hidden": 64, "intermediate": 128, "heads": 4, "kv_heads": 2, "vocab": 4096}
+
+
+@pytest.fixture(scope="module")
+def facts():
+    return probe(str(HOST), environ={})
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    return make_model(tmp_path / "tiny-llama", tiny_config(vocab_size=SHAPE["vocab"]), llama_tensors(**SHAPE))
+
+
+def environ(tmp_path: Path) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGECTL_")}
+    env.update(EDGECTL_PROFILES_DIR=str(tmp_path / "profiles"), EDGECTL_MODEL_CACHE=str(tmp_path / "cache"),
+               EDGECTL_RUNTIME_PYTHON=sys.executable)
+    return env
+
+
+def fake_commands(options: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """Launchers replaced by the fake server; ``options[arm]`` are its misbehaviour flags."""
+    options = options or {}
+
+    def worker(arm, port, pass_dir):
+        return [sys.executable, FAKE, *options.get(arm.name, []), "--", "--plan", str(pass_dir / "plan.json")]
+
+    def vllm(arm, port, pass_dir):
+        return [sys.executable, FAKE, *options.get(arm.name, []), "--", "--vllm", *arm.server_args(port)]
+
+    def llama(arm, port, pass_dir):
+        return [sys.executable, FAKE, *options.get(arm.name, []), "--", "--llama", *arm.server_args(port)]
+
+    return {"worker": worker, "vllm": vllm, "vllm-defaults": vllm, "llama.cpp": llama}
+
+
+def bench(tmp_path: Path, model_dir: Path, facts, arms: str, passes: int = 3,
+          options: dict[str, list[str]] | None = None, **kw: Any) -> report.BenchResult:
+    opts = BenchOptions(model=str(model_dir), arms=arms, passes=passes, out=tmp_path / "results",
+                        max_model_len=1024, commands=fake_commands(options), facts=facts, start_timeout_s=60,
+                        argv=["edgectl", "bench", "test"], **kw)
+    lines: list[str] = []
+    result = run_bench(opts, environ(tmp_path), lines.append)
+    result.messages.extend(lines)
+    return result
+
+
+# -- a complete grid ---------------------------------------------------------------------------------
+
+
+def test_a_complete_grid_has_medians_ratios_and_a_full_artifact(tmp_path, model_dir, facts) -> None:
+    result = bench(tmp_path, model_dir, facts, "stock,planned,llama.cpp")
+    a = result.to_dict()
+    assert a["schema"] == "edgectl.bench/1"
+    assert a["complete"] is True and a["finished"] is True and a["incomplete_reasons"] == []
+    assert a["quotable"] is True
+    # the artifact on disk is the result, named <date>-<host>-<model>.json
+    assert result.path is not None and result.path.parent == tmp_path / "results"
+    assert result.path.name.endswith("-tiny-llama.json")
+    assert json.loads(result.path.read_text()) == json.loads(json.dumps(a))
+    prov = a["provenance"]
+    for key in ("probe", "edgectl", "vllm", "torch", "command", "started_at", "ended_at", "model", "passes"):
+        assert key in prov, key
+    assert prov["probe"]["device_class"] == "x86_64-avx512"
+    assert prov["command"] == "edgectl bench test"
+    assert prov["environment"]["stock_VLLM_SERVER_DEV_MODE"] == "1"
+    for name in ("stock", "planned", "llama.cpp"):
+        arm = a["arms"][name]
+        assert [p["status"] for p in arm["passes"]] == ["ok"] * 3
+        for key in ("decode_tok_s", "prefill_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes"):
+            values = [p[key] for p in arm["passes"]]
+            assert arm["median"][key] == sorted(values)[1]
+            assert arm["min"][key] == min(values) and arm["max"][key] == max(values)
+        for p in arm["passes"]:
+            assert p["effective"]["max_model_len"] == 1024
+            assert Path(p["log"]).is_file()
+    # every arm runs the planned arm's context; stock carries its KV bytes exactly
+    assert a["arms"]["stock"]["plan"]["kv_cache_bytes"] == a["arms"]["planned"]["plan"]["kv_cache_bytes"]
+    assert a["arms"]["stock"]["passes"][0]["effective"]["kv_cache_bytes"] == a["arms"]["planned"]["plan"]["kv_cache_bytes"]
+    # ratios: of medians, and pass by pass against the control's pass of the same round
+    r = a["ratios"]
+    assert set(r) == {"planned", "llama.cpp"}
+    for name in r:
+        for m in report.RATIO_METRICS:
+            assert r[name]["median"][m] == pytest.approx(a["arms"][name]["median"][m] / a["arms"]["stock"]["median"][m])
+            for i in range(3):
+                assert r[name]["passes"][i][m] == pytest.approx(
+                    a["arms"][name]["passes"][i][m] / a["arms"]["stock"]["passes"][i][m])
+    assert a["versus_llama_cpp"]["planned"]["decode"] == pytest.approx(
+        a["arms"]["planned"]["median"]["decode_tok_s"] / a["arms"]["llama.cpp"]["median"]["decode_tok_s"])
+    # fidelity against the bf16 reference (stock here: no bf16 arm); stock agrees with itself
+    assert a["fidelity"]["reference_arm"] == "stock"
+    assert a["arms"]["stock"]["median"]["top1_agreement"] == 1.0
+    assert a["arms"]["stock"]["median"]["mean_kl"] == pytest.approx(0.0, abs=1e-9)
+    assert a["arms"]["stock"]["median"]["perplexity"] > 1
+    assert a["arms"]["llama.cpp"]["passes"][0]["fidelity"]["over"] == "next token after each prompt"
+    text = result.render_text()
+    assert "complete" in text and "ratios to stock" in text and "INCOMPLETE" not in text
+
+
+def test_the_passes_are_interleaved_and_every_pass_is_a_fresh_process(tmp_path, model_dir, facts) -> None:
+    a = bench(tmp_path, model_dir, facts, "stock,planned", passes=3).to_dict()
+    runs = sorted((p["order"], p["arm"], p["pass"], p["pid"], p["port"])
+                  for arm in a["arms"].values() for p in arm["passes"])
+    assert [(arm, i) for _, arm, i, _, _ in runs] == interleaved(["stock", "planned"], 3)
+    assert [(arm, i) for _, arm, i, _, _ in runs] == [("stock", 0), ("planned", 0), ("stock", 1), ("planned", 1),
+                                                       ("stock", 2), ("planned", 2)]
+    assert len({pid for *_, pid, _ in runs}) == 6
+    assert a["provenance"]["order"] == ["stock#1", "planned#1", "stock#2", "planned#2", "stock#3", "planned#3"]
+
+
+# -- integrity: a setting that does not take effect, a crash --------------------------------------
+
+
+def test_a_setting_that_does_not_take_effect_makes_the_pass_invalid_and_the_grid_incomplete(
+        tmp_path, model_dir, facts) -> None:
+    result = bench(tmp_path, model_dir, facts, "stock,planned", options={"planned": ["--sabotage", "kv"]})
+    a = result.to_dict()
+    planned = a["arms"]["planned"]
+    assert [p["status"] for p in planned["passes"]] == ["invalid"] * 3
+    assert all(any("KV cache bytes" in x for x in p["problems"]) for p in planned["passes"])
+    assert all("decode_tok_s" not in p for p in planned["passes"])  # nothing to quote
+    assert planned["median"] is None
+    assert a["complete"] is False and a["ratios"] is None
+    assert any(r.startswith("planned pass 1: invalid: KV cache bytes") for r in a["incomplete_reasons"])
+    text = result.render_text()
+    assert "INCOMPLETE" in text and "no ratios" in text
+
+
+def test_the_stock_arm_reads_its_kv_back_too(tmp_path, model_dir, facts) -> None:
+    a = bench(tmp_path, model_dir, facts, "stock,planned", passes=1, options={"stock": ["--sabotage", "kv"]}).to_dict()
+    (p,) = a["arms"]["stock"]["passes"]
+    assert p["status"] == "invalid" and any("KV cache bytes" in x for x in p["problems"])
+    assert a["complete"] is False and a["ratios"] is None
+
+
+def test_a_crashed_pass_makes_the_grid_incomplete_with_no_ratios(tmp_path, model_dir, facts) -> None:
+    state = tmp_path / "starts"
+    result = bench(tmp_path, model_dir, facts, "stock,planned",
+                   options={"planned": ["--crash-on-start", "2", "--state", str(state)]})
+    a = result.to_dict()
+    statuses = [p["status"] for p in a["arms"]["planned"]["passes"]]
+    assert statuses == ["ok", "crashed", "ok"]
+    crashed = a["arms"]["planned"]["passes"][1]
+    assert "exited with code 1" in crashed["error"] and crashed["exit_code"] == 1
+    assert any("crashing on start 2" in line for line in crashed["log_tail"])
+    # the two good passes of the arm are not summarised, and nothing is divided
+    assert a["arms"]["planned"]["median"] is None
+    assert a["arms"]["stock"]["median"] is not None
+    assert a["complete"] is False and a["ratios"] is None and a["versus_llama_cpp"] is None
+    assert "planned pass 2: crashed" in result.render_text()
+
+
+def test_a_server_that_cannot_even_start_is_a_crashed_pass(tmp_path, model_dir, facts) -> None:
+    opts = BenchOptions(model=str(model_dir), arms="planned", passes=1, out=tmp_path / "results", max_model_len=1024,
+                        commands={"worker": lambda arm, port, d: [str(tmp_path / "no-such-binary")]}, facts=facts)
+    a = run_bench(opts, environ(tmp_path), lambda line: None).to_dict()
+    (p,) = a["arms"]["planned"]["passes"]
+    assert p["status"] == "crashed" and "cannot start" in p["error"]
+    assert a["complete"] is False
+
+
+# -- memory: the whole tree ------------------------------------------------------------------------
+
+
+def test_pss_is_taken_from_the_whole_server_tree(tmp_path, model_dir, facts) -> None:
+    a = bench(tmp_path, model_dir, facts, "stock", passes=1, options={"stock": ["--child-alloc-mb", "200"]}).to_dict()
+    assert a["complete"] and not a["quotable"]  # one pass: indicative only
+    (p,) = a["arms"]["stock"]["passes"]
+    assert p["status"] == "ok"
+    assert p["processes"] == 2
+    parent, child = sorted(p["process_tree"], key=lambda m: m["pss_bytes"])
+    assert parent["pid"] == p["pid"]
+    assert child["pss_bytes"] >= 200 * 10**6 > parent["pss_bytes"]
+    assert p["pss_steady_bytes"] == parent["pss_bytes"] + child["pss_bytes"]
+    assert p["pss_peak_bytes"] >= 200 * 10**6
+
+
+def test_a_single_process_plan_served_by_two_processes_is_invalid(tmp_path, model_dir, facts) -> None:
+    a = bench(tmp_path, model_dir, facts, "planned", passes=1, options={"planned": ["--child-alloc-mb", "1"]}).to_dict()
+    (p,) = a["arms"]["planned"]["passes"]
+    assert p["status"] == "invalid"
+    assert any("single-process topology has 1" in x for x in p["problems"])
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+
+
+def test_prefill_prompts_never_repeat_across_passes_or_arms(tmp_path, model_dir, facts) -> None:
+    a = bench(tmp_path, model_dir, facts, "stock,planned,llama.cpp", passes=3).to_dict()
+    digests = [p["prefill_prompt"]["digest"] for arm in a["arms"].values() for p in arm["passes"]]
+    assert len(digests) == 9 and len(set(digests)) == 9
+    # the rule itself, over a larger grid: no two passes share even their first KV block (128 tokens)
+    orders = range(len(ARMS) * 10)
+    prompts = [prefill_token_ids(0, o, 49152) for o in orders]
+    assert all(len(p) == PREFILL_TOKENS for p in prompts)
+    assert len({tuple(p[:128]) for p in prompts}) == len(prompts)
+    assert prefill_token_ids(0, 5, 49152) == prefill_token_ids(0, 5, 49152)  # reproducible
+    assert prefill_token_ids(1, 5, 49152) != prefill_token_ids(0, 5, 49152)  # and seeded
+    assert all(256 <= t < 4096 for t in prefill_token_ids(0, 1, 4096))
+
+
+def test_the_shipped_prompt_set_loads() -> None:
+    ps = prompt_set()
+    assert len(ps.prompts) >= 16 and len(set(ps.prompts)) == len(ps.prompts)
+    assert len(ps.perplexity_text.split()) > 80 and ps.decode_prompt
+
+
+def test_plot_writes_a_png_next_to_the_json_or_says_why_not(tmp_path, model_dir, facts) -> None:
+    result = bench(tmp_path, model_dir, facts, "stock,planned", passes=1, plot=True)
+    png = result.path.with_suffix(".png")
+    try:
+        import matplotlib  # noqa: F401  (not a dependency of edgectl)
+    except ImportError:
+        assert not png.exists()
+        assert any("matplotlib is not installed" in m for m in result.messages)
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"plot: {png}" in result.messages
+
+
+# -- small pieces --------------------------------------------------------------------------------------
+
+
+def test_arm_names() -> None:
+    assert parse_arm_names(None) == list(DEFAULT_ARMS)
+    assert parse_arm_names("all") == list(ARMS)
+    assert parse_arm_names("planned, stock") == ["planned", "stock"]
+    with pytest.raises(EdgectlError, match="unknown arm"):
+        parse_arm_names("stock,nope")
+    with pytest.raises(EdgectlError, match="given twice"):
+        parse_arm_names("stock,stock")
+
+
+def test_llama_server_is_found_in_the_build_cache_or_on_path_or_explained(tmp_path) -> None:
+    import os
+    import stat
+    import tarfile
+
+    from edgectl.bench.llamacpp import _extract_vendor, find_llama_server
+
+    env = {"EDGECTL_MODEL_CACHE": str(tmp_path / "edgectl" / "models"), "PATH": str(tmp_path / "bin")}
+    missing = find_llama_server(env)
+    assert missing.path is None and "--build-llama-cpp" in missing.origin
+    (tmp_path / "bin").mkdir()
+    on_path = tmp_path / "bin" / "llama-server"
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(on_path.stat().st_mode | stat.S_IXUSR)
+    assert find_llama_server(env).path == str(on_path)
+    built = tmp_path / "edgectl" / "llama.cpp" / "0.3.36" / "bin" / "llama-server"
+    built.parent.mkdir(parents=True)
+    built.write_text("#!/bin/sh\n")
+    built.chmod(0o755)
+    assert find_llama_server(env) == type(missing)(str(built), "cache (0.3.36)")
+    with pytest.raises(EdgectlError, match="not an executable"):
+        find_llama_server(env, str(tmp_path / "nope"))
+    # a source archive member escaping the extraction directory is refused
+    bad = tmp_path / "bad.tar.gz"
+    with tarfile.open(bad, "w:gz") as tar:
+        info = tarfile.TarInfo("pkg-1/vendor/llama.cpp/../../../escape")
+        tar.addfile(info, None)
+    with pytest.raises(EdgectlError, match="refusing to extract"):
+        _extract_vendor(bad, tmp_path / "x")
+    assert not (tmp_path / "escape").exists() and not os.path.exists(tmp_path / "x" / "escape")
+
+
+def test_cache_config_info_parses_vllm_metrics() -> None:
+    text = ('# HELP x\nvllm:num_requests_running{engine="0"} 0.0\n'
+            'vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="17",sliding_window="None"} 1.0\n')
+    assert cache_config_info(text) == {"block_size": "128", "engine": "0", "num_gpu_blocks": "17",
+                                       "sliding_window": "None"}
+    assert cache_config_info("nothing here") == {}
+
+
+def test_ratio_math_by_hand() -> None:
+    def rec(i, d, p):
+        return {"status": "ok", "pass": i, "decode_tok_s": d, "prefill_tok_s": p, "ready_s": 10.0,
+                "pss_steady_bytes": 1000, "pss_peak_bytes": 1100, "load_peak_ratio": 1.1, "processes": 1}
+
+    records = {"stock": [rec(0, 10.0, 30.0), rec(1, 12.0, 36.0), rec(2, 11.0, 33.0)],
+               "planned": [rec(0, 20.0, 60.0), rec(1, 30.0, 72.0), rec(2, 22.0, 66.0)]}
+    summaries = {n: report.summarise_arm(r) for n, r in records.items()}
+    assert summaries["stock"]["median"]["decode_tok_s"] == 11.0
+    r = report.ratios(records, summaries)["planned"]
+    assert r["median"]["decode_tok_s"] == pytest.approx(22.0 / 11.0)
+    assert [x["decode_tok_s"] for x in r["passes"]] == pytest.approx([2.0, 2.5, 2.0])
+    assert [x["prefill_tok_s"] for x in r["passes"]] == pytest.approx([2.0, 2.0, 2.0])
+    assert r["median"]["pss_steady_bytes"] == 1.0
+
+
+def test_a_context_without_room_for_the_prefill_prompt_is_refused(tmp_path, model_dir, facts) -> None:
+    opts = BenchOptions(model=str(model_dir), arms="planned", passes=1, out=tmp_path / "results", max_model_len=512,
+                        commands=fake_commands(), facts=facts)
+    with pytest.raises(EdgectlError, match="no room for the 512-token prefill prompt.*--max-model-len 1024"):
+        run_bench(opts, environ(tmp_path), lambda line: None)
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_bench_control_plane_imports_neither_torch_nor_vllm() -> None:
+    import subprocess
+
+    code = ("import sys, edgectl.cli, edgectl.bench.core, edgectl.bench.profile_record, edgectl.bench.llamacpp; "
+            "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm', 'numpy')])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={"PYTHONPATH": f"{REPO}:{REPO / 'runtime'}", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path) -> None:
+    out = tmp_path / "results"
+    env = {"EDGECTL_MODEL_CACHE": str(tmp_path / "cache"), "EDGECTL_PROFILES_DIR": str(tmp_path / "profiles")}
+    for args, message in [
+        (["bench", "smollm2-135m", "--arms", "stock,nope", "--out", str(out)], "unknown arm(s) nope"),
+        (["bench", "smollm2-135m", "--record-profile", "--passes", "1", "--out", str(out)], "at least 3 passes"),
+        (["bench", "smollm2-135m", "--arms", "stock", "--record-profile", "--out", str(out)], "needs the `planned` arm"),
+        (["bench", "smollm2-135m", "--passes", "0", "--out", str(out)], "--passes 0"),
+        (["bench", "smollm2-135m", "--out", str(out)], "not pulled"),
+        (["bench"], "give the MODEL"),
+    ]:
+        done = run_cli(args, env=env, timeout=120)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert lines[-1].startswith("error: ") and message in lines[-1], (args, done.stderr)
+        assert "Traceback" not in done.stderr
+    assert not out.exists() and not (tmp_path / "profiles").exists()

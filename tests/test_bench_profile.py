@@ -1,0 +1,93 @@
+"""`edgectl bench --record-profile`: the profile round-trips through parse_profile, and the planner
+then predicts the measured steady PSS (the recorded data; timing is never asserted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgectl.bench import stats
+from edgectl.plan import Request
+from edgectl.planning import make_plan
+from edgectl.probe import probe
+from edgectl.profiles import load_profile, parse_profile
+from models_helpers import REPO
+from test_bench import SHAPE, bench, environ  # noqa: F401  (fixtures below)
+from models_helpers import llama_tensors, make_model, tiny_config
+
+HOSTS = REPO / "tests" / "fixtures" / "hosts"
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    return make_model(tmp_path / "tiny-llama", tiny_config(vocab_size=SHAPE["vocab"]), llama_tensors(**SHAPE))
+
+
+def test_a_recorded_profile_validates_and_the_plan_then_matches_the_measured_memory(tmp_path, model_dir) -> None:
+    facts = probe(str(HOSTS / "kvm-xeon-avx512-2c"), environ={})
+    result = bench(tmp_path, model_dir, facts, "stock,planned,bf16,reserve-core-on,reserve-core-off,topology-stock",
+                   passes=3, record_profile=True)
+    a = result.to_dict()
+    assert a["complete"], a["incomplete_reasons"]
+    path = tmp_path / "profiles" / "x86_64-avx512.yaml"
+    assert any(m == f"profile recorded: {path}" for m in result.messages)
+
+    raw = yaml.safe_load(path.read_text())
+    profile, errors = parse_profile(raw, str(path))
+    assert errors == [] and profile is not None
+    assert profile.kind == "measured" and profile.device_class == "x86_64-avx512"
+    assert load_profile(path).name == "x86_64-avx512"
+
+    planned, bf16 = a["arms"]["planned"], a["arms"]["bf16"]
+    fmt = planned["plan"]["weight_format"]
+    assert fmt == "w4a16"
+    assert profile.formats[fmt].decode_tok_s.median == pytest.approx(planned["median"]["decode_tok_s"], abs=0.01)
+    assert profile.formats[fmt].prefill_tok_s.passes == 3
+    assert profile.formats["bf16"].decode_tok_s.median == pytest.approx(bf16["median"]["decode_tok_s"], abs=0.01)
+    # the figures' sources carry the provenance and the weights they were measured with
+    src = profile.formats[fmt].decode_tok_s.source
+    assert src.artifact == result.path.name and src.edgectl_commit and src.vllm and src.torch
+    assert src.model_weights_bytes == planned["plan"]["memory"]["weights_bytes"]
+    assert profile.formats["bf16"].decode_tok_s.source.model_weights_bytes == bf16["plan"]["memory"]["weights_bytes"]
+    peaks = [max(p["pss_peak_bytes"], p["pss_steady_bytes"]) / p["pss_steady_bytes"] for p in planned["passes"]]
+    assert profile.load_peak_ratio.median == pytest.approx(stats.median(peaks), abs=1e-4)
+    assert profile.load_peak_ratio.min >= 1.0
+    assert profile.ready_s.passes == 3
+    assert profile.reserve_frontend_core in (True, False) and "tok/s" in profile.reserve_evidence
+    on, off = a["arms"]["reserve-core-on"], a["arms"]["reserve-core-off"]
+    assert profile.reserve_frontend_core == (on["min"]["decode_tok_s"] > off["max"]["decode_tok_s"])
+
+    # the planner now plans from it, and its memory prediction matches the measured steady PSS
+    env = environ(tmp_path)
+    replan = make_plan(Request(model=str(model_dir), max_model_len=1024), env, facts=facts).plan
+    assert replan.profile == {"name": "x86_64-avx512", "file": str(path), "kind": "measured"}
+    measured = planned["median"]["pss_steady_bytes"]
+    assert abs(replan.memory.total_bytes - measured) <= 0.10 * measured
+    assert replan.predicted["decode_tok_s"] is not None
+
+
+def test_formats_not_measured_are_carried_over_from_the_installed_profile(tmp_path, model_dir) -> None:
+    facts = probe(str(HOSTS / "kvm-epyc-avx2-2c"), environ={})
+    result = bench(tmp_path, model_dir, facts, "planned", passes=3, record_profile=True)
+    a = result.to_dict()
+    assert a["complete"]
+    fmt = a["arms"]["planned"]["plan"]["weight_format"]
+    profile = load_profile(tmp_path / "profiles" / "x86_64-avx2.yaml")
+    assert profile.kind == "measured"
+    # the shipped x86_64-avx2 profile says vLLM's int4 kernel does not run there: still said
+    assert profile.formats["w4a16-vllm"].runs is False and "AVX2" in profile.formats["w4a16-vllm"].reason
+    assert profile.match.isa_none == ("avx512f",)
+    assert profile.formats[fmt].decode_tok_s.source.external is False
+    assert profile.formats[fmt].decode_tok_s.median == pytest.approx(a["arms"]["planned"]["median"]["decode_tok_s"],
+                                                                     abs=0.01)
+
+
+def test_no_profile_is_recorded_from_an_incomplete_grid(tmp_path, model_dir) -> None:
+    facts = probe(str(HOSTS / "kvm-xeon-avx512-2c"), environ={})
+    result = bench(tmp_path, model_dir, facts, "planned", passes=3, record_profile=True,
+                   options={"planned": ["--sabotage", "kv"]})
+    assert not result.to_dict()["complete"]
+    assert any("not recorded" in m for m in result.messages)
+    assert not (tmp_path / "profiles" / "x86_64-avx512.yaml").exists()

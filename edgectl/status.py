@@ -47,6 +47,15 @@ def read_metrics(plan: Mapping[str, Any], timeout_s: float = 3) -> dict[str, flo
     return parse_metrics(text)
 
 
+def read_worker_state(plan: Mapping[str, Any], timeout_s: float = 3) -> dict[str, Any] | None:
+    """The worker's own report (``GET /edgectl/effective``): phase, read-back settings, load peak."""
+    try:
+        with urllib.request.urlopen(client_base(plan) + "/edgectl/effective", timeout=timeout_s) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     out = {v: 0.0 for v in METRICS.values()}
     for line in text.splitlines():
@@ -78,6 +87,7 @@ class DeploymentStatus:
     plan: dict[str, Any] | None
     memory: TreeMem | None
     metrics: dict[str, float] | None
+    load_peak: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         plan_mem = (self.plan or {}).get("memory", {})
@@ -88,7 +98,11 @@ class DeploymentStatus:
                    "limit_bytes": plan_mem.get("limit_bytes"),
                    "high_bytes": plan_mem.get("high_bytes"),
                    "measured_vs_predicted": (round(self.memory.pss_bytes / plan_mem["total_bytes"], 3)
-                                             if plan_mem.get("total_bytes") and self.memory.processes else None)}
+                                             if plan_mem.get("total_bytes") and self.memory.processes else None),
+                   "load_peak": self.load_peak,
+                   "load_peak_vs_steady": (round(self.load_peak["pss_bytes"] / self.memory.pss_bytes, 3)
+                                           if self.load_peak and self.load_peak.get("pss_bytes")
+                                           and self.memory.pss_bytes else None)}
         return {"name": self.name, "unit": self.unit, "state": self.state, "sub_state": self.sub_state,
                 "status_text": self.status_text, "restarts": self.restarts, "uptime_s": self.uptime_s,
                 "endpoint": self.endpoint, "model": (self.plan or {}).get("model", {}).get("name"),
@@ -108,6 +122,11 @@ class DeploymentStatus:
             lines.append(f"  memory (PSS of the service's cgroup): {_mib(d['pss_bytes'])} "
                          f"= anon {_mib(d['pss_anon_bytes'])} + file {_mib(d['pss_file_bytes'])}; "
                          f"predicted {_mib(d['predicted_total_bytes'] or 0)}, MemoryMax {_mib(d['limit_bytes'] or 0)}")
+            if d.get("load_peak_vs_steady"):
+                lp = d["load_peak"]
+                lines.append(f"  load peak (sampled while loading): PSS {_mib(lp['pss_bytes'])} = anon "
+                             f"{_mib(lp['pss_anon_bytes'])} + file {_mib(lp['pss_file_bytes'])}, "
+                             f"{d['load_peak_vs_steady']:.2f}× steady")
             for p in self.memory.processes:
                 lines.append(f"    pid {p.pid:<7} {p.name:<16} PSS {_mib(p.pss_bytes):>9}  anon {_mib(p.pss_anon_bytes):>9}  file {_mib(p.pss_file_bytes):>9}")
         if self.metrics:
@@ -150,8 +169,10 @@ def status_of(name: str, environ: Mapping[str, str]) -> DeploymentStatus:
         uptime = max(0.0, (_monotonic_us() - entered) / 1e6)
     memory = service_memory(state) if state.active in ("active", "activating", "deactivating") else None
     metrics = read_metrics(plan) if plan and state.active == "active" else None
+    worker = read_worker_state(plan) if plan and state.active == "active" else None
     return DeploymentStatus(name, layout.unit, state.active or "unknown", state.sub, state.status_text,
-                            state.restarts, uptime, endpoint_of(plan) if plan else None, plan, memory, metrics)
+                            state.restarts, uptime, endpoint_of(plan) if plan else None, plan, memory, metrics,
+                            (worker or {}).get("load_peak") or None)
 
 
 def status(name: str | None, environ: Mapping[str, str]) -> StatusReport:

@@ -86,6 +86,25 @@ class Service:
         self.started_monotonic = time.monotonic()
         self.ready_s: float | None = None
         self.stall_limit_s = max(5.0, float(plan["timeouts"]["watchdog_s"]) / 2)
+        self.load_peak: dict[str, int] = {}
+
+    def sample_load_peak(self, interval_s: float = 0.25) -> None:
+        """Until serving: the peak PSS of this process tree (the load's high-water mark).
+
+        PSS, anonymous and file-backed, summed over the tree like the steady figure, so the two
+        compare; the file-backed part includes the checkpoint while it is mapped.
+        """
+        from edgectl.procmem import tree_mem
+
+        samples = 0
+        while self.phase not in ("serving", "stopping"):
+            mem = tree_mem(os.getpid())
+            samples += 1
+            if mem.pss_bytes > self.load_peak.get("pss_bytes", 0):
+                self.load_peak = {"pss_bytes": mem.pss_bytes, "pss_anon_bytes": mem.pss_anon_bytes,
+                                  "pss_file_bytes": mem.pss_file_bytes}
+            self.load_peak["samples"] = samples
+            time.sleep(interval_s)
 
     def health(self) -> tuple[bool, str]:
         """Whether the watchdog may ping: the engine and the front end both make progress."""
@@ -282,7 +301,7 @@ def _add_edgectl_routes(app, service: Service) -> None:
     @app.get("/edgectl/effective")
     async def effective() -> JSONResponse:
         body = dict(service.effective or {})
-        body.update({"phase": service.phase, "ready_s": service.ready_s,
+        body.update({"phase": service.phase, "ready_s": service.ready_s, "load_peak": service.load_peak,
                      "plan_kv_cache_bytes": service.plan["kv_cache_bytes"]})
         return JSONResponse(body)
 
@@ -318,6 +337,9 @@ def _configure_logging() -> None:
     fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("INVOCATION_ID") else \
         "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=fmt, stream=sys.stderr)
+    # Something vLLM's server set-up imports raises the root logger to ERROR; edgectl's own
+    # level keeps the phases, the watchdog and the drain in the journal regardless.
+    logging.getLogger("edgectl").setLevel(logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -344,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     service = Service(plan, notifier)
     watchdog = Watchdog(notifier, service.health, watchdog_interval_s(dict(os.environ), plan["timeouts"]["watchdog_s"]))
     watchdog.start()
+    import threading
+
+    threading.Thread(target=service.sample_load_peak, name="edgectl-load-peak", daemon=True).start()
 
     if plan["topology"] == "single-process":
         from edgectl_runtime import inproc

@@ -1,0 +1,148 @@
+"""The worker without systemd: refusals before loading, and a graceful drain on SIGTERM.
+
+The refusal tests start the real worker process but stop it before vLLM loads anything. The
+drain test serves the real SmolLM2 (one engine start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+PYTHON = os.environ.get("EDGECTL_RUNTIME_PYTHON", "/opt/edgectl/venv/bin/python")
+
+
+def _plan_for(model: str, port: int, tmp_path: Path, **changes) -> Path:
+    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", model, "--max-model-len", "1024", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    plan["serve"]["port"] = port
+    plan.update(changes)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(plan: Path, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    full = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "VLLM_CPU_KVCACHE_SPACE")}
+    full.update(env or {})
+    return subprocess.Popen([PYTHON, "-m", "edgectl_runtime.worker", "--plan", str(plan)], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_an_environment_override_of_the_kv_budget_is_refused(tmp_path, pulled_smollm2):
+    plan = _plan_for("smollm2-135m", _free_port(), tmp_path)
+    proc = _worker(plan, {"VLLM_CPU_KVCACHE_SPACE": "4"})
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out[-2000:]
+    assert "VLLM_CPU_KVCACHE_SPACE=4 is set" in out and "unset it" in out
+    assert "Loading weights" not in out  # refused before anything was loaded
+
+
+def test_a_port_in_use_is_refused_before_loading(tmp_path, pulled_smollm2):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        plan = _plan_for("smollm2-135m", busy.getsockname()[1], tmp_path)
+        proc = _worker(plan)
+        out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, out[-2000:]
+    assert "cannot bind 127.0.0.1" in out and "pick another with --port" in out
+    assert "Loading weights" not in out
+
+
+def test_a_plan_that_is_not_a_plan_is_refused(tmp_path):
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps({"schema": "something/1"}))
+    proc = _worker(bad)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "is not an edgectl plan" in out
+
+
+def _get(url: str, timeout: float = 5) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+@pytest.mark.engine
+def test_sigterm_finishes_the_running_request_refuses_new_ones_and_exits_0(tmp_path, pulled_smollm2):
+    port = _free_port()
+    plan = _plan_for("smollm2-135m", port, tmp_path)
+    proc = _worker(plan)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        try:
+            status, body = _get(base + "/edgectl/effective")
+            if status == 200 and body.get("phase") == "serving":
+                break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    else:
+        pytest.fail("the worker did not become ready")
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
+
+    # a long streamed generation is in flight when SIGTERM arrives
+    body = json.dumps({"model": "smollm2-135m", "prompt": "Once upon a time", "max_tokens": 200,
+                       "ignore_eos": True, "temperature": 0, "stream": True}).encode()
+    req = urllib.request.Request(base + "/v1/completions", data=body, headers={"content-type": "application/json"})
+    chunks: list[dict] = []
+    first_token = threading.Event()
+
+    def consume() -> None:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            for line in r:
+                line = line.strip()
+                if line.startswith(b"data: {"):
+                    chunks.append(json.loads(line[6:]))
+                    first_token.set()
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    assert first_token.wait(120), "the generation did not start"
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    # while draining, a new request is turned away rather than queued
+    late = urllib.request.Request(base + "/v1/completions",
+                                  data=json.dumps({"model": "smollm2-135m", "prompt": "hi", "max_tokens": 2}).encode(),
+                                  headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(late, timeout=30) as r:
+            late_status = r.status
+    except urllib.error.HTTPError as exc:
+        late_status = exc.code
+    except OSError:
+        late_status = "refused"
+    reader.join(timeout=300)
+    assert proc.wait(timeout=120) == 0, "".join(log)[-3000:]
+    # the in-flight request got every token it asked for
+    text_chunks = [c for c in chunks if c.get("choices") and c["choices"][0].get("text") is not None]
+    finish = [c["choices"][0].get("finish_reason") for c in text_chunks if c["choices"][0].get("finish_reason")]
+    assert finish == ["length"], finish
+    assert late_status in (503, "refused"), late_status
+    assert any("stopping: finishing running requests" in line for line in log), "".join(log)[-2000:]

@@ -501,10 +501,15 @@ def plan(facts: Any, model: Any, profiles: list[Profile], request: Request) -> P
     processes = profile.processes.get(topology, 1 if topology == "single-process" else 4)
 
     compilation = request.compilation or profile.compilation
+    if compilation not in ("eager", "default"):
+        raise EdgectlError(f"--compilation {compilation!r}: use eager or default")
     reasons.append(Reason("compilation", compilation, "flag" if request.compilation else
                           "profile" if profile.kind != "fallback" else "fallback",
-                          "eager: no torch.compile start-up cost (minutes on 2 cores, measured-here.md)"
-                          if compilation == "eager" else "vLLM's default CPU compilation (DYNAMO_TRACE_ONCE + inductor)"))
+                          ("eager: no torch.compile start-up cost (minutes on 2 cores, measured-here.md)"
+                           if compilation == "eager" else "vLLM's default CPU compilation (DYNAMO_TRACE_ONCE + inductor)")
+                          + ("" if compilation == profile.compilation else
+                             f"; the profile's figures were measured in {profile.compilation} mode, so the memory "
+                             "and speed predictions are for that mode")))
 
     quantize_lm_head = bool(request.quantize_lm_head) if request.quantize_lm_head is not None else False
     rope_cap = True if request.rope_cap is None else request.rope_cap

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from edgectl.commands.plan import Format, GroupSize, MaxModelLen, MaxNumSeqs, Threads
+from edgectl.commands.plan import Compilation, Format, GroupSize, MaxModelLen, MaxNumSeqs, Threads
 from edgectl.output import emit
 from edgectl.plan import DEFAULT_HOST, DEFAULT_NAME, DEFAULT_PORT, Request
 
@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
         weight_format: Format = None,
         group_size: GroupSize = None,
         threads: Threads = None,
+        compilation: Compilation = None,
         watchdog_sec: Annotated[Optional[int], typer.Option("--watchdog-sec", help="WatchdogSec (default: 3 × the longest predicted engine step, at least 30 s).")] = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the unit; write nothing.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -43,7 +44,7 @@ def register(app: typer.Typer) -> None:
 
         request = Request(model=model, name=name, host=host, port=port, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, weight_format=weight_format, group_size=group_size,
-                          threads=threads, watchdog_s=watchdog_sec)
+                          threads=threads, watchdog_s=watchdog_sec, compilation=compilation)
         emit(deploy(request, os.environ, dry_run=dry_run, progress=_progress), as_json)
 
     @app.command("serve")
@@ -56,6 +57,7 @@ def register(app: typer.Typer) -> None:
         weight_format: Format = None,
         group_size: GroupSize = None,
         threads: Threads = None,
+        compilation: Compilation = None,
         ask: Annotated[Optional[str], typer.Option("--ask", help="Once serving, ask this question and print the answer.")] = None,
     ) -> None:
         """Run the same worker in the foreground, with the same plan (for hosts without systemd)."""
@@ -63,7 +65,7 @@ def register(app: typer.Typer) -> None:
 
         request = Request(model=model, host=host, port=port, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, weight_format=weight_format, group_size=group_size,
-                          threads=threads)
+                          threads=threads, compilation=compilation)
         raise typer.Exit(serve(request, os.environ, question=ask, progress=_progress))
 
     @app.command("undeploy")

@@ -33,6 +33,7 @@ MaxNumSeqs = Annotated[int, typer.Option("--max-num-seqs", help="Sequences serve
 Format = Annotated[Optional[str], typer.Option("--format", help="Weight format: w4a16, w4a8-amx, w4a16-vllm or bf16 (default: the fastest measured that runs here).")]
 GroupSize = Annotated[Optional[int], typer.Option("--group-size", help="Preferred int4 group size (32, 64, 128, 256; default: what suits the model, else 128); chosen per layer where K is not a multiple.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="OpenMP threads (default: one per usable physical core).")]
+Compilation = Annotated[Optional[str], typer.Option("--compilation", help="eager, or default (vLLM's torch.compile mode: faster decode, more memory, a slower start); default: the profile's.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -44,6 +45,7 @@ def register(app: typer.Typer) -> None:
         weight_format: Format = None,
         group_size: GroupSize = None,
         threads: Threads = None,
+        compilation: Compilation = None,
         facts: Annotated[Optional[Path], typer.Option("--facts", help="Plan for the host described by this `edgectl probe --json` output instead of this one.")] = None,
         root: Annotated[str, typer.Option("--root", help="Probe /proc and /sys under this directory.")] = "/",
         as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (schema edgectl.plan/1).")] = False,
@@ -52,6 +54,7 @@ def register(app: typer.Typer) -> None:
         from edgectl.planning import make_plan
 
         request = Request(model=model, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                          weight_format=weight_format, group_size=group_size, threads=threads)
+                          weight_format=weight_format, group_size=group_size, threads=threads,
+                          compilation=compilation)
         host = read_facts_file(facts) if facts else None
         emit(make_plan(request, os.environ, root=root, facts=host), as_json)

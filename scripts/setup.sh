@@ -68,12 +68,12 @@ fi
 rm -rf "$REPO/build" "$REPO"/*.egg-info
 $PIP install --no-deps --no-build-isolation --force-reinstall "$REPO" 2>&1 | grep -v "is ignored: it is neither" || true
 rm -rf "$REPO/build" "$REPO"/*.egg-info
-"$PY" -c "import edgectl_runtime, edgectl" || { echo "error: edgectl did not install" >&2; exit 1; }
+"$PY" -I -c "import edgectl_runtime, edgectl" || { echo "error: edgectl did not install" >&2; exit 1; }
 # Provenance for what the installed copy measures (edgectl bench): the commit it was built from.
 commit=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || true)
 dirty=false
 [ -n "$(git -C "$REPO" status --porcelain 2>/dev/null)" ] && dirty=true
-"$PY" - "$commit" "$dirty" "$REPO" <<'PYEOF'
+"$PY" -I - "$commit" "$dirty" "$REPO" <<'PYEOF'
 import json, pathlib, sys, edgectl
 info = {"commit": sys.argv[1] or None, "dirty": sys.argv[2] == "true", "checkout": sys.argv[3]}
 (pathlib.Path(edgectl.__file__).parent / "data" / "build.json").write_text(json.dumps(info) + "\n")

@@ -294,10 +294,14 @@ def test_the_catalog_config_is_the_pulled_models_shape():
 
 
 def test_profiles_used_by_the_cli_are_the_shipped_ones():
-    # the CLI reads the checkout's profiles/ (paths.profiles_dir) — the same files the tests load
+    # The CLI reads paths.profiles_dir(): the checkout's profiles/ when run from one, the copy
+    # installed inside the package otherwise (what CI and users run). Either way, the same files
+    # as the repository's profiles/, byte for byte.
     from edgectl import paths
 
-    assert {p.file for p in shipped_profiles()} == {str(f) for f in paths.profiles_dir().glob("*.yaml")}
+    cli_files = {f.name: f.read_bytes() for f in paths.profiles_dir().glob("*.yaml")}
+    repo_files = {Path(p.file).name: Path(p.file).read_bytes() for p in shipped_profiles()}
+    assert cli_files == repo_files
 
 
 def test_a_plan_for_a_model_with_a_different_name_keeps_it(tmp_path: Path):

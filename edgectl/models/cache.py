@@ -50,11 +50,8 @@ def gguf_path(entry: CatalogEntry, environ: Mapping[str, str]) -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def make_dirs(path: Path) -> None:

@@ -74,7 +74,7 @@ from edgectl_runtime.kernels import (
     wna16_unpack,
 )
 from edgectl_runtime.quantize import FORMAT as PORTABLE_FORMAT
-from edgectl_runtime.quantize import awq_to_int4, gptq_to_int4, quantize_int4, unpack_nibbles
+from edgectl_runtime.quantize import awq_to_int4, dequantize_int4, gptq_to_int4, quantize_int4, unpack_nibbles
 
 logger = logging.getLogger("edgectl.cpu_int4")
 
@@ -477,16 +477,10 @@ class CpuInt4LinearMethod(LinearMethodBase):
         if self.kernel == "vllm":
             self._process_wna16(layer, dtype)
             return
-        if "qzeros" in layer._parameters:  # GPTQ / AWQ
-            q, scales, zeros = self._prequantized_values(layer, dtype)
-            packed = kernel_pack(q)
-            del q
-            sz = scales_and_zeros(scales, zeros, dtype)
-        elif "qweight" in layer._parameters:
-            q = unpack_nibbles(layer.qweight.data)
-            scales, zeros = layer.scales.data, layer.zeros.data
-            for name in ("qweight", "scales", "zeros"):
-                delattr(layer, name)
+        stored = self._stored_values(layer, dtype)
+        if stored is not None:
+            q, scales, zeros = stored
+            del stored
             packed = kernel_pack(q)
             del q
             sz = scales_and_zeros(scales, zeros, dtype)
@@ -504,14 +498,24 @@ class CpuInt4LinearMethod(LinearMethodBase):
             del weight
         self._install_packed(layer, packed, sz)
 
-    def _process_wna16(self, layer: torch.nn.Module, dtype: torch.dtype) -> None:
-        if "qzeros" in layer._parameters:
-            q, scales, zeros = self._prequantized_values(layer, dtype)
-        elif "qweight" in layer._parameters:
+    def _stored_values(self, layer: torch.nn.Module, dtype: torch.dtype):
+        """``(q, scales, zeros)`` of a checkpoint stored in 4 bits (GPTQ/AWQ, or edgectl's portable
+        format), its tensors removed from the layer; None for a dense checkpoint."""
+        if "qzeros" in layer._parameters:  # GPTQ / AWQ
+            return self._prequantized_values(layer, dtype)
+        if "qweight" in layer._parameters:
             q = unpack_nibbles(layer.qweight.data)
             scales, zeros = layer.scales.data, layer.zeros.data
             for name in ("qweight", "scales", "zeros"):
                 delattr(layer, name)
+            return q, scales, zeros
+        return None
+
+    def _process_wna16(self, layer: torch.nn.Module, dtype: torch.dtype) -> None:
+        stored = self._stored_values(layer, dtype)
+        if stored is not None:
+            q, scales, zeros = stored
+            del stored
         else:
             weight = layer.weight.data
             dtype = weight.dtype
@@ -554,7 +558,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         shape = input_.shape
         rows = input_.reshape(-1)
         q = gather_packed_rows(packed, rows, self.block_rows, getattr(layer, LAYOUT_ATTR))  # [M, K]
-        out = _dequant_rows(q, sz, rows, self.group_size)
+        out = _dequant_rows(q, sz, rows)
         return out.to(sz.dtype).reshape(*shape, -1)
 
 
@@ -571,11 +575,11 @@ def _quantize_and_pack(weight: torch.Tensor, group_size: int, dtype: torch.dtype
         r1 = min(n, r0 + PACK_BLOCK_ROWS)
         block = weight[r0:min(r1, real)]
         if block.shape[0] < r1 - r0:
-            block = torch.cat([block.to(dtype), torch.zeros((r1 - r0 - block.shape[0], k), dtype=dtype)])
+            # Padding in the checkpoint's own dtype, like every other block (and like _verify_rows).
+            block = torch.cat([block, block.new_zeros((r1 - r0 - block.shape[0], k))])
         qb, s, z = quantize_int4(block, group_size, dtype)
-        packed[r0:r1] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qb.to(torch.int32), 1)
-        sz[:, r0:r1, 0] = s.t()
-        sz[:, r0:r1, 1] = z.t()
+        packed[r0:r1] = kernel_pack(qb)
+        sz[:, r0:r1] = scales_and_zeros(s, z, dtype)
     return packed, sz
 
 
@@ -595,13 +599,8 @@ def _verify_rows(packed: torch.Tensor, weight: torch.Tensor, group_size: int, dt
         return False
 
 
-def _dequant_rows(q: torch.Tensor, sz: torch.Tensor, rows: torch.Tensor, group_size: int) -> torch.Tensor:
-    m, k = q.shape
-    groups = k // group_size
-    s = sz[:, rows, 0].t().to(torch.float32).unsqueeze(-1)  # [M, G, 1]
-    z = sz[:, rows, 1].t().to(torch.float32).unsqueeze(-1)
-    w = (q.to(torch.float32).reshape(m, groups, group_size) - 8.0) * s + z
-    return w.reshape(m, k)
+def _dequant_rows(q: torch.Tensor, sz: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    return dequantize_int4(q, sz[:, rows, 0].t(), sz[:, rows, 1].t())
 
 
 def unpack_layer(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -74,9 +74,9 @@ def quantize_int4(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtyp
         z = (lo + 8.0 * s).to(scale_dtype).to(torch.float32)
         positive = s > 0
         s_safe = torch.where(positive, s, torch.ones_like(s))
-        v = (w - z.unsqueeze(-1)) / s_safe.unsqueeze(-1)
-        v = torch.where(positive.unsqueeze(-1), v, torch.zeros_like(v))
-        qb = torch.round(v + 8.0).clamp_(0, 15).to(torch.uint8)
+        v = (w - z.unsqueeze(-1)) / s_safe.unsqueeze(-1)  # a fresh tensor: edited in place below
+        v.masked_fill_(~positive.unsqueeze(-1), 0.0)
+        qb = v.add_(8.0).round_().clamp_(0, 15).to(torch.uint8)
         q[r0:r1] = qb.reshape(r1 - r0, k)
         scales[r0:r1] = s.to(scale_dtype)
         zeros[r0:r1] = z.to(scale_dtype)
@@ -365,11 +365,8 @@ _WEIGHT_FILES = re.compile(r"(\.safetensors|\.safetensors\.index\.json|\.bin|\.b
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def validate_source(src: Path, group_size: int) -> dict:

@@ -296,6 +296,7 @@ class ReadbackExtension:
         """Max relative error, over int4 layers, of the layer's own ``apply`` against the
         dequantized weight, for activations of each M in ``m_values`` (eager, in the worker)."""
         from edgectl_runtime.cpu_int4 import W_ATTR, CpuInt4LinearMethod, unpack_layer
+        from edgectl_runtime.quantize import dequantize_int4
 
         model = self.get_model()
         gen = torch.Generator().manual_seed(0)
@@ -305,10 +306,8 @@ class ReadbackExtension:
             if not isinstance(method, CpuInt4LinearMethod) or not hasattr(module, W_ATTR):
                 continue
             q, scales, zeros = unpack_layer(module)
-            n, k = q.shape
-            g = method.group_size
-            w = ((q.float().reshape(n, k // g, g) - 8) * scales.float().unsqueeze(-1)
-                 + zeros.float().unsqueeze(-1)).reshape(n, k)
+            k = q.shape[1]
+            w = dequantize_int4(q, scales, zeros)
             dtype = scales.dtype if scales.dtype != torch.float32 else torch.bfloat16
             for m in m_values:
                 x = torch.randn(m, k, generator=gen).to(dtype)

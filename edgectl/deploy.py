@@ -26,15 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from edgectl import envvars
+from edgectl.atomic import write_text_atomic
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
 from edgectl.plan import Request
 from edgectl.systemd import Systemd, UnitState, systemd_running
-from edgectl.units import render_unit, unit_name, validate_name
+from edgectl.units import HIDDEN_PREFIXES, render_unit, unit_name, validate_name
 
 Progress = Callable[[str], None]
 
-# The service runs with ProtectHome=yes and PrivateTmp=yes: it cannot see these.
-HIDDEN_FROM_SERVICE = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
 QUESTION = "What is the capital of France?"
 
 
@@ -169,7 +168,7 @@ def port_holder(host: str, port: int) -> str | None:
 
 def _check_model_visible(path: str) -> None:
     p = Path(path).resolve()
-    for hidden in HIDDEN_FROM_SERVICE:
+    for hidden in HIDDEN_PREFIXES:
         if p == Path(hidden) or Path(hidden) in p.parents:
             raise EdgectlError(
                 f"the service cannot see {p}: it runs with ProtectHome=yes and PrivateTmp=yes, which hide {hidden}; "
@@ -187,17 +186,6 @@ def _check_model_visible(path: str) -> None:
         if f.is_file() and not f.stat().st_mode & 0o004:
             raise EdgectlError(f"the service's unprivileged user cannot read {f} (mode {f.stat().st_mode & 0o777:o}): "
                                f"`chmod o+r {p}/*`")
-
-
-def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -284,8 +272,8 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
     old = sd.show(layout.unit)
     progress(f"{'replacing' if previous.was_active else 'starting'} {layout.unit}: "
              f"{plan_dict['weight_format']}, {plan_dict['max_model_len']} tokens, MemoryMax {plan_dict['memory']['limit_bytes'] >> 20} MiB")
-    _atomic_write(layout.plan_path, json.dumps(plan_dict, indent=2) + "\n")
-    _atomic_write(layout.unit_path, unit_text)
+    write_text_atomic(layout.plan_path, json.dumps(plan_dict, indent=2) + "\n")
+    write_text_atomic(layout.unit_path, unit_text)
     t0 = time.monotonic()
     try:
         sd.daemon_reload()
@@ -331,8 +319,8 @@ def _roll_back(layout: Layout, sd: Systemd, previous: _Snapshot, progress: Progr
         sd.reset_failed(layout.unit)
         return "nothing was deployed before, so the new unit and its configuration were removed"
     progress(f"rolling back {layout.unit} to the previous deployment")
-    _atomic_write(layout.plan_path, previous.plan_text)
-    _atomic_write(layout.unit_path, previous.unit_text)
+    write_text_atomic(layout.plan_path, previous.plan_text)
+    write_text_atomic(layout.unit_path, previous.unit_text)
     sd.daemon_reload()
     sd.reset_failed(layout.unit)
     if not previous.was_active:

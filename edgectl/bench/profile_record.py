@@ -23,13 +23,12 @@ overrides the shipped one).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from edgectl.atomic import write_text_atomic
 from edgectl.errors import EdgectlError
 from edgectl.profiles import SCHEMA, parse_profile
 
@@ -60,18 +59,7 @@ def record_profile(artifact: dict[str, Any], artifact_path: Path, profiles_dir: 
               f"# Check: the plan's steady memory {check['planned_total_bytes'] / MiB:.0f} MiB vs measured "
               f"{check['measured_steady_bytes'] / MiB:.0f} MiB ({100 * check['error']:+.1f}%).\n")
     text = header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=profiles_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, text)
     return path
 
 
@@ -176,11 +164,7 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
     if "topology-stock" in arms and arms["topology-stock"].get("median"):
         runtime["processes"]["stock"] = _stock_processes(doc, facts, model, arms["topology-stock"], existing_profiles)
 
-    profile, errors = parse_profile(doc, f"{name}.yaml")
-    if errors:
-        raise EdgectlError("--record-profile: the recorded profile does not validate: " + errors[0],
-                           details=errors[1:])
-    total = _plan_total(profile, facts, model, request, existing_profiles)
+    total = _plan_total(_candidate(doc, existing_profiles), facts, model, request)
     measured = planned["median"]["pss_steady_bytes"]
     error = (total - measured) / measured
     if abs(error) > MATCH_TOLERANCE:
@@ -228,11 +212,12 @@ def _candidate(doc: dict[str, Any], existing: dict[str, Any]) -> list[Any]:
     return [p for n, p in existing.items() if n != doc["name"]] + [profile]
 
 
-def _plan_total(profile: Any, facts: Any, model: Any, request: Any, existing: dict[str, Any]) -> int:
+def _plan_total(profiles: list[Any], facts: Any, model: Any, request: Any) -> int:
+    """The plan's total from ``profiles`` (the recorded one last), on the host it was recorded on."""
     from edgectl.plan import plan
     from edgectl.profiles import select_profile
 
-    profiles = [p for n, p in existing.items() if n != profile.name] + [profile]
+    profile = profiles[-1]
     chosen, _ = select_profile(profiles, facts)
     if chosen.name != profile.name:
         raise EdgectlError(f"--record-profile: the planner would pick profile {chosen.name}, not the recorded "

@@ -12,12 +12,11 @@ Rules that keep a ratio from being quoted wrongly:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgectl.atomic import write_text_atomic
 from edgectl.bench import stats
 from edgectl.bench.arms import CONTROL
 
@@ -113,7 +112,6 @@ def bandwidth_ceiling(records: dict[str, list[dict[str, Any]]], summaries: dict[
 class BenchResult:
     artifact: dict[str, Any]
     path: Path | None = None
-    plot_path: Path | None = None
     messages: list[str] = field(default_factory=list)  # e.g. the plot was skipped, a profile was recorded
 
     def to_dict(self) -> dict[str, Any]:
@@ -215,20 +213,7 @@ def _safe(text: str) -> str:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def plot(artifact: dict[str, Any], png: Path) -> str:

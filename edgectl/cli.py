@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from edgectl.errors import EXIT_BAD_INPUT, EdgectlError
+from edgectl.errors import EdgectlError
 
 app = typer.Typer(
     name="edgectl",

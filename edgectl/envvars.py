@@ -43,6 +43,23 @@ REGISTRY: dict[str, EnvVar] = {
 }
 
 
+def runtime_python(environ: Mapping[str, str]) -> str:
+    """The runtime interpreter (EDGECTL_RUNTIME_PYTHON), resolved to an executable's path."""
+    import shutil
+
+    from edgectl.errors import EdgectlError
+
+    python = read("EDGECTL_RUNTIME_PYTHON", environ)
+    found = shutil.which(python)
+    if found is None:
+        raise EdgectlError(
+            f"the runtime interpreter {python!r} (EDGECTL_RUNTIME_PYTHON) is not an executable: point "
+            "EDGECTL_RUNTIME_PYTHON at the python of the environment with edgectl[runtime] installed "
+            "(scripts/setup.sh makes /opt/edgectl/venv/bin/python)"
+        )
+    return found
+
+
 def read(name: str, environ: Mapping[str, str]) -> str:
     """The value of a registered variable in ``environ``, or its default."""
     var = REGISTRY[name]  # KeyError here is a programming error: register the variable first

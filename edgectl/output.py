@@ -17,6 +17,11 @@ def to_json(obj: dict[str, Any]) -> str:
     return json.dumps(obj, indent=2, sort_keys=False) + "\n"
 
 
+def progress(line: str) -> None:
+    """A progress line for the person watching: stderr, so stdout stays the result."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def emit(result: Renderable, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(to_json(result.to_dict()))

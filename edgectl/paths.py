@@ -6,7 +6,6 @@ carries them as the ``edgectl._profiles`` and ``edgectl._units`` packages.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -33,7 +32,3 @@ def units_dir() -> Path:
 def data_dir() -> Path:
     """Small data files shipped with the package (prompt sets, catalog)."""
     return _PACKAGE_DIR / "data"
-
-
-def is_root() -> bool:
-    return os.geteuid() == 0

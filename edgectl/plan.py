@@ -195,14 +195,6 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan_from_dict(d: dict[str, Any]) -> dict[str, Any]:
-    """Check that a plan file is one this edgectl can execute; return it unchanged."""
-    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-        got = d.get("schema") if isinstance(d, dict) else type(d).__name__
-        raise EdgectlError(f"not an edgectl plan (schema {got!r}, expected {SCHEMA!r})")
-    return d
-
-
 # -- pieces of the ledger ---------------------------------------------------------------
 
 
@@ -376,7 +368,7 @@ def _choose_format(facts: Any, model: Any, profile: Profile, request: Request,
                 detail = "fastest " + detail
             if others:
                 detail += "; others: " + ", ".join(others) + " tok/s"
-            src = "profile" if profile.kind != "fallback" else "fallback"
+            src = profile.reason_source
             candidates.append((fmt, Reason("weight_format", fmt, src, detail)))
         else:
             candidates.append((fmt, Reason("weight_format", fmt, "fallback",
@@ -441,7 +433,7 @@ def _choose_cpus(facts: Any, request: Request, profile: Profile, topology: str,
         reasons.append(Reason("reserve_frontend_core", reserve, "flag", "asked"))
     elif profile.reserve_frontend_core is not None:
         reserve = profile.reserve_frontend_core
-        reasons.append(Reason("reserve_frontend_core", reserve, "profile" if profile.kind != "fallback" else "fallback",
+        reasons.append(Reason("reserve_frontend_core", reserve, profile.reason_source,
                               profile.reserve_evidence or f"measured on {profile.name}"))
     else:
         reserve = False
@@ -470,7 +462,7 @@ def plan(facts: Any, model: Any, profiles: list[Profile], request: Request) -> P
     """Decide everything the worker will run with, and what it will cost."""
     reasons: list[Reason] = []
     profile, considered = select_profile(profiles, facts)
-    reasons.append(Reason("profile", profile.name, "profile" if profile.kind != "fallback" else "fallback",
+    reasons.append(Reason("profile", profile.name, profile.reason_source,
                           f"{profile.kind} profile for {profile.device_class}"
                           + ("; nobody has measured this class: figures are conservative guesses" if profile.kind == "fallback" else "")
                           + (f" ({profile.sources[next(iter(profile.sources))].reference})" if profile.kind == "external" and profile.sources else "")))
@@ -504,7 +496,7 @@ def plan(facts: Any, model: Any, profiles: list[Profile], request: Request) -> P
     if compilation not in ("eager", "default"):
         raise EdgectlError(f"--compilation {compilation!r}: use eager or default")
     reasons.append(Reason("compilation", compilation, "flag" if request.compilation else
-                          "profile" if profile.kind != "fallback" else "fallback",
+                          profile.reason_source,
                           ("eager: no torch.compile start-up cost (minutes on 2 cores, measured-here.md)"
                            if compilation == "eager" else "vLLM's default CPU compilation (DYNAMO_TRACE_ONCE + inductor)")
                           + ("" if compilation == profile.compilation else
@@ -517,7 +509,7 @@ def plan(facts: Any, model: Any, profiles: list[Profile], request: Request) -> P
 
     cpus, threads, reserve = _choose_cpus(facts, request, profile, topology, reasons)
 
-    psrc = "profile" if profile.kind != "fallback" else "fallback"  # figures of a fallback are guesses
+    psrc = profile.reason_source
 
     # -- memory: fixed parts
     if profile.process_bytes is not None:

@@ -19,22 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from edgectl.errors import EdgectlError
+from edgectl.probe.facts import ISA_FEATURES, DeviceClass
 
 SCHEMA = "edgectl.profile/1"
 WEIGHT_FORMATS = ("w4a16", "w4a8-amx", "w4a16-vllm", "bf16")
-DEVICE_CLASSES = (
-    "x86_64-amx", "x86_64-avx512-bf16", "x86_64-avx512", "x86_64-avx2",
-    "aarch64-sve", "aarch64-neon", "generic",
-)
+DEVICE_CLASSES = tuple(c.value for c in DeviceClass)
 KINDS = ("measured", "external", "fallback")
 TOPOLOGIES = ("single-process", "stock")
-ISA_FEATURES = (
-    "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
-    "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve",
-)
 
 
 # -- the data -------------------------------------------------------------------------
@@ -118,6 +110,11 @@ class Profile:
     compilation: str
     bandwidth_gbps: Figure | None
     sources: dict[str, Source] = field(default_factory=dict)
+
+    @property
+    def reason_source(self) -> str:
+        """The source a plan's reasons cite for this profile's figures: a fallback's are guesses."""
+        return "fallback" if self.kind == "fallback" else "profile"
 
     def matches(self, facts: Any) -> tuple[bool, str]:
         """Whether this profile applies to a probe's facts, and why not."""
@@ -378,6 +375,8 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
 
 
 def load_profile(path: Path) -> Profile:
+    import yaml  # here, not at import time: commands that read no profile start without it
+
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:

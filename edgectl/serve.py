@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,21 +18,18 @@ from edgectl import envvars
 from edgectl.deploy import ask, client_base, port_holder
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.plan import Request
+from edgectl.status import read_worker_state
 
 
 def wait_serving(plan: dict, proc: subprocess.Popen, timeout_s: float) -> bool:
     """Until the worker says it is serving (its warm-up answered) or exits."""
     deadline = time.monotonic() + timeout_s
-    url = client_base(plan) + "/edgectl/effective"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if json.loads(r.read()).get("phase") == "serving":
-                    return True
-        except OSError:
-            pass
+        state = read_worker_state(plan, timeout_s=2)
+        if state and state.get("phase") == "serving":
+            return True
         time.sleep(0.5)
     return False
 
@@ -54,7 +49,7 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
         planned = make_plan(request, environ, facts=planned.facts)
     plan = planned.plan.to_dict()
     progress(planned.plan.render_text())
-    python = envvars.read("EDGECTL_RUNTIME_PYTHON", environ)
+    python = envvars.runtime_python(environ)
     with tempfile.TemporaryDirectory(prefix="edgectl-serve-") as tmp:
         plan_path = Path(tmp) / "plan.json"
         plan_path.write_text(json.dumps(plan, indent=2))
@@ -79,9 +74,5 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
         raise EdgectlError(f"the worker exited with status {code} (see its log above)",
                            exit_code=2 if code in (2, 3) else EXIT_FAILED)
     return 0
-
-
-def progress_to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 

@@ -194,7 +194,3 @@ def logs(name: str, environ: Mapping[str, str], follow: bool, lines: int) -> int
     for line in sd.journal(layout.unit, lines):
         print(line)
     return 0
-
-
-def to_json(report: StatusReport) -> str:
-    return json.dumps(report.to_dict(), indent=2)

@@ -104,9 +104,6 @@ class Systemd:
             props[key] = value
         return UnitState(unit, props)
 
-    def start(self, unit: str) -> None:
-        self.systemctl("start", "--no-block", unit)
-
     def restart(self, unit: str) -> None:
         self.systemctl("restart", "--no-block", unit)
 
@@ -128,7 +125,7 @@ class Systemd:
         args = ["disable", unit] if not self.runtime else ["disable", "--runtime", unit]
         self.systemctl(*args, check=False)
 
-    def journal(self, unit: str, lines: int = 30, since_monotonic_us: int | None = None) -> list[str]:
+    def journal(self, unit: str, lines: int = 30) -> list[str]:
         args = ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"]
         r = self._run(*args, check=False, timeout=30)
         return [line for line in r.stdout.splitlines() if line.strip()]

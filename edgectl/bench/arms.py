@@ -156,8 +156,12 @@ class PreparedArm:
         raise NotImplementedError
 
     def weights_bytes(self, effective: Mapping[str, Any]) -> int | None:
-        """Bytes read per decoded token, approximately: the resident weights."""
-        return None
+        """Bytes read per decoded token, approximately: the resident weights as read back (the
+        parameters, plus weights vLLM moved outside them), else the plan's."""
+        resident = effective.get("resident") or {}
+        if resident.get("parameters_bytes") is not None:
+            return int(resident["parameters_bytes"]) + int(resident.get("outside_parameters_bytes") or 0)
+        return int(self.plan["memory"]["weights_bytes"]) if self.plan else None
 
     def describe(self) -> dict[str, Any]:
         return {"launcher": self.launcher, "description": self.spec.description,
@@ -190,16 +194,14 @@ def _check_deadline(server: ServerProcess, deadline: float) -> None:
 
 def _write_plan(plan: dict[str, Any], port: int, pass_dir: Path) -> Path:
     """The plan as the worker reads it, bound to this pass's port on the loopback."""
-    plan = json.loads(json.dumps(plan))
-    plan["serve"] = {**plan.get("serve", {}), "host": "127.0.0.1", "port": port}
     pass_dir.mkdir(parents=True, exist_ok=True)
     path = pass_dir / "plan.json"
-    path.write_text(json.dumps(plan, indent=1))
+    path.write_text(json.dumps(_with_port(plan, port), indent=1))
     return path
 
 
 def _with_port(plan: dict[str, Any], port: int) -> dict[str, Any]:
-    return {**plan, "serve": {**plan["serve"], "host": "127.0.0.1", "port": port}}
+    return {**plan, "serve": {**plan.get("serve", {}), "host": "127.0.0.1", "port": port}}
 
 
 def _same_shape(ctx: BenchContext, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -255,12 +257,6 @@ class WorkerArm(PreparedArm):
         if effective.get("phase") not in (None, "serving"):
             problems.append(f"the worker is in phase {effective.get('phase')!r}, not serving")
         return problems
-
-    def weights_bytes(self, effective: Mapping[str, Any]) -> int | None:
-        resident = effective.get("resident") or {}
-        if resident.get("parameters_bytes") is not None:
-            return int(resident["parameters_bytes"]) + int(resident.get("outside_parameters_bytes") or 0)
-        return int(self.plan["memory"]["weights_bytes"])
 
 
 # -- unmodified vLLM -----------------------------------------------------------------------------
@@ -357,12 +353,6 @@ class VllmArm(PreparedArm):
                 out.append(f"RoPE table {name} has {rows} rows; unmodified vLLM builds {self.plan['rope_rows']} "
                            "(is edgectl's plugin loaded?)")
         return out
-
-    def weights_bytes(self, effective: Mapping[str, Any]) -> int | None:
-        resident = effective.get("resident") or {}
-        if resident.get("parameters_bytes") is not None:
-            return int(resident["parameters_bytes"]) + int(resident.get("outside_parameters_bytes") or 0)
-        return int(self.plan["memory"]["weights_bytes"])
 
 
 class VllmDefaultsArm(VllmArm):

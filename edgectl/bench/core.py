@@ -22,7 +22,7 @@ from edgectl.bench import report
 from edgectl.bench.arms import CONTROL, BenchContext, parse_arm_names, prepare_arms
 from edgectl.bench.llamacpp import find_llama_server
 from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
-from edgectl.bench.runner import attach_fidelity, interleaved, run_grid
+from edgectl.bench.runner import attach_fidelity, interleaved, run_grid, utc_now
 from edgectl.errors import EdgectlError
 
 MIN_PASSES_FOR_PROFILE = 3
@@ -132,8 +132,6 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         "skipped": skipped, "incomplete_reasons": [], "ratios": None, "fidelity": {},
         "versus_llama_cpp": None, "bandwidth_ceiling": None,
     }
-    records: dict[str, list[dict[str, Any]]] = {a.name: [] for a in arms}
-
     def save(rec: dict[str, Any]) -> None:
         artifact["arms"][rec["arm"]]["passes"].append(rec)
         report.write_json_atomic(path, artifact)
@@ -143,14 +141,14 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         records, raw = run_grid(arms, opts.passes, ctx, prompts, opts.seed, progress, on_pass=save,
                                 with_fidelity=opts.fidelity)
     except KeyboardInterrupt:
-        artifact["provenance"]["ended_at"] = _now()
+        artifact["provenance"]["ended_at"] = utc_now()
         artifact["incomplete_reasons"] = ["interrupted"]
         report.write_json_atomic(path, artifact)
         raise
     reference = "bf16" if "bf16" in records else (CONTROL if CONTROL in records else None)
     artifact["fidelity"] = attach_fidelity(records, raw, reference)
     finish(artifact, records, opts.passes, facts.bandwidth_gbps)
-    artifact["provenance"]["ended_at"] = _now()
+    artifact["provenance"]["ended_at"] = utc_now()
     report.write_json_atomic(path, artifact)
     result = report.BenchResult(artifact, path)
 
@@ -181,15 +179,11 @@ def finish(artifact: dict[str, Any], records: dict[str, list[dict[str, Any]]], p
     artifact["complete"] = not reasons and bool(records)
     artifact["quotable"] = artifact["complete"] and passes >= QUOTABLE_PASSES
     artifact["incomplete_reasons"] = reasons
-    if artifact["complete"] and CONTROL in records:
-        artifact["ratios"] = report.ratios(records, summaries)
+    complete = artifact["complete"]
+    artifact["ratios"] = report.ratios(records, summaries) if complete and CONTROL in records else None
+    if complete:
         artifact["versus_llama_cpp"] = report.versus_llama(summaries)
         artifact["bandwidth_ceiling"] = report.bandwidth_ceiling(records, summaries, bandwidth_gbps)
-    else:
-        artifact["ratios"] = None
-        if artifact["complete"]:
-            artifact["bandwidth_ceiling"] = report.bandwidth_ceiling(records, summaries, bandwidth_gbps)
-            artifact["versus_llama_cpp"] = report.versus_llama(summaries)
 
 
 def _gguf_for(model: str, environ: Mapping[str, str]) -> Path | None:
@@ -209,7 +203,3 @@ def _check_writable(directory: Path, what: str) -> None:
         raise EdgectlError(f"{what} {directory}: {probe} is not a directory: pick a writable directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise EdgectlError(f"{what} {directory}: {probe} is not writable: pick a writable directory")
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -87,17 +87,16 @@ def edgectl_version() -> dict[str, Any]:
         except (OSError, ValueError):
             pass
         return out
-    if (repo / ".git").exists():
-        try:
-            head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  timeout=30)
-            if head.returncode == 0:
-                out["commit"] = head.stdout.strip()
-                status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True,
-                                        text=True, timeout=60)
-                out["dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30)
+        if head.returncode == 0:
+            out["commit"] = head.stdout.strip()
+            status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True,
+                                    text=True, timeout=60)
+            out["dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
     return out
 
 

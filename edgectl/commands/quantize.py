@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +21,7 @@ import typer
 from edgectl import envvars
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
 from edgectl.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE
-from edgectl.output import emit
+from edgectl.output import emit, progress
 
 SCHEMA = "edgectl.quantize/1"
 
@@ -57,17 +55,6 @@ class QuantizeResult:
             f"  model.safetensors sha256 {self.sha256.get('model.safetensors', '?')}",
             "  vLLM serves it as cpu_int4 (its config.json names the method)",
         ])
-
-
-def _runtime_python(environ: Mapping[str, str]) -> str:
-    python = envvars.read("EDGECTL_RUNTIME_PYTHON", environ)
-    found = shutil.which(python)
-    if found is None:
-        raise EdgectlError(
-            f"the runtime interpreter {python!r} (EDGECTL_RUNTIME_PYTHON) is not an executable: point "
-            "EDGECTL_RUNTIME_PYTHON at the python of the environment with edgectl[runtime] installed "
-            "(scripts/setup.sh makes /opt/edgectl/venv/bin/python)")
-    return found
 
 
 def _runtime_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -119,7 +106,7 @@ def quantize_checkpoint(src: Path, out: Path, group_size: int, environ: Mapping[
                         progress: Callable[[str], None] | None = None) -> QuantizeResult:
     """Validate, then run the runtime's quantizer in a subprocess."""
     check_arguments(src, out, group_size)
-    python = _runtime_python(environ)
+    python = envvars.runtime_python(environ)
     cmd = [python, "-m", "edgectl_runtime.quantize", str(src), str(out.absolute()), "--group-size", str(group_size)]
     proc = subprocess.Popen(cmd, env=_runtime_environment(environ), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -154,10 +141,6 @@ def quantize_checkpoint(src: Path, out: Path, group_size: int, environ: Mapping[
         output_bytes=summary["output_bytes"], sha256=summary["sha256"])
 
 
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def quantize_command(
     src: Annotated[Path, typer.Argument(help="A bf16/fp16 Hugging Face model directory (safetensors).",
                                         show_default=False)],
@@ -168,7 +151,7 @@ def quantize_command(
     as_json: Annotated[bool, typer.Option("--json", help=f'Print one JSON object (schema "{SCHEMA}").')] = False,
 ) -> None:
     """Write a portable cpu_int4 checkpoint (see _HELP)."""
-    emit(quantize_checkpoint(src, out, group_size, os.environ, _progress), as_json)
+    emit(quantize_checkpoint(src, out, group_size, os.environ, progress), as_json)
 
 
 _HELP = (

@@ -640,7 +640,7 @@ def inspect_model(path: Path | str, name: str | None = None, *, require_tokenize
         num_params=weights.num_params,
         linear_layers=weights.linear_layers,
         quantization_config=_quantization_config(path, config),
-        tokenizer=_has_tokenizer(path),
+        tokenizer=True if require_tokenizer else _has_tokenizer(path),  # checked above when required
         chat_template=_has_chat_template(path),
         unknown=tuple(unknown + weights.unknown),
     )

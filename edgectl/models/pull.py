@@ -137,18 +137,6 @@ def _remove_leftovers(cache: Path, entry: CatalogEntry) -> None:
         p.unlink(missing_ok=True)
 
 
-def _runtime_python(environ: Mapping[str, str]) -> str:
-    python = envvars.read("EDGECTL_RUNTIME_PYTHON", environ)
-    found = shutil.which(python)
-    if found is None:
-        raise EdgectlError(
-            f"the runtime interpreter {python!r} (EDGECTL_RUNTIME_PYTHON) is not an executable: point "
-            "EDGECTL_RUNTIME_PYTHON at the python of the environment with edgectl[runtime] installed "
-            "(scripts/setup.sh makes /opt/edgectl/venv/bin/python)"
-        )
-    return found
-
-
 def _check_space(where: Path, need_bytes: int, what: str) -> None:
     free = shutil.disk_usage(where).free
     if free < need_bytes:
@@ -165,7 +153,7 @@ def _tail(text: str, n: int = 1) -> str:
 
 def _fetch_gguf(entry: CatalogEntry, cache: Path, dest: Path, environ: Mapping[str, str],
                 progress: Progress) -> None:
-    python = _runtime_python(environ)
+    python = envvars.runtime_python(environ)
     downloads, gguf_dir = cache / "downloads", dest.parent
     make_dirs(downloads)
     make_dirs(gguf_dir)
@@ -236,7 +224,7 @@ def converter_script() -> Path:
 
 def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ: Mapping[str, str],
              progress: Progress) -> dict[str, Any]:
-    python = _runtime_python(environ)
+    python = envvars.runtime_python(environ)
     _check_space(cache, 2 * entry.converted_bytes, f"converting {entry.name}")
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=cache))
     try:

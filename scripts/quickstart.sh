@@ -12,5 +12,5 @@ if [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ]; then
   echo "It keeps running: edgectl status; edgectl logs default; edgectl undeploy default"
 else
   echo "systemd is not PID 1 on this machine: serving in the foreground (Ctrl-C stops)." >&2
-  exec edgectl serve "$MODEL" --ask "What is the capital of France?"
+  exec edgectl serve "$MODEL" --ask "What is the capital of France? Answer with the city name only."
 fi

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from edgectl.deploy import QUESTION  # a question whose answer is not a near-tie
 from sandbox import SystemdSandbox, systemd_sandbox  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine]
@@ -94,7 +95,7 @@ def test_deploy_restart_watchdog_rollback_undeploy(systemd_sandbox, pulled_smoll
     assert state["StatusText"].startswith("serving smollm2-135m")
     assert state["WatchdogUSec"] == "20s"
     assert int(state["MemoryMax"]) == result["plan"]["memory"]["limit_bytes"]
-    assert "paris" in _chat(port, "What is the capital of France?").lower()
+    assert "paris" in _chat(port, QUESTION).lower()
 
     # status reports measured PSS next to the prediction, from the service's cgroup
     s = edgectl(sb, "status", name, "--json")
@@ -110,7 +111,7 @@ def test_deploy_restart_watchdog_rollback_undeploy(systemd_sandbox, pulled_smoll
     sb.run(["kill", "-9", str(pid)])
     after = _wait_active_again(sb, unit, int(state["NRestarts"]), timeout_s=400)
     assert int(after["MainPID"]) != pid
-    assert "paris" in _chat(port, "What is the capital of France?").lower()
+    assert "paris" in _chat(port, QUESTION).lower()
 
     # -- kill -STOP: the pings stop, the watchdog kills it, systemd restarts it
     pid = int(after["MainPID"])
@@ -137,7 +138,7 @@ def test_deploy_restart_watchdog_rollback_undeploy(systemd_sandbox, pulled_smoll
     assert (restored["ActiveState"], restored["SubState"]) == ("active", "running")
     plan_after = json.loads(sb.host_path(f"{CONFIG_DIR}/{name}/plan.json").read_text())
     assert plan_after["model"]["path"] == plan_before["model"]["path"]
-    assert "paris" in _chat(port, "What is the capital of France?").lower()
+    assert "paris" in _chat(port, QUESTION).lower()
 
     # -- undeploy: no unit, no config, no process
     pid = int(sb.show(unit, "MainPID")["MainPID"])

@@ -260,6 +260,9 @@ HOSTS = {
     "kvm-epyc-avx2-2c": HostByHand(22171216692, "x86_64-avx2", "external", AVX2_PROCESS, (0, 1), 2, "0-1"),
     # AVX-512 without BF16 has no profile → generic
     "kvm-xeon-avx512-2c": HostByHand(22171216692, "generic", "fallback", GENERIC_PROCESS, (0, 1), 2, "0-1"),
+    # a pod's container: memory.max 2 GiB, cpu.max 2 CPUs of cpuset 0-3 → 2 threads; AVX2 → x86_64-avx2;
+    # budget 2 GiB − (40 MiB − 4 MiB inactive file) − 512 MiB
+    "k8s-pod-cgroup2": HostByHand(1572864000, "x86_64-avx2", "external", AVX2_PROCESS, (0, 1, 2, 3), 2, "0-1"),
     # cpuid says AVX-512 but the kernel has not enabled it → x86_64-avx2; 4 cores
     "vm-avx512-disabled": HostByHand(13888433767, "x86_64-avx2", "external", AVX2_PROCESS, (0, 1, 2, 3), 4, "0-3"),
     # two NUMA nodes of 56 cores × 2 threads: node 0's CPUs, one thread per core → 56 on CPUs 0-55
@@ -294,6 +297,12 @@ OUTCOME = {
     ("host-cgroup1", LLAMA31_8B): REFUSED,
     ("host-cgroup1", MISTRAL_7B): REFUSED,
     ("host-cgroup1", QWEN3_8B): REFUSED,
+    ("k8s-pod-cgroup2", SMOLLM2): ("w4a16", 3840),  # the pod's 2 GiB, not the node's 15 GiB, decides
+    ("k8s-pod-cgroup2", QWEN25_05B): REFUSED,
+    ("k8s-pod-cgroup2", QWEN3_17B): REFUSED,
+    ("k8s-pod-cgroup2", LLAMA31_8B): REFUSED,
+    ("k8s-pod-cgroup2", MISTRAL_7B): REFUSED,
+    ("k8s-pod-cgroup2", QWEN3_8B): REFUSED,
     ("kvm-epyc-avx2-2c", SMOLLM2): ("w4a16", 4096),
     ("kvm-epyc-avx2-2c", QWEN25_05B): ("w4a16", 4096),
     ("kvm-epyc-avx2-2c", QWEN3_17B): ("w4a16", 4096),

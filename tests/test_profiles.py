@@ -361,6 +361,7 @@ FROZEN_CHOICE = {
     "arm64-board": "generic",  # aarch64: nothing measured
     "container-cgroup2": "generic",  # x86_64-avx512-bf16: nothing measured
     "host-cgroup1": "generic",  # x86_64-avx512: nothing measured
+    "k8s-pod-cgroup2": "x86_64-avx2",  # Intel N100: AVX2 + FMA, no AVX-512
     "kvm-epyc-avx2-2c": "x86_64-avx2",
     "kvm-xeon-avx512-2c": "generic",  # avx512f usable: the AVX2 profile says isa_none [avx512f]
     "vm-avx512-disabled": "x86_64-avx2",  # cpuid's AVX-512 is not enabled by the kernel: AVX2 class

@@ -24,10 +24,19 @@ def probe_command(
     capture: Annotated[Path | None, typer.Option(
         "--capture", metavar="DIR",
         help="Copy the files the probe reads into DIR (a new directory), e.g. for a bug report.")] = None,
+    nfd: Annotated[bool, typer.Option(
+        "--nfd", help="Print this node's class as a Node Feature Discovery feature file (labels for "
+                      "`edgectl plan --output k8s`).")] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", metavar="FILE", help="With --nfd: write the file atomically to FILE (NFD reads "
+                                      "/etc/kubernetes/node-feature-discovery/features.d/).")] = None,
 ) -> None:
     """Probe this machine: usable instruction set, CPUs, memory budget, software."""
     import os
 
+    if nfd or out is not None:
+        _nfd(root, bandwidth=bandwidth, as_json=as_json, capture=capture, nfd=nfd, out=out)
+        return
     if capture is not None:
         if bandwidth:
             from edgectl.errors import EdgectlError
@@ -40,3 +49,17 @@ def probe_command(
     from edgectl.probe import probe
 
     emit(probe(root, bandwidth=bandwidth, environ=os.environ), as_json)
+
+
+def _nfd(root: Path, *, bandwidth: bool, as_json: bool, capture: Path | None, nfd: bool, out: Path | None) -> None:
+    import os
+
+    from edgectl.errors import EdgectlError
+
+    if not nfd:
+        raise EdgectlError("--out goes with --nfd")
+    if capture is not None:
+        raise EdgectlError("--nfd and --capture: give one of them")
+    from edgectl.fleet.node import feature_file
+
+    emit(feature_file(root, bandwidth=bandwidth, environ=os.environ, out=out), as_json)

@@ -1,0 +1,342 @@
+"""A node's class as Node Feature Discovery labels, and the facts a class's plan is made from.
+
+NFD's local source (nfd-worker) reads the files in ``/etc/kubernetes/node-feature-discovery/
+features.d/`` and publishes each ``<namespace>/<name>[=<value>]`` line as a node label. Lines
+starting with ``#`` are comments, except ``# +expiry-time=<RFC 3339 time>``: once that time has
+passed, the lines after it are ignored. Files whose name starts with a dot are ignored (so a file
+is replaced by writing ``.name.XXXX`` and renaming it), and a file over 64 kB is ignored whole
+(node-feature-discovery, docs/usage/customization-guide.md, "Local feature source").
+
+The labels are edgectl's view of the node, in NFD's default namespace ``feature.node.kubernetes.io``:
+
+================================  ==========================================================  ========
+label (after the namespace)       value                                                       selector
+================================  ==========================================================  ========
+``edgectl-device-class``          the probe's device class (``x86_64-avx512``)                yes
+``edgectl-arch``                  ``x86_64`` / ``aarch64``                                    yes
+``edgectl-isa.avx2``              AVX2 with FMA usable (``true``/``false``)                   yes
+``edgectl-isa.avx512``            AVX-512 F+BW+VL+DQ usable (what vLLM's AVX-512 build needs)  yes
+``edgectl-isa.avx512-vnni``       AVX512_VNNI usable                                          yes
+``edgectl-isa.avx512-bf16``       AVX512_BF16 usable                                          yes
+``edgectl-isa.amx``               AMX tile/int8/bf16 usable (the device class's AMX rule)     yes
+``edgectl-cpus``                  usable CPUs (affinity ∩ cgroup cpuset ∩ online)             no
+``edgectl-cores``                 the OpenMP threads edgectl's planner runs here: usable      yes
+                                  CPUs, one per physical core, on one NUMA node, within the
+                                  CPU quota (before reserving a core for the HTTP front end)
+``edgectl-memory-gib``            memory budget of one edgectl worker on this node, GiB       yes
+                                  rounded down: min(MemTotal, cgroup limit) − the probe's
+                                  reserve
+``edgectl-bandwidth-gbps``        measured copy bandwidth, when ``--bandwidth`` was given     no
+``edgectl-profile``               the device profile the planner selects for this node        yes
+``edgectl-profile-version``       12 hex digits of the SHA-256 of that profile's content      yes
+================================  ==========================================================  ========
+
+The selector labels are exactly what a class's plan is computed from (:func:`class_facts`), so
+nodes with equal selector labels get the same plan, and a Deployment's ``nodeSelector`` made of
+them lands only on nodes that plan fits. The memory label is *not* the probe's budget (which
+starts from MemAvailable): that moves with whatever runs, including edgectl's own pod, and a
+label that changes when the pod starts would stop its node from matching its own selector.
+What else runs on a node is the scheduler's business (requests against allocatable memory).
+The labels that are not in the selector (CPUs, bandwidth) are information: they vary between
+probes of one node (bandwidth) or do not change the plan (CPUs beyond the cores used).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from edgectl.errors import EdgectlError
+from edgectl.probe.facts import (
+    AmxPermission,
+    CpuFacts,
+    DeviceClass,
+    HostFacts,
+    Isa,
+    MemoryFacts,
+    NumaNode,
+    SoftwareFacts,
+    TopologyFacts,
+    UnknownFact,
+)
+
+NAMESPACE = "feature.node.kubernetes.io"  # NFD's default label namespace
+FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+FEATURE_FILE = f"{FEATURES_DIR}/edgectl"
+FEATURE_FILE_MAX_BYTES = 64 * 1024  # NFD ignores a larger feature file
+# edgectl-nfd.timer rewrites the file every hour; labels of a node whose edgectl stopped
+# refreshing them lapse after six missed runs, and its pods are no longer scheduled there.
+REFRESH_INTERVAL = timedelta(hours=1)
+EXPIRY = timedelta(hours=6)
+GiB = 1 << 30
+
+DEVICE_CLASS = "edgectl-device-class"
+ARCH = "edgectl-arch"
+ISA_AVX2 = "edgectl-isa.avx2"
+ISA_AVX512 = "edgectl-isa.avx512"
+ISA_AVX512_VNNI = "edgectl-isa.avx512-vnni"
+ISA_AVX512_BF16 = "edgectl-isa.avx512-bf16"
+ISA_AMX = "edgectl-isa.amx"
+CPUS = "edgectl-cpus"
+CORES = "edgectl-cores"
+MEMORY_GIB = "edgectl-memory-gib"
+BANDWIDTH_GBPS = "edgectl-bandwidth-gbps"
+PROFILE = "edgectl-profile"
+PROFILE_VERSION = "edgectl-profile-version"
+
+ISA_LABELS = (ISA_AVX2, ISA_AVX512, ISA_AVX512_VNNI, ISA_AVX512_BF16, ISA_AMX)
+# In file order; the ones a class's plan is computed from, which a nodeSelector matches.
+ALL_LABELS = (DEVICE_CLASS, ARCH, *ISA_LABELS, CPUS, CORES, MEMORY_GIB, BANDWIDTH_GBPS, PROFILE, PROFILE_VERSION)
+SELECTOR_LABELS = (DEVICE_CLASS, ARCH, *ISA_LABELS, CORES, MEMORY_GIB, PROFILE, PROFILE_VERSION)
+
+# Kubernetes label syntax (k8s.io/apimachinery validation: IsQualifiedName, IsValidLabelValue).
+_NAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_VALUE_RE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_LABEL_MAX = 63
+
+
+def valid_label_value(value: str) -> bool:
+    return len(value) <= _LABEL_MAX and bool(_VALUE_RE.fullmatch(value))
+
+
+def valid_label_name(name: str) -> bool:
+    return len(name) <= _LABEL_MAX and bool(_NAME_RE.fullmatch(name))
+
+
+@dataclass(frozen=True)
+class NodeLabels:
+    """edgectl's labels of one node (names without the namespace), and those it could not give."""
+
+    values: dict[str, str]
+    missing: tuple[tuple[str, str], ...] = ()  # (label, why the probe could not give it)
+
+    def full(self) -> dict[str, str]:
+        """Label name with NFD's namespace → value, in file order."""
+        return {f"{NAMESPACE}/{k}": v for k, v in self.values.items()}
+
+    def selector(self) -> dict[str, str] | None:
+        """The labels a class's plan is computed from (namespaced); None when one is missing."""
+        if any(k not in self.values for k in SELECTOR_LABELS):
+            return None
+        return {f"{NAMESPACE}/{k}": self.values[k] for k in SELECTOR_LABELS}
+
+    def why_no_class(self) -> str:
+        return "; ".join(f"{label}: {why}" for label, why in self.missing if label in SELECTOR_LABELS)
+
+    def class_id(self) -> str:
+        """A short name for the class: ``x86-64-avx2-1a2b3c`` (device class + hash of the selector)."""
+        selector = self.selector()
+        if selector is None:
+            raise ValueError("a node without every selector label has no class")
+        return class_id(selector)
+
+
+def class_id(selector: Mapping[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps(dict(sorted(selector.items()))).encode()).hexdigest()[:6]
+    device_class = selector.get(f"{NAMESPACE}/{DEVICE_CLASS}", "node")
+    return f"{device_class.replace('_', '-')}-{digest}"
+
+
+def profile_version(profile: Any) -> str:
+    """12 hex digits of the SHA-256 of a profile's content (its YAML, comments not counted)."""
+    import yaml
+
+    try:
+        with open(profile.file, encoding="utf-8") as f:
+            content = yaml.safe_load(f)
+    except OSError as exc:
+        raise EdgectlError(f"{profile.file}: cannot read the profile: {exc.strerror}") from None
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def planned_cores(facts: HostFacts) -> int:
+    """The OpenMP threads the planner gives this host, before reserving a front-end core.
+
+    The planner's own CPU decision (NUMA node, one thread per physical core, the CPU quota), so
+    the label and the plan cannot disagree. It consults a profile only about reserving a core
+    for the front end, which this count leaves out (the class's plan decides it again).
+    """
+    from edgectl.plan import Request, _choose_cpus
+
+    _, threads, _ = _choose_cpus(facts, Request(model="-", reserve_frontend_core=False), None,
+                                 "single-process", [])
+    return threads
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def memory_gib(facts: HostFacts) -> tuple[int | None, str]:
+    """(the memory label's GiB, or None; how it was derived or why it is unknown)."""
+    m = facts.memory
+    if m.total_bytes is None or m.reserve_bytes is None:
+        return None, "MemTotal is unknown"
+    if facts.is_unknown("memory.cgroup_limit_bytes"):
+        return None, "a cgroup memory limit may apply but could not be read"
+    effective = m.total_bytes if m.cgroup_limit_bytes is None else min(m.total_bytes, m.cgroup_limit_bytes)
+    return max(0, effective - m.reserve_bytes) // GiB, "min(MemTotal, cgroup limit) − reserve"
+
+
+def node_labels(facts: HostFacts, *, profile: str, profile_version: str, cores: int) -> NodeLabels:
+    """edgectl's labels for a node whose probe gave ``facts`` (pure)."""
+    isa = facts.cpu.isa
+    values: dict[str, str] = {}
+    missing: list[tuple[str, str]] = []
+    values[DEVICE_CLASS] = str(facts.device_class)
+    if facts.cpu.arch:
+        values[ARCH] = facts.cpu.arch
+    else:
+        missing.append((ARCH, "the CPU architecture is unknown"))
+    values[ISA_AVX2] = _bool(isa.avx2 and isa.fma)
+    values[ISA_AVX512] = _bool(isa.avx512f and isa.avx512bw and isa.avx512vl and isa.avx512dq)
+    values[ISA_AVX512_VNNI] = _bool(isa.avx512_vnni)
+    values[ISA_AVX512_BF16] = _bool(isa.avx512_bf16)
+    values[ISA_AMX] = _bool(facts.device_class is DeviceClass.X86_64_AMX and isa.amx_int8)
+    usable = facts.topology.usable_cpus
+    if usable:
+        values[CPUS] = str(len(usable))
+    else:
+        missing.append((CPUS, "the usable CPUs are unknown"))
+    values[CORES] = str(cores)
+    gib, why = memory_gib(facts)
+    if gib is None:
+        missing.append((MEMORY_GIB, why))
+    else:
+        values[MEMORY_GIB] = str(gib)
+    if facts.bandwidth_gbps is not None:
+        values[BANDWIDTH_GBPS] = f"{facts.bandwidth_gbps:.1f}"
+    values[PROFILE] = profile
+    values[PROFILE_VERSION] = profile_version
+    for name, value in values.items():
+        if not valid_label_value(value):
+            raise EdgectlError(f"{name}={value!r} cannot be a Kubernetes label value (at most 63 letters, "
+                               "digits, '-', '_' or '.', starting and ending with a letter or digit)"
+                               + ("; rename the profile" if name == PROFILE else ""))
+    return NodeLabels(values, tuple(missing))
+
+
+def labels_for(facts: HostFacts, profiles: list[Any]) -> NodeLabels:
+    """The labels of a node, with the profile the planner selects for it from ``profiles``."""
+    from edgectl.profiles import select_profile
+
+    profile, _ = select_profile(profiles, facts)
+    return node_labels(facts, profile=profile.name, profile_version=profile_version(profile),
+                       cores=planned_cores(facts))
+
+
+def render_feature_file(labels: NodeLabels, now: datetime) -> str:
+    """The local-source feature file: labels in file order, expiring :data:`EXPIRY` after ``now``."""
+    expiry = (now.astimezone(timezone.utc) + EXPIRY).replace(microsecond=0)
+    lines = [
+        "# edgectl probe --nfd: this node's class for edgectl's Kubernetes plans. NFD's local source",
+        "# publishes each line below as a node label; edgectl-nfd.timer rewrites this file every hour.",
+        f"# +expiry-time={expiry.strftime('%Y-%m-%dT%H:%M:%SZ')}",
+    ]
+    for label, why in labels.missing:
+        lines.append(f"# {NAMESPACE}/{label}: not given, {why}")
+    lines += [f"{k}={v}" for k, v in labels.full().items()]
+    text = "\n".join(lines) + "\n"
+    assert len(text.encode()) < FEATURE_FILE_MAX_BYTES
+    return text
+
+
+def parse_feature_file(text: str, source: str = "feature file") -> tuple[dict[str, str], datetime | None]:
+    """(label → value, the last expiry time) as NFD's local source reads the file."""
+    labels: dict[str, str] = {}
+    expiry: datetime | None = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            directive = line[1:].strip()
+            if directive.startswith("+expiry-time="):
+                stamp = directive.split("=", 1)[1].strip()
+                try:
+                    expiry = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                except ValueError:
+                    raise EdgectlError(f"{source}:{n}: expiry time {stamp!r} is not RFC 3339") from None
+            continue
+        name, has_value, value = line.partition("=")
+        labels[name] = value if has_value else "true"  # NFD: a name alone means "true"
+    return labels, expiry
+
+
+# --- the facts of a class --------------------------------------------------------------------
+
+
+def class_facts(selector: Mapping[str, str], *, vendor: str | None = None, model_name: str | None = None,
+                source: str = "node class") -> HostFacts:
+    """The facts a class's plan is computed from: its selector labels, and nothing else.
+
+    The topology is ``edgectl-cores`` CPUs, one per core, on one NUMA node; the memory budget is
+    ``edgectl-memory-gib``. ``vendor`` and ``model_name`` (of any node in the class) only let a
+    profile that matches on them match again; the selector's ``edgectl-profile`` says which it
+    must be. Raises EdgectlError naming a missing or malformed label.
+    """
+    def get(label: str) -> str:
+        key = f"{NAMESPACE}/{label}"
+        if key not in selector:
+            raise EdgectlError(f"{source}: label {key} is missing")
+        return selector[key]
+
+    def flag(label: str) -> bool:
+        value = get(label)
+        if value not in ("true", "false"):
+            raise EdgectlError(f"{source}: label {NAMESPACE}/{label}={value!r}: expected true or false")
+        return value == "true"
+
+    def count(label: str, minimum: int) -> int:
+        value = get(label)
+        if not value.isdigit() or int(value) < minimum:
+            raise EdgectlError(f"{source}: label {NAMESPACE}/{label}={value!r}: expected an integer >= {minimum}")
+        return int(value)
+
+    try:
+        device_class = DeviceClass(get(DEVICE_CLASS))
+    except ValueError:
+        raise EdgectlError(f"{source}: label {NAMESPACE}/{DEVICE_CLASS}={get(DEVICE_CLASS)!r} is not a device "
+                           f"class ({', '.join(str(c) for c in DeviceClass)})") from None
+    arch = get(ARCH)
+    avx2, avx512, vnni, bf16, amx = (flag(label) for label in ISA_LABELS)
+    isa = Isa(
+        avx2=avx2, fma=avx2,
+        avx512f=avx512, avx512bw=avx512, avx512vl=avx512, avx512dq=avx512,
+        avx512_vnni=vnni, avx512_bf16=bf16,
+        amx_tile=amx, amx_int8=amx, amx_bf16=amx,
+        asimd=device_class in (DeviceClass.AARCH64_NEON, DeviceClass.AARCH64_SVE),
+        sve=device_class is DeviceClass.AARCH64_SVE,
+    )
+    cores = count(CORES, 1)
+    budget = count(MEMORY_GIB, 0) * GiB
+    cpus = tuple(range(cores))
+    cpu = CpuFacts(arch=arch, vendor=vendor, model_name=model_name, flags=(), isa=isa, isa_disagreements=(),
+                   amx_permission=AmxPermission.GRANTED if amx else AmxPermission.UNSUPPORTED)
+    from edgectl.probe.cpu import device_class as classify
+
+    if classify(cpu, live=True) is not device_class:
+        raise EdgectlError(f"{source}: the ISA labels describe {classify(cpu, live=True)}, not the labelled "
+                           f"device class {device_class}")
+    unknown = tuple(UnknownFact(f, "a node class has no such fact: planned from its labels")
+                    for f in ("memory.total_bytes", "memory.available_bytes", "software.python"))
+    return HostFacts(
+        root=source,
+        device_class=device_class,
+        cpu=cpu,
+        topology=TopologyFacts(logical_cpus=cores, physical_cores=cores, sockets=1, usable_cpus=cpus,
+                               cpu_quota_cores=None, numa_nodes=(NumaNode(0, cpus, None),)),
+        memory=MemoryFacts(total_bytes=None, available_bytes=None, swap_total_bytes=None, cgroup_version=None,
+                           cgroup_path=None, cgroup_limit_bytes=None, cgroup_usage_bytes=None, reserve_bytes=None,
+                           budget_bytes=budget),
+        bandwidth_gbps=None,
+        software=SoftwareFacts(python=None, torch=None, vllm=None, systemd_pid1=None, kernel=None),
+        unknown=unknown,
+        notes=(f"the facts of a node class, from its labels: {cores} cores, {budget // GiB} GiB",),
+    )

@@ -249,24 +249,24 @@ def _ip_access(scope: str) -> str:
     return "# Served beyond loopback: clients may come from any address."
 
 
-def _read_template() -> str:
-    return (units_dir() / TEMPLATE).read_text(encoding="utf-8")
+def _read_template(name: str = TEMPLATE) -> str:
+    return (units_dir() / name).read_text(encoding="utf-8")
 
 
-def _fill(template: str, values: Mapping[str, str]) -> str:
+def _fill(template: str, values: Mapping[str, str], name: str = TEMPLATE) -> str:
     used: set[str] = set()
 
     def sub(match: re.Match[str]) -> str:
         key = match.group(1)
         if key not in values:
-            raise KeyError(f"{TEMPLATE}: no value for @{key}@")
+            raise KeyError(f"{name}: no value for @{key}@")
         used.add(key)
         return values[key]
 
     text = re.sub(r"@([A-Z][A-Z0-9_]*)@", sub, template)
     unused = set(values) - used
     if unused:
-        raise KeyError(f"{TEMPLATE}: values never used: {sorted(unused)}")
+        raise KeyError(f"{name}: values never used: {sorted(unused)}")
     return text
 
 
@@ -373,3 +373,40 @@ def render_unit(plan: Mapping[str, Any], *, plan_path: str, python: str) -> str:
         "IP_ACCESS": _ip_access(scope),
     }
     return _fill(_read_template(), values)
+
+
+# --- the node-label refresher of a Kubernetes node (edgectl/fleet/labels.py) ----------------
+
+NFD_SERVICE = "edgectl-nfd.service"
+NFD_TIMER = "edgectl-nfd.timer"
+
+
+def render_nfd_units(*, python: str, out: str) -> dict[str, str]:
+    """``edgectl-nfd.service`` (``python -m edgectl probe --nfd --out OUT``) and its timer.
+
+    ``out`` is the feature file (normally in NFD's features.d); its directory is the only one
+    the service may write. Raises EdgectlError naming a path the service could not use.
+    """
+    from edgectl.fleet.labels import EXPIRY, REFRESH_INTERVAL
+
+    r = _PlanReader({})
+    checked_python = r.check_path("runtime python", python)
+    checked_out = r.check_path("--out", out)
+    if checked_out is not None and (checked_out == "/" or posixpath.basename(checked_out).startswith(".")):
+        r.problems.append(f"--out: {out!r}: NFD ignores files whose name starts with a dot; name a file")
+        checked_out = None
+    if r.problems:
+        raise EdgectlError(f"cannot write {NFD_SERVICE}: {r.problems[0]}", details=r.problems[1:])
+    assert checked_python and checked_out
+    exec_start = " ".join([quote_word(checked_python, dollar=True), "-m", "edgectl", "probe", "--nfd",
+                           "--out", quote_word(checked_out, dollar=True)])
+    service = _fill(_read_template(NFD_SERVICE + ".in"), {
+        "OUT": _c_escape(checked_out),
+        "EXEC_START": exec_start,
+        "OUT_DIR": quote_word(posixpath.dirname(checked_out)),
+    }, NFD_SERVICE + ".in")
+    timer = _fill(_read_template(NFD_TIMER + ".in"), {
+        "INTERVAL_H": str(int(REFRESH_INTERVAL.total_seconds() // 3600)),
+        "EXPIRY_H": str(int(EXPIRY.total_seconds() // 3600)),
+    }, NFD_TIMER + ".in")
+    return {NFD_SERVICE: service, NFD_TIMER: timer}

@@ -222,10 +222,12 @@ def test_probe_nfd_out_writes_the_file_whole(tmp_path):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--out", "{d}/edgectl"], "goes with --nfd"),
+    (["--out", "{d}/edgectl"], "go with --nfd"),
     (["--nfd", "--out", "{d}/missing/edgectl"], "does not exist"),
     (["--nfd", "--out", "{d}/.edgectl"], "does not start with a dot"),
     (["--nfd", "--capture", "{d}/capture"], "--nfd and --capture"),
+    (["--nfd", "--install-timer", "--remove-timer"], "give one of them"),
+    (["--nfd", "--install-timer", "--root", "{root}"], "drop --root"),
 ])
 def test_probe_nfd_bad_input(tmp_path, args, says):
     args = [a.format(d=tmp_path, root=host("arm64-board")) for a in args]

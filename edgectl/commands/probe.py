@@ -30,12 +30,18 @@ def probe_command(
     out: Annotated[Path | None, typer.Option(
         "--out", metavar="FILE", help="With --nfd: write the file atomically to FILE (NFD reads "
                                       "/etc/kubernetes/node-feature-discovery/features.d/).")] = None,
+    install_timer: Annotated[bool, typer.Option(
+        "--install-timer", help="With --nfd: install edgectl-nfd.timer, which rewrites the file every hour "
+                                "(--out, default features.d/edgectl).")] = False,
+    remove_timer: Annotated[bool, typer.Option(
+        "--remove-timer", help="With --nfd: remove edgectl-nfd.timer and the file.")] = False,
 ) -> None:
     """Probe this machine: usable instruction set, CPUs, memory budget, software."""
     import os
 
-    if nfd or out is not None:
-        _nfd(root, bandwidth=bandwidth, as_json=as_json, capture=capture, nfd=nfd, out=out)
+    if nfd or out is not None or install_timer or remove_timer:
+        _nfd(root, bandwidth=bandwidth, as_json=as_json, capture=capture, nfd=nfd, out=out,
+             install_timer=install_timer, remove_timer=remove_timer)
         return
     if capture is not None:
         if bandwidth:
@@ -51,15 +57,31 @@ def probe_command(
     emit(probe(root, bandwidth=bandwidth, environ=os.environ), as_json)
 
 
-def _nfd(root: Path, *, bandwidth: bool, as_json: bool, capture: Path | None, nfd: bool, out: Path | None) -> None:
+def _nfd(root: Path, *, bandwidth: bool, as_json: bool, capture: Path | None, nfd: bool, out: Path | None,
+         install_timer: bool, remove_timer: bool) -> None:
     import os
 
     from edgectl.errors import EdgectlError
 
     if not nfd:
-        raise EdgectlError("--out goes with --nfd")
+        raise EdgectlError("--out, --install-timer and --remove-timer go with --nfd")
     if capture is not None:
         raise EdgectlError("--nfd and --capture: give one of them")
+    if install_timer and remove_timer:
+        raise EdgectlError("--install-timer and --remove-timer: give one of them")
+    if install_timer or remove_timer:
+        from edgectl.fleet import node
+        from edgectl.fleet.labels import FEATURE_FILE
+        from edgectl.output import progress
+
+        if root != Path("/") or bandwidth:
+            raise EdgectlError("the timer probes this node as it is: drop --root and --bandwidth")
+        target = out or Path(FEATURE_FILE)
+        if install_timer:
+            emit(node.install_timer(os.environ, target, progress), as_json)
+        else:
+            emit(node.remove_timer(os.environ, target), as_json)
+        return
     from edgectl.fleet.node import feature_file
 
     emit(feature_file(root, bandwidth=bandwidth, environ=os.environ, out=out), as_json)

@@ -103,6 +103,9 @@ def test_sigterm_finishes_the_running_request_refuses_new_ones_and_exits_0(tmp_p
         time.sleep(0.5)
     else:
         pytest.fail("the worker did not become ready")
+    # the probes a Kubernetes pod uses (edgectl/fleet/k8s.py): alive and ready while serving
+    assert _get(base + "/edgectl/live") == (200, {"ok": True, "phase": "serving", "why": "serving"})
+    assert _get(base + "/edgectl/ready") == (200, {"ok": True, "phase": "serving", "why": "serving"})
     log: list[str] = []
     threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
 
@@ -137,6 +140,12 @@ def test_sigterm_finishes_the_running_request_refuses_new_ones_and_exits_0(tmp_p
         late_status = exc.code
     except OSError:
         late_status = "refused"
+    # draining: no longer ready (a pod leaves its Service), still alive (no restart mid-drain)
+    try:
+        ready_while_draining = _get(base + "/edgectl/ready")
+        live_while_draining = _get(base + "/edgectl/live")[0]
+    except OSError:
+        ready_while_draining, live_while_draining = "refused", "refused"
     reader.join(timeout=300)
     assert proc.wait(timeout=120) == 0, "".join(log)[-3000:]
     # the in-flight request got every token it asked for
@@ -144,4 +153,7 @@ def test_sigterm_finishes_the_running_request_refuses_new_ones_and_exits_0(tmp_p
     finish = [c["choices"][0].get("finish_reason") for c in text_chunks if c["choices"][0].get("finish_reason")]
     assert finish == ["length"], finish
     assert late_status in (503, "refused"), late_status
+    if ready_while_draining != "refused":
+        assert ready_while_draining[0] == 503 and ready_while_draining[1]["phase"] == "stopping", ready_while_draining
+        assert live_while_draining == 200
     assert any("stopping: finishing running requests" in line for line in log), "".join(log)[-2000:]

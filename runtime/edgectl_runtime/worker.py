@@ -1,7 +1,8 @@
 """The service's main process: vLLM's OpenAI server with exactly the plan's settings.
 
-Started by the unit (``python -m edgectl_runtime.worker --plan /etc/edgectl/NAME/plan.json``)
-or in the foreground by ``edgectl serve``. In order:
+Started by the unit (``python -m edgectl_runtime.worker --plan /etc/edgectl/NAME/plan.json``),
+by a Kubernetes pod the same way (edgectl/fleet/k8s.py), or in the foreground by ``edgectl
+serve``. In order:
 
 1. refuse an environment that would silently change the plan (``VLLM_CPU_KVCACHE_SPACE``
    overrides the KV budget in vLLM 0.32, ``platforms/cpu.py:323-327``);
@@ -295,7 +296,8 @@ def _summary(effective: dict[str, Any]) -> dict[str, Any]:
 
 
 def _add_edgectl_routes(app, service: Service) -> None:
-    """``GET /edgectl/effective``: what the engine really runs with, and the worker's phase."""
+    """``GET /edgectl/effective``: what the engine really runs with, and the worker's phase;
+    ``/edgectl/live`` and ``/edgectl/ready`` for probes."""
     from fastapi.responses import JSONResponse
 
     @app.get("/edgectl/effective")
@@ -304,6 +306,21 @@ def _add_edgectl_routes(app, service: Service) -> None:
         body.update({"phase": service.phase, "ready_s": service.ready_s, "load_peak": service.load_peak,
                      "plan_kv_cache_bytes": service.plan["kv_cache_bytes"]})
         return JSONResponse(body)
+
+    # For a supervisor that probes instead of listening for sd_notify (Kubernetes):
+    # /edgectl/live is the rule the watchdog is pinged by; /edgectl/ready is READY=1 (the
+    # warm-up answered) and not draining. 503 otherwise, with the reason.
+    def probe(ok: bool, why: str) -> JSONResponse:
+        return JSONResponse({"ok": ok, "phase": service.phase, "why": why}, status_code=200 if ok else 503)
+
+    @app.get("/edgectl/live")
+    async def live() -> JSONResponse:
+        return probe(*service.health())
+
+    @app.get("/edgectl/ready")
+    async def ready() -> JSONResponse:
+        ok, why = service.health()
+        return probe(ok and service.phase == "serving", why)
 
 
 class DrainGuard:

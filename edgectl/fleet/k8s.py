@@ -1,0 +1,363 @@
+"""One plan (edgectl.plan/1) as the Kubernetes objects that run the worker the systemd unit runs.
+
+``render_objects(plan, target)`` → [ConfigMap, Deployment, Service] as plain dicts;
+``render_yaml(objects, header)`` → one multi-document YAML stream for ``kubectl apply -f``.
+Pure: no cluster, no I/O. Like the unit writer (``edgectl/units.py``) it reads the plan and
+nothing else, checks every field it uses and names each bad one.
+
+What mirrors what (units/README.md explains the unit's side):
+
+=====================================  ====================================================
+the unit                               the pod
+=====================================  ====================================================
+``ExecStart=… worker --plan PATH``     the same command, the plan from a ConfigMap at PATH
+``MemoryMax=``                         ``resources.limits.memory``
+(the plan's steady prediction)         ``resources.requests.memory``: what the scheduler
+                                       reserves on the node
+``CPUAffinity=``/``AllowedCPUs=``      ``limits.cpu`` = the plan's CPUs, ``requests.cpu`` =
+                                       its OpenMP threads; the kubelet picks which CPUs
+``TimeoutStartSec=`` and ``READY=1``   ``startupProbe`` on ``/edgectl/ready`` (serving: the
+                                       warm-up answered), failing after ``start_s``
+``WatchdogSec=``                       ``livenessProbe`` on ``/edgectl/live`` (the rule the
+                                       worker pings the watchdog by), restarting within
+                                       about ``watchdog_s`` of the engine stalling
+(none: systemd sends no traffic)       ``readinessProbe`` on ``/edgectl/ready``: serving, not
+                                       draining
+``TimeoutStopSec=``, ``KillMode=mixed``  ``terminationGracePeriodSeconds``: SIGTERM, the worker
+                                       drains, SIGKILL at the end
+``DynamicUser=yes``                    ``runAsNonRoot``, ``runAsUser`` 65532 (the image's)
+``ProtectSystem=strict``               ``readOnlyRootFilesystem: true``
+``NoNewPrivileges=yes``                ``allowPrivilegeEscalation: false``
+``CapabilityBoundingSet=`` (empty)     ``capabilities.drop: [ALL]``
+``SystemCallFilter=@system-service``   ``seccompProfile: RuntimeDefault``
+``ReadOnlyPaths=`` the model           the model on a read-only ``hostPath`` volume
+``StateDirectory=``/``CacheDirectory=``  ``emptyDir`` volumes at the same paths, with the same
+                                       environment (HOME, the vLLM/torch/triton caches)
+``PrivateTmp=yes``                     an ``emptyDir`` at ``/tmp``
+``IPAddressAllow=localhost``           a ClusterIP Service: reachable inside the cluster only
+=====================================  ====================================================
+
+Not carried over, and why: ``MemoryHigh`` (no pod equivalent outside an alpha feature),
+``MemorySwapMax=0`` (a node's swap is the kubelet's setting), ``LimitCORE=0`` (the node's
+core_pattern decides), ``RestartPreventExitStatus=2 3`` (a Deployment restarts every exit; the
+worker's reason for exit 2 or 3 is the last log line, shown by ``kubectl describe pod`` through
+``terminationMessagePolicy: FallbackToLogsOnError``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from edgectl import __version__
+from edgectl.errors import EdgectlError
+from edgectl.units import cache_dir, state_dir, unit_environment, validate_name
+
+MiB = 1 << 20
+
+# The image the Containerfile builds: scripts/setup.sh installs the runtime into this venv,
+# and the image's user is this uid (Containerfile, USER).
+IMAGE_PYTHON = "/opt/edgectl/venv/bin/python"
+IMAGE_UID = 65532
+DEFAULT_IMAGE = f"localhost/edgectl-runtime:{__version__}"
+
+# The worker's probe endpoints (runtime/edgectl_runtime/worker.py, _add_edgectl_routes).
+READY_PATH = "/edgectl/ready"
+LIVE_PATH = "/edgectl/live"
+STARTUP_PERIOD_S = 10
+READINESS_PERIOD_S = 5
+LIVENESS_FAILURES = 3
+
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _literal(value: str) -> str:
+    """``value`` as the container must see it: the kubelet expands ``$(NAME)`` in a container's
+    command and environment values and turns ``$$`` into ``$`` (Kubernetes docs, "Define
+    Dependent Environment Variables"), so every ``$`` is written doubled."""
+    return value.replace("$", "$$")
+# An image reference: no white space or control characters (the registry checks the rest).
+_IMAGE_RE = re.compile(r"[^\s\x00-\x1f\x7f]{1,4096}")
+_WILDCARD_HOSTS = ("0.0.0.0", "::")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one plan goes: the node class it was planned for, and how many of its nodes."""
+
+    class_id: str  # e.g. "x86-64-avx2-1a2b3c" (edgectl.fleet.labels.class_id)
+    node_selector: dict[str, str]  # the class's NFD labels
+    replicas: int  # nodes in the class: one worker each
+    image: str = DEFAULT_IMAGE
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Target:
+        return cls(class_id=d["class_id"], node_selector=dict(d["node_selector"]), replicas=d["replicas"],
+                   image=d.get("image", DEFAULT_IMAGE))
+
+
+def check_image(image: str) -> str:
+    if not isinstance(image, str) or not _IMAGE_RE.fullmatch(image):
+        raise EdgectlError(f"--image {image!r} is not an image reference (e.g. {DEFAULT_IMAGE} or "
+                           "registry.example/edgectl-runtime@sha256:…)")
+    return image
+
+
+class _PlanFields:
+    """The fields the objects are built from, each checked; one ``plan.FIELD: problem`` per bad one."""
+
+    def __init__(self, plan: Any):
+        self.problems: list[str] = []
+        self.plan = plan if isinstance(plan, Mapping) else {}
+        if not isinstance(plan, Mapping):
+            self.problems.append("plan: not a JSON object")
+        elif plan.get("schema") != "edgectl.plan/1":
+            self.problems.append(f"plan.schema: expected 'edgectl.plan/1', got {plan.get('schema')!r}")
+
+    def get(self, dotted: str) -> Any:
+        node: Any = self.plan
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                self.problems.append(f"plan.{dotted}: missing")
+                return None
+            node = node[part]
+        return node
+
+    def text(self, dotted: str) -> str | None:
+        value = self.get(dotted)
+        if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+            self.problems.append(f"plan.{dotted}: expected a non-empty string, got {value!r}")
+            return None
+        return value
+
+    def integer(self, dotted: str, minimum: int = 1) -> int | None:
+        value = self.get(dotted)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or value < minimum:
+            self.problems.append(f"plan.{dotted}: expected a number >= {minimum}, got {value!r}")
+            return None
+        return math.ceil(value)  # seconds and bytes: rounding up never promises less than planned
+
+
+def _mebibytes(n: int) -> str:
+    """A memory quantity: whole MiB (rounded up) as ``945Mi``."""
+    return f"{math.ceil(n / MiB)}Mi"
+
+
+def _probe(path: str, period_s: int, failures: int, timeout_s: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period_s,
+            "timeoutSeconds": timeout_s, "failureThreshold": failures}
+
+
+def render_objects(plan: Mapping[str, Any], target: Target) -> list[dict[str, Any]]:
+    """[ConfigMap, Deployment, Service] for ``plan`` on the nodes of ``target``'s class."""
+    f = _PlanFields(plan)
+    name = f.text("serve.name")
+    if name is not None:
+        try:
+            validate_name(name)
+        except EdgectlError as exc:
+            f.problems.append(f"plan.serve.name: {exc.message}")
+            name = None
+    host = f.text("serve.host")
+    if host is not None and host not in _WILDCARD_HOSTS:
+        f.problems.append(f"plan.serve.host: {host!r}: in a pod the worker must listen on the pod's address "
+                          "for the Service to reach it; plan with host 0.0.0.0 (`edgectl plan --output k8s` does)")
+    port = f.integer("serve.port", 1024)
+    if port is not None and port > 65535:
+        f.problems.append(f"plan.serve.port: {port} is not a TCP port")
+    model_path = f.text("model.path")
+    if model_path is not None and not model_path.startswith("/"):
+        f.problems.append(f"plan.model.path: {model_path!r} is not an absolute path")
+    start_s = f.integer("timeouts.start_s")
+    watchdog_s = f.integer("timeouts.watchdog_s")
+    stop_s = f.integer("timeouts.stop_s")
+    steady_bytes = f.integer("memory.total_bytes")
+    limit_bytes = f.integer("memory.limit_bytes")
+    if steady_bytes and limit_bytes and steady_bytes > limit_bytes:
+        f.problems.append(f"plan.memory.total_bytes: {steady_bytes} is above limit_bytes {limit_bytes}")
+    threads = f.integer("threads")
+    cpus = f.get("cpus")
+    if cpus is not None and (not isinstance(cpus, list) or not cpus
+                             or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus)):
+        f.problems.append(f"plan.cpus: expected a non-empty list of CPU numbers, got {cpus!r}")
+        cpus = None
+    if threads and cpus and threads > len(cpus):
+        f.problems.append(f"plan.threads: {threads} is more than the {len(cpus)} planned CPUs")
+    topology = f.text("topology")
+    if topology is not None and topology != "single-process":
+        # vLLM's multi-process topology binds OpenMP to the plan's CPU numbers
+        # (vllm/utils/ompmultiprocessing.py), which the kubelet, not the plan, chooses in a pod.
+        f.problems.append(f"plan.topology: {topology!r}: a pod runs the single-process topology only")
+    env = f.get("env")
+    env_items: list[dict[str, str]] = []
+    if env is not None and not isinstance(env, Mapping):
+        f.problems.append(f"plan.env: expected an object of NAME: value strings, got {env!r}")
+    elif env is not None and name:
+        own = unit_environment(name)
+        for key in sorted(env):
+            value = env[key]
+            if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
+                f.problems.append(f"plan.env: {key!r} is not a variable name")
+            elif not isinstance(value, str) or "\0" in value:
+                f.problems.append(f"plan.env.{key}: expected a string, got {value!r}")
+            elif key in own and value != own[key]:
+                f.problems.append(f"plan.env.{key}: the worker's pod sets it to {own[key]!r} itself; "
+                                  "remove it from the plan")
+            elif key not in own:
+                env_items.append({"name": key, "value": _literal(value)})
+    try:
+        image = check_image(target.image)
+    except EdgectlError as exc:
+        f.problems.append(exc.message)
+    if not isinstance(target.replicas, int) or target.replicas < 1:
+        f.problems.append(f"replicas: expected at least 1 node, got {target.replicas!r}")
+    if not target.node_selector:
+        f.problems.append("node selector: empty; a plan is only for the nodes of its class")
+    if f.problems:
+        raise EdgectlError(f"cannot write the Kubernetes objects from this plan: {f.problems[0]}",
+                           details=f.problems[1:])
+    assert name and port and model_path and start_s and watchdog_s and stop_s and steady_bytes
+    assert limit_bytes and threads and cpus
+
+    base = f"edgectl-{name}-{target.class_id}"
+    if len(base) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", base):
+        raise EdgectlError(f"the objects' name {base!r} is not a DNS label (at most 63 lowercase letters, "
+                           "digits and '-'): choose a --name without '_'")
+    plan_dir = f"/etc/edgectl/{name}"
+    plan_text = json.dumps(plan, indent=2) + "\n"
+    labels = {
+        "app.kubernetes.io/name": "edgectl",
+        "app.kubernetes.io/instance": base,
+        "app.kubernetes.io/part-of": f"edgectl-{name}",
+        "app.kubernetes.io/component": "worker",
+        "app.kubernetes.io/managed-by": "edgectl",
+    }
+    selector = {k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
+    env_items += [{"name": k, "value": _literal(v)} for k, v in unit_environment(name).items()]
+
+    # The watchdog's rule: the worker reports unhealthy once the engine has not come back for
+    # half of watchdog_s (worker.py, Service.stall_limit_s); LIVENESS_FAILURES failed checks in
+    # the other half restart it, so a stall is acted on within about watchdog_s, as systemd's
+    # watchdog acts on it (which waits watchdog_s after the last ping).
+    live_period_s = max(1, math.ceil(watchdog_s / 2 / LIVENESS_FAILURES))
+    container = {
+        "name": "worker",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": [_literal(word) for word in (IMAGE_PYTHON, "-m", "edgectl_runtime.worker", "--plan",
+                                                f"{plan_dir}/plan.json")],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "env": env_items,
+        "resources": {
+            "requests": {"cpu": str(threads), "memory": _mebibytes(steady_bytes)},
+            "limits": {"cpu": str(len(cpus)), "memory": _mebibytes(limit_bytes)},
+        },
+        # The start timeout: failing from the first check for start_s, the container is restarted.
+        "startupProbe": _probe(READY_PATH, STARTUP_PERIOD_S, math.ceil(start_s / STARTUP_PERIOD_S), 5),
+        "livenessProbe": _probe(LIVE_PATH, live_period_s, LIVENESS_FAILURES, min(live_period_s, 10)),
+        "readinessProbe": _probe(READY_PATH, READINESS_PERIOD_S, 2, 5),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": "plan", "mountPath": plan_dir, "readOnly": True},
+            {"name": "model", "mountPath": model_path, "readOnly": True},
+            {"name": "state", "mountPath": state_dir(name)},
+            {"name": "cache", "mountPath": cache_dir(name)},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    pod_spec = {
+        "nodeSelector": dict(target.node_selector),
+        # Each plan is sized to its node's whole budget: one edgectl worker per node.
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app.kubernetes.io/name": "edgectl"}},
+             "topologyKey": "kubernetes.io/hostname"}]}},
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": stop_s,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": IMAGE_UID,
+            "runAsGroup": IMAGE_UID,
+            "fsGroup": IMAGE_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "plan", "configMap": {"name": base}},
+            {"name": "model", "hostPath": {"path": model_path, "type": "Directory"}},
+            {"name": "state", "emptyDir": {}},
+            {"name": "cache", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": base, "labels": dict(labels)},
+        "data": {"plan.json": plan_text},
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": base, "labels": dict(labels)},
+        "spec": {
+            "replicas": target.replicas,
+            # The old worker stops before the new one starts: a node holds one at a time.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector},
+            "template": {
+                # A changed plan changes this annotation, and so rolls the pods.
+                "metadata": {"labels": dict(labels),
+                             "annotations": {"edgectl-plan-sha256": hashlib.sha256(plan_text.encode()).hexdigest()}},
+                "spec": pod_spec,
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": base, "labels": dict(labels)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": dict(selector),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    return [config_map, deployment, service]
+
+
+def render_yaml(objects: list[dict[str, Any]], header: list[str] = ()) -> str:
+    """One YAML stream (``---`` between documents), ``header`` as comment lines at the top."""
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        # plan.json as a literal block, readable in `kubectl get configmap -o yaml` too
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    _Dumper.add_representer(str, text)
+    out = [f"# {line}".rstrip() for line in header]
+    for obj in objects:
+        out.append("---")
+        out.append(yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096,
+                             allow_unicode=True).rstrip("\n"))
+    return "\n".join(out) + "\n"

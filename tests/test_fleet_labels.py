@@ -136,7 +136,7 @@ def test_a_class_plans_what_its_nodes_would(name):
     import os
 
     labels = L.labels_for(facts, load_all_profiles(os.environ))
-    cls = L.class_facts(labels.selector(), vendor=facts.cpu.vendor, model_name=facts.cpu.model_name)
+    cls = L.class_facts(labels.full())
     # the class's facts label as the node did (but memory, which a class has only as a budget)
     again = L.node_labels(cls, profile=labels.values[L.PROFILE], profile_version=labels.values[L.PROFILE_VERSION],
                           cores=L.planned_cores(cls))
@@ -214,7 +214,7 @@ def test_probe_nfd_out_writes_the_file_whole(tmp_path):
     out.parent.mkdir()
     proc = run_cli(["probe", "--nfd", "--root", str(host("xeon-spr-amx-2s")), "--out", str(out)])
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"wrote {out}: 12 labels, node class x86-64-amx-")
+    assert proc.stdout.startswith(f"wrote {out}: 13 labels, node class x86-64-amx-")
     assert sorted(p.name for p in out.parent.iterdir()) == ["edgectl"]  # no temporary file left
     assert out.stat().st_mode & 0o777 == 0o644
     labels, _ = L.parse_feature_file(out.read_text())

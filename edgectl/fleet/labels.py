@@ -14,6 +14,8 @@ label (after the namespace)       value                                         
 ================================  ==========================================================  ========
 ``edgectl-device-class``          the probe's device class (``x86_64-avx512``)                yes
 ``edgectl-arch``                  ``x86_64`` / ``aarch64``                                    yes
+``edgectl-cpu-vendor``            ``GenuineIntel`` / ``AuthenticAMD`` / ``ARM`` (a profile    no
+                                  may match on it; the profile is in the selector)
 ``edgectl-isa.avx2``              AVX2 with FMA usable (``true``/``false``)                   yes
 ``edgectl-isa.avx512``            AVX-512 F+BW+VL+DQ usable (what vLLM's AVX-512 build needs)  yes
 ``edgectl-isa.avx512-vnni``       AVX512_VNNI usable                                          yes
@@ -31,14 +33,15 @@ label (after the namespace)       value                                         
 ``edgectl-profile-version``       12 hex digits of the SHA-256 of that profile's content      yes
 ================================  ==========================================================  ========
 
-The selector labels are exactly what a class's plan is computed from (:func:`class_facts`), so
-nodes with equal selector labels get the same plan, and a Deployment's ``nodeSelector`` made of
-them lands only on nodes that plan fits. The memory label is *not* the probe's budget (which
-starts from MemAvailable): that moves with whatever runs, including edgectl's own pod, and a
-label that changes when the pod starts would stop its node from matching its own selector.
-What else runs on a node is the scheduler's business (requests against allocatable memory).
-The labels that are not in the selector (CPUs, bandwidth) are information: they vary between
-probes of one node (bandwidth) or do not change the plan (CPUs beyond the cores used).
+The selector labels are what a class's plan is computed from (:func:`class_facts`), so nodes
+with equal selector labels get the same plan, and a Deployment's ``nodeSelector`` made of them
+lands only on nodes that plan fits. (The vendor label only lets a profile that matches on the
+vendor match again; which profile it is, is in the selector.) The memory label is *not* the
+probe's budget (which starts from MemAvailable): that moves with whatever runs, including
+edgectl's own pod, and a label that changes when the pod starts would stop its node from
+matching its own selector. What else runs on a node is the scheduler's business (requests
+against allocatable memory). The other labels not in the selector are information: they vary
+between probes of one node (bandwidth) or do not change the plan (CPUs beyond the cores used).
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ GiB = 1 << 30
 
 DEVICE_CLASS = "edgectl-device-class"
 ARCH = "edgectl-arch"
+CPU_VENDOR = "edgectl-cpu-vendor"
 ISA_AVX2 = "edgectl-isa.avx2"
 ISA_AVX512 = "edgectl-isa.avx512"
 ISA_AVX512_VNNI = "edgectl-isa.avx512-vnni"
@@ -91,7 +95,7 @@ PROFILE_VERSION = "edgectl-profile-version"
 
 ISA_LABELS = (ISA_AVX2, ISA_AVX512, ISA_AVX512_VNNI, ISA_AVX512_BF16, ISA_AMX)
 # In file order; the ones a class's plan is computed from, which a nodeSelector matches.
-ALL_LABELS = (DEVICE_CLASS, ARCH, *ISA_LABELS, CPUS, CORES, MEMORY_GIB, BANDWIDTH_GBPS, PROFILE, PROFILE_VERSION)
+ALL_LABELS = (DEVICE_CLASS, ARCH, CPU_VENDOR, *ISA_LABELS, CPUS, CORES, MEMORY_GIB, BANDWIDTH_GBPS, PROFILE, PROFILE_VERSION)
 SELECTOR_LABELS = (DEVICE_CLASS, ARCH, *ISA_LABELS, CORES, MEMORY_GIB, PROFILE, PROFILE_VERSION)
 
 # Kubernetes label syntax (k8s.io/apimachinery validation: IsQualifiedName, IsValidLabelValue).
@@ -194,6 +198,12 @@ def node_labels(facts: HostFacts, *, profile: str, profile_version: str, cores: 
         values[ARCH] = facts.cpu.arch
     else:
         missing.append((ARCH, "the CPU architecture is unknown"))
+    vendor = facts.cpu.vendor
+    if vendor and valid_label_value(vendor):
+        values[CPU_VENDOR] = vendor
+    else:
+        missing.append((CPU_VENDOR, "the CPU vendor is unknown" if not vendor else
+                        f"{vendor!r} cannot be a label value"))
     values[ISA_AVX2] = _bool(isa.avx2 and isa.fma)
     values[ISA_AVX512] = _bool(isa.avx512f and isa.avx512bw and isa.avx512vl and isa.avx512dq)
     values[ISA_AVX512_VNNI] = _bool(isa.avx512_vnni)
@@ -272,20 +282,20 @@ def parse_feature_file(text: str, source: str = "feature file") -> tuple[dict[st
 # --- the facts of a class --------------------------------------------------------------------
 
 
-def class_facts(selector: Mapping[str, str], *, vendor: str | None = None, model_name: str | None = None,
-                source: str = "node class") -> HostFacts:
-    """The facts a class's plan is computed from: its selector labels, and nothing else.
+def class_facts(labels: Mapping[str, str], source: str = "node class") -> HostFacts:
+    """The facts a class's plan is computed from: its labels (namespaced), and nothing else.
 
-    The topology is ``edgectl-cores`` CPUs, one per core, on one NUMA node; the memory budget is
-    ``edgectl-memory-gib``. ``vendor`` and ``model_name`` (of any node in the class) only let a
-    profile that matches on them match again; the selector's ``edgectl-profile`` says which it
-    must be. Raises EdgectlError naming a missing or malformed label.
+    The selector labels decide; the topology is ``edgectl-cores`` CPUs, one per core, on one
+    NUMA node, and the memory budget is ``edgectl-memory-gib``. ``edgectl-cpu-vendor``, when
+    given, only lets a profile that matches on the vendor match again (the class's plan must
+    select the profile its ``edgectl-profile`` label names; edgectl/fleet/fleet.py checks).
+    Raises EdgectlError naming a missing or malformed label.
     """
     def get(label: str) -> str:
         key = f"{NAMESPACE}/{label}"
-        if key not in selector:
+        if key not in labels:
             raise EdgectlError(f"{source}: label {key} is missing")
-        return selector[key]
+        return labels[key]
 
     def flag(label: str) -> bool:
         value = get(label)
@@ -317,7 +327,8 @@ def class_facts(selector: Mapping[str, str], *, vendor: str | None = None, model
     cores = count(CORES, 1)
     budget = count(MEMORY_GIB, 0) * GiB
     cpus = tuple(range(cores))
-    cpu = CpuFacts(arch=arch, vendor=vendor, model_name=model_name, flags=(), isa=isa, isa_disagreements=(),
+    vendor = labels.get(f"{NAMESPACE}/{CPU_VENDOR}")
+    cpu = CpuFacts(arch=arch, vendor=vendor, model_name=None, flags=(), isa=isa, isa_disagreements=(),
                    amx_permission=AmxPermission.GRANTED if amx else AmxPermission.UNSUPPORTED)
     from edgectl.probe.cpu import device_class as classify
 

@@ -47,7 +47,8 @@ def _deployments(objects: list[dict]) -> dict[str, dict]:
 
 
 def _plans(objects: list[dict]) -> dict[str, dict]:
-    return {o["metadata"]["name"]: json.loads(o["data"]["plan.json"]) for o in objects if o["kind"] == "ConfigMap"}
+    return {o["metadata"]["name"]: _comparable(json.loads(o["data"]["plan.json"]))
+            for o in objects if o["kind"] == "ConfigMap"}
 
 
 def _matches(labels: dict[str, str], selector: dict[str, str]) -> bool:
@@ -59,7 +60,12 @@ def _plan_from_labels(labels: dict[str, str], name: str = "default") -> dict:
     env = planning_environment(os.environ)
     facts = class_facts(labels)
     plan = make_plan(Request(model=MODEL, host="0.0.0.0", name=name), env, facts=facts).plan.to_dict()
-    return json.loads(json.dumps(plan))  # as written to the ConfigMap
+    return _comparable(json.loads(json.dumps(plan)))  # as written to the ConfigMap
+
+
+def _comparable(plan: dict) -> dict:
+    """A plan without the path of the profile file (a checkout's or an installed copy's)."""
+    return {**plan, "profile": {k: v for k, v in plan["profile"].items() if k != "file"}}
 
 
 def test_one_node_the_label_file_the_selector_and_the_plan_agree(tmp_path):
@@ -210,3 +216,15 @@ def test_bad_input_is_one_error_line_exit_2_nothing_written(tmp_path, make_args,
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert says in proc.stderr, proc.stderr
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_without_facts_the_node_is_this_host_probed(tmp_path):
+    import socket
+
+    proc = run_cli(["plan", MODEL, "--output", "k8s", "--root", str(host("arm64-board"))])
+    assert proc.returncode == 0, proc.stderr
+    objects = _objects(proc.stdout)
+    (deployment,) = _deployments(objects).values()
+    selector = deployment["spec"]["template"]["spec"]["nodeSelector"]
+    assert _matches(_label_file(host("arm64-board")), selector)
+    assert f"\n# {socket.gethostname()} " in proc.stdout  # the table names this host

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from edgectl import int4_layout
+from edgectl.contract import int4_layout
 from edgectl.errors import EdgectlError
 from edgectl.profiles import WEIGHT_FORMATS, Figure, Profile, select_profile
 

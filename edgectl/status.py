@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from edgectl import envvars
+from edgectl.contract.procmem import TreeMem, cgroup_mem
 from edgectl.deploy import Layout, client_base, endpoint_of
 from edgectl.errors import EdgectlError
-from edgectl.procmem import TreeMem, cgroup_mem
 from edgectl.systemd import Systemd, UnitState, systemd_running
 from edgectl.units import validate_name
 

@@ -14,7 +14,7 @@ HEAVY = ("torch", "vllm", "transformers", "numpy")
     "import edgectl, edgectl.cli",
     "from edgectl.cli import app",
     "import edgectl.plan, edgectl.planning, edgectl.profiles, edgectl.deploy, edgectl.status, edgectl.units",
-    "import edgectl.models.inspect, edgectl.models.pull, edgectl.effective, edgectl.vllm_args, edgectl.procmem",
+    "import edgectl.models.inspect, edgectl.models.pull, edgectl.effective, edgectl.vllm_args, edgectl.contract.procmem",
 ])
 def test_importing_the_control_plane_pulls_in_nothing_heavy(code: str):
     probe = f"{code}\nimport sys\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"

@@ -102,7 +102,7 @@ def test_pack_block_must_be_a_multiple_of_64():
 
 @pytest.mark.parametrize("n", [8, 40])
 def test_the_op_itself_rejects_rows_not_a_multiple_of_16(n):
-    # Why edgectl/int4_layout.py refuses such layers (keeps them dense) instead of packing them.
+    # Why edgectl/contract/int4_layout.py refuses such layers (keeps them dense) instead of packing them.
     with pytest.raises(RuntimeError):
         torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.zeros(n, 64, dtype=torch.int32), 1)
 

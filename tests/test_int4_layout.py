@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from edgectl.int4_layout import (
+from edgectl.contract.int4_layout import (
     ALLOWED_GROUP_SIZES,
     choose_group_size,
     layer_bytes,
@@ -104,5 +104,5 @@ def test_smollm2_int4_weights_are_about_a_quarter_plus_scales():
 
 
 def test_module_imports_without_torch():
-    code = "import sys, edgectl.int4_layout; assert 'torch' not in sys.modules and 'vllm' not in sys.modules"
+    code = "import sys, edgectl.contract.int4_layout; assert 'torch' not in sys.modules and 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

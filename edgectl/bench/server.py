@@ -1,6 +1,6 @@
 """One server process per pass: started in its own session, its tree's memory sampled, stopped.
 
-Memory is the PSS of the whole process tree (``edgectl.procmem.tree_mem``): vLLM keeps the
+Memory is the PSS of the whole process tree (``edgectl.contract.procmem.tree_mem``): vLLM keeps the
 model in a child process, and RSS would count a memory-mapped checkpoint as resident; both
 mistakes were made and retracted once (procmem's docstring). The peak is sampled every
 ``SAMPLE_INTERVAL_S`` by a thread from launch until the harness calls :meth:`stop_sampling`
@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from edgectl.procmem import TreeMem, tree_mem, tree_pids
+from edgectl.contract.procmem import TreeMem, tree_mem, tree_pids
 
 SAMPLE_INTERVAL_S = 0.2
 

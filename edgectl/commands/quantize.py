@@ -19,8 +19,8 @@ from typing import Annotated, Any
 import typer
 
 from edgectl import envvars
+from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
-from edgectl.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE
 from edgectl.output import emit, progress
 
 SCHEMA = "edgectl.quantize/1"

@@ -58,7 +58,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info, initialize_online_processing
 from vllm.model_executor.utils import set_weight_attrs
 
-from edgectl.int4_layout import ALLOWED_GROUP_SIZES, choose_group_size, quantizable_partitions
+from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, choose_group_size, quantizable_partitions
 from edgectl_runtime import env as runtime_env
 from edgectl_runtime.kernels import (
     PACK_BLOCK_ROWS,

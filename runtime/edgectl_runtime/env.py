@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from edgectl.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE
+from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ REGISTRY: dict[str, EnvVar] = {
         EnvVar("EDGECTL_INT4_GROUP_SIZE",
                "preferred int4 group size when a model is quantized at load (--quantization "
                "cpu_int4 on a bf16/fp16 checkpoint); per layer the shared rule in "
-               "edgectl/int4_layout.py picks a size that divides K", str(DEFAULT_GROUP_SIZE),
+               "edgectl/contract/int4_layout.py picks a size that divides K", str(DEFAULT_GROUP_SIZE),
                tuple(str(g) for g in ALLOWED_GROUP_SIZES)),
         EnvVar("EDGECTL_INT4_KERNEL",
                "the kernel of cpu_int4's linear layers: torch (PyTorch's _weight_int4pack_mm_for_cpu, "

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from edgectl.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE, choose_group_size, quantizable
+from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE, choose_group_size, quantizable
 
 FORMAT = "edgectl.cpu_int4/1"
 # Rows quantized at a time: bounds the fp32 transient to ROWS x K x 4 bytes.

@@ -95,7 +95,7 @@ class Service:
         PSS, anonymous and file-backed, summed over the tree like the steady figure, so the two
         compare; the file-backed part includes the checkpoint while it is mapped.
         """
-        from edgectl.procmem import tree_mem
+        from edgectl.contract.procmem import tree_mem
 
         samples = 0
         while self.phase not in ("serving", "stopping"):

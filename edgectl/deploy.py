@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,6 @@ class DeployResult:
     ready_s: float | None = None
     memory: dict[str, Any] | None = None
     replaced_previous: bool = False
-    phases: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": "edgectl.deploy/1", "name": self.name, "unit": self.unit, "endpoint": self.endpoint,

@@ -55,10 +55,6 @@ REGISTRY: dict[str, EnvVar] = {
                "every ISA; the plan's w4a16) or vllm (vLLM's cpu_gemm_wna16, only where its C library "
                "registers it; the plan's w4a16-vllm). The tied embedding / LM head always uses torch's",
                "torch", ("torch", "vllm")),
-        EnvVar("EDGECTL_MEMORY_SAMPLER",
-               "1: every vLLM process samples its anonymous and file-backed resident memory every 10 ms "
-               "from the start (a diagnostic for load-time peaks, read back with edgectl_memory)",
-               "0", _BOOL),
     ]
 }
 

@@ -47,9 +47,6 @@ class Notifier:
     def watchdog(self) -> None:
         self.send("WATCHDOG=1")
 
-    def extend_start(self, seconds: float) -> None:
-        self.send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}")
-
 
 def watchdog_interval_s(environ: dict[str, str], plan_watchdog_s: float) -> float:
     """Ping at a quarter of systemd's ``WatchdogSec`` (it passes WATCHDOG_USEC), else of the plan's."""

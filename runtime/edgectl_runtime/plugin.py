@@ -24,12 +24,7 @@ logger = logging.getLogger("edgectl.plugin")
 def register() -> None:
     """Called once per vLLM process."""
     from edgectl_runtime import cpu_int4, rope
-    from edgectl_runtime import env as runtime_env
 
-    if runtime_env.read_bool("EDGECTL_MEMORY_SAMPLER", os.environ):
-        from edgectl_runtime.readback import start_memory_sampler
-
-        start_memory_sampler()
     request_amx()
     capped = rope.install(os.environ)
     logger.debug("edgectl plugin: %s registered, RoPE cap %s", cpu_int4.NAME, "on" if capped else "off")

@@ -219,58 +219,6 @@ def dump_int4_layers(model: torch.nn.Module, path: str) -> int:
     return sum(1 for k in tensors if k.endswith(".q"))
 
 
-_STATUS_FIELDS = {"VmHWM": "peak_rss_bytes", "VmRSS": "rss_bytes", "RssAnon": "rss_anon_bytes",
-                  "RssFile": "rss_file_bytes"}
-_SAMPLED: dict[str, Any] = {}
-
-
-def _read_status(status_path: str = "/proc/self/status") -> dict[str, int]:
-    out = {}
-    try:
-        with open(status_path) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in _STATUS_FIELDS:
-                    out[_STATUS_FIELDS[key]] = int(value.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
-def process_memory(status_path: str = "/proc/self/status") -> dict[str, Any]:
-    """This process's memory in bytes. ``peak_rss_bytes`` (VmHWM) counts file-backed pages too,
-    e.g. the checkpoint while it is mapped during loading; with ``EDGECTL_MEMORY_SAMPLER=1``
-    the anonymous and file-backed peaks are also sampled separately from the start of the process."""
-    out: dict[str, Any] = {"pid": os.getpid(), **_read_status(status_path)}
-    for name in _STATUS_FIELDS.values():
-        out.setdefault(name, None)  # unknown, never 0
-    if _SAMPLED:
-        out["sampled_peak_anon_bytes"] = _SAMPLED.get("anon")
-        out["sampled_peak_file_bytes"] = _SAMPLED.get("file")
-        out["sampler_interval_s"] = _SAMPLED.get("interval_s")
-    return out
-
-
-def start_memory_sampler(interval_s: float = 0.01) -> None:
-    """Sample RssAnon/RssFile of this process in a daemon thread (the plugin starts it in every
-    vLLM process when EDGECTL_MEMORY_SAMPLER=1); peaks are reported by :func:`process_memory`."""
-    import threading
-    import time
-
-    if _SAMPLED:
-        return
-    _SAMPLED.update(anon=0, file=0, interval_s=interval_s)
-
-    def run() -> None:
-        while True:
-            now = _read_status()
-            _SAMPLED["anon"] = max(_SAMPLED["anon"], now.get("rss_anon_bytes", 0))
-            _SAMPLED["file"] = max(_SAMPLED["file"], now.get("rss_file_bytes", 0))
-            time.sleep(interval_s)
-
-    threading.Thread(target=run, name="edgectl-memory-sampler", daemon=True).start()
-
-
 class ReadbackExtension:
     """A vLLM worker extension (``worker_extension_cls``): adds collective_rpc calls that run
     in the worker process, next to the model."""
@@ -283,11 +231,6 @@ class ReadbackExtension:
         from edgectl_runtime.effective import collect_worker_facts
 
         return collect_worker_facts(self)
-
-    def edgectl_memory(self) -> dict[str, Any]:
-        """This worker process's memory from /proc/self/status, in bytes: peak (VmHWM) and current
-        resident set, anonymous and file-backed parts, and its pid."""
-        return process_memory()
 
     def edgectl_dump_int4(self, path: str) -> int:
         return dump_int4_layers(self.get_model(), path)

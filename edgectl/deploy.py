@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgectl import envvars
 from edgectl.atomic import write_text_atomic
+from edgectl.contract import environment, worker
+from edgectl.contract.plan import Plan, Request
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
-from edgectl.plan import Request
+from edgectl.output import mib
+from edgectl.planner.service import MAX_START_S
 from edgectl.systemd import Systemd, UnitState, systemd_running
 from edgectl.units import HIDDEN_PREFIXES, render_unit, unit_name, validate_name
 
@@ -67,12 +69,13 @@ class Layout:
 
     @classmethod
     def of(cls, name: str, environ: Mapping[str, str]) -> Layout:
-        return cls(name, Path(envvars.read("EDGECTL_UNIT_DIR", environ)), Path(envvars.read("EDGECTL_CONFIG_DIR", environ)))
+        return cls(name, Path(environment.read("EDGECTL_UNIT_DIR", environ)), Path(environment.read("EDGECTL_CONFIG_DIR", environ)))
 
-    def existing_plan(self) -> dict[str, Any] | None:
+    def existing_plan(self) -> Plan | None:
+        """The deployed plan, or None if there is none (or it does not read as a plan)."""
         try:
-            return json.loads(self.plan_path.read_text())
-        except (OSError, ValueError):
+            return Plan.load(self.plan_path)
+        except EdgectlError:
             return None
 
 
@@ -81,7 +84,7 @@ class DeployResult:
     name: str
     unit: str
     endpoint: str
-    plan: dict[str, Any]
+    plan: Plan
     unit_text: str
     dry_run: bool
     answer: str | None = None
@@ -92,51 +95,35 @@ class DeployResult:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": "edgectl.deploy/1", "name": self.name, "unit": self.unit, "endpoint": self.endpoint,
                 "dry_run": self.dry_run, "answer": self.answer, "ready_s": self.ready_s,
-                "replaced_previous": self.replaced_previous, "memory": self.memory, "plan": self.plan,
+                "replaced_previous": self.replaced_previous, "memory": self.memory, "plan": self.plan.to_dict(),
                 "unit_text": self.unit_text if self.dry_run else None}
 
     def render_text(self) -> str:
-        from edgectl.plan import _mib
-
         p = self.plan
         if self.dry_run:
-            return (f"# dry run: nothing written. Plan for {self.unit}:\n" + json.dumps(p, indent=2)
+            return (f"# dry run: nothing written. Plan for {self.unit}:\n" + json.dumps(p.to_dict(), indent=2)
                     + f"\n\n# {self.unit}:\n" + self.unit_text)
         lines = [
-            f"{self.unit} is serving {p['model']['name']} at {self.endpoint}/v1 (ready in {self.ready_s:.0f} s)",
-            f"  plan: {p['weight_format']}, {p['max_model_len']} tokens × {p['max_num_seqs']}, "
-            f"{p['threads']} threads on CPUs {','.join(map(str, p['cpus']))}, MemoryMax {_mib(p['memory']['limit_bytes'])}",
+            f"{self.unit} is serving {p.model.name} at {self.endpoint}/v1 (ready in {self.ready_s:.0f} s)",
+            f"  plan: {p.weight_format}, {p.max_model_len} tokens × {p.max_num_seqs}, "
+            f"{p.threads} threads on CPUs {','.join(map(str, p.cpus))}, MemoryMax {mib(p.memory.limit_bytes)}",
         ]
         if self.memory:
             m = self.memory
-            lines.append(f"  memory: measured PSS {_mib(m['pss_bytes'])} in {len(m['processes'])} process(es) "
-                         f"(anon {_mib(m['pss_anon_bytes'])}, file {_mib(m['pss_file_bytes'])}); "
-                         f"predicted {_mib(p['memory']['total_bytes'])}")
+            lines.append(f"  memory: measured PSS {mib(m['pss_bytes'])} in {len(m['processes'])} process(es) "
+                         f"(anon {mib(m['pss_anon_bytes'])}, file {mib(m['pss_file_bytes'])}); "
+                         f"predicted {mib(p.memory.total_bytes)}")
         if self.answer is not None:
             lines.append(f"  check: {QUESTION!r} → {self.answer.strip()!r}")
         lines.append(f"  status: edgectl status {self.name}   logs: edgectl logs {self.name}")
         return "\n".join(lines)
 
 
-def endpoint_of(plan: Mapping[str, Any]) -> str:
-    host = plan["serve"]["host"]
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{plan['serve']['port']}"
-
-
-def client_base(plan: Mapping[str, Any]) -> str:
-    host = plan["serve"]["host"]
-    if host in ("0.0.0.0", "", "::"):
-        host = "127.0.0.1"
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{plan['serve']['port']}"
-
-
-def ask(plan: Mapping[str, Any], question: str = QUESTION, max_tokens: int = 32, timeout_s: float = 120) -> str:
+def ask(plan: Plan, question: str = QUESTION, max_tokens: int = 32, timeout_s: float = 120) -> str:
     """One greedy chat completion through the deployment's OpenAI API; the answer text."""
-    body = json.dumps({"model": plan["model"]["name"], "temperature": 0, "max_tokens": max_tokens,
+    body = json.dumps({"model": plan.model.name, "temperature": 0, "max_tokens": max_tokens,
                        "messages": [{"role": "user", "content": question}]}).encode()
-    req = urllib.request.Request(client_base(plan) + "/v1/chat/completions", data=body,
+    req = urllib.request.Request(worker.base_url(plan.serve) + "/v1/chat/completions", data=body,
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout_s) as r:
         data = json.loads(r.read())
@@ -234,26 +221,26 @@ def wait_ready(sd: Systemd, unit: str, timeout_s: float, progress: Progress, *, 
 
 def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = False,
            progress: Progress = lambda _: None) -> DeployResult:
-    from edgectl.planning import make_plan
+    from edgectl.inputs import make_plan
 
     validate_name(request.name)
     if not dry_run and os.geteuid() != 0:
         raise EdgectlError("edgectl deploy writes a systemd unit and /etc/edgectl: run it as root (sudo edgectl deploy ...)")
     layout = Layout.of(request.name, environ)
-    python = envvars.read("EDGECTL_RUNTIME_PYTHON", environ)
+    python = environment.read("EDGECTL_RUNTIME_PYTHON", environ)
 
     planned = make_plan(request, environ)
     existing = layout.existing_plan()
     holder = port_holder(request.host, request.port)
     if holder is not None:
-        ours = existing and existing.get("serve", {}).get("port") == request.port
+        ours = existing is not None and existing.serve.port == request.port
         if not ours:
             raise EdgectlError(f"port {request.port} on {request.host} is in use by {holder}: pick another with --port")
 
     if dry_run:
-        plan_dict = planned.plan.to_dict()
-        return DeployResult(request.name, layout.unit, endpoint_of(plan_dict), plan_dict,
-                            render_unit(plan_dict, plan_path=str(layout.plan_path), python=python), True)
+        plan = planned.plan
+        return DeployResult(request.name, layout.unit, worker.endpoint(plan.serve), plan,
+                            render_unit(plan, plan_path=str(layout.plan_path), python=python), True)
 
     if not systemd_running():
         raise EdgectlError("systemd is not running on this machine: run the model in the foreground with "
@@ -267,27 +254,27 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
                  f"≤ budget {planned.facts.memory.budget_bytes >> 20} MiB)")
         ensure_pulled(request.model, progress, environ)
         planned = make_plan(request, environ, facts=planned.facts)  # from the real files now
-    plan_dict = planned.plan.to_dict()
-    _check_model_visible(plan_dict["model"]["path"])
-    unit_text = render_unit(plan_dict, plan_path=str(layout.plan_path), python=python)
+    plan = planned.plan
+    _check_model_visible(plan.model.path)
+    unit_text = render_unit(plan, plan_path=str(layout.plan_path), python=python)
 
     previous = _snapshot(layout, sd)
     old = sd.show(layout.unit)
     progress(f"{'replacing' if previous.was_active else 'starting'} {layout.unit}: "
-             f"{plan_dict['weight_format']}, {plan_dict['max_model_len']} tokens, MemoryMax {plan_dict['memory']['limit_bytes'] >> 20} MiB")
-    write_text_atomic(layout.plan_path, json.dumps(plan_dict, indent=2) + "\n")
+             f"{plan.weight_format}, {plan.max_model_len} tokens, MemoryMax {plan.memory.limit_bytes >> 20} MiB")
+    write_text_atomic(layout.plan_path, plan.to_json())
     write_text_atomic(layout.unit_path, unit_text)
     t0 = time.monotonic()
     try:
         sd.daemon_reload()
         sd.reset_failed(layout.unit)
         sd.restart(layout.unit)
-        ok, why, state = wait_ready(sd, layout.unit, plan_dict["timeouts"]["start_s"] + 30, progress,
+        ok, why, state = wait_ready(sd, layout.unit, plan.timeouts.start_s + 30, progress,
                                     old_pid=old.main_pid, restarts_before=old.restarts)
         answer = None
         if ok:
             try:
-                answer = ask(plan_dict)
+                answer = ask(plan)
             except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
                 ok, why = False, f"it reported ready but a chat completion failed: {exc}"
             else:
@@ -305,7 +292,7 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
     from edgectl.status import service_memory
 
     memory = service_memory(sd.show(layout.unit))
-    return DeployResult(request.name, layout.unit, endpoint_of(plan_dict), plan_dict, unit_text, False,
+    return DeployResult(request.name, layout.unit, worker.endpoint(plan.serve), plan, unit_text, False,
                         answer=answer, ready_s=ready_s, memory=memory.to_dict() if memory else None,
                         replaced_previous=previous.was_active)
 
@@ -331,8 +318,11 @@ def _roll_back(layout: Layout, sd: Systemd, previous: _Snapshot, progress: Progr
         return "the previous deployment's unit and plan are restored (it was not running)"
     old = sd.show(layout.unit)
     sd.restart(layout.unit)
-    plan = json.loads(previous.plan_text)
-    ok, why, _ = wait_ready(sd, layout.unit, plan["timeouts"]["start_s"] + 30, progress,
+    try:
+        start_s = Plan.from_dict(json.loads(previous.plan_text)).timeouts.start_s
+    except (ValueError, EdgectlError):
+        start_s = MAX_START_S  # written by hand or by another version: wait as long as any plan may
+    ok, why, _ = wait_ready(sd, layout.unit, start_s + 30, progress,
                             old_pid=old.main_pid, restarts_before=old.restarts)
     if ok:
         return "the previous deployment is restored and running again"

@@ -13,6 +13,15 @@ class Renderable(Protocol):
     def render_text(self) -> str: ...
 
 
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def mib(n: int) -> str:
+    """Bytes for a person: whole MiB below 10 GiB, else GiB with one decimal."""
+    return f"{n / MiB:.0f} MiB" if n < 10 * GiB else f"{n / GiB:.1f} GiB"
+
+
 def to_json(obj: dict[str, Any]) -> str:
     return json.dumps(obj, indent=2, sort_keys=False) + "\n"
 

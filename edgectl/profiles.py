@@ -19,14 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgectl.contract.plan import Compilation, ProfileKind, Topology, WeightFormat
+from edgectl.contract.plan import Source as ReasonSource
 from edgectl.errors import EdgectlError
 from edgectl.probe.facts import ISA_FEATURES, DeviceClass
 
 SCHEMA = "edgectl.profile/1"
-WEIGHT_FORMATS = ("w4a16", "w4a8-amx", "w4a16-vllm", "bf16")
-DEVICE_CLASSES = tuple(c.value for c in DeviceClass)
-KINDS = ("measured", "external", "fallback")
-TOPOLOGIES = ("single-process", "stock")
 
 
 # -- the data -------------------------------------------------------------------------
@@ -96,25 +94,25 @@ class Profile:
     name: str
     file: str
     device_class: str
-    kind: str
+    kind: ProfileKind
     description: str
     match: Match
-    formats: dict[str, FormatFigures]
+    formats: dict[WeightFormat, FormatFigures]
     process_bytes: Figure | None  # fixed PSS of one process holding interpreter + torch + vLLM (+ server)
-    processes: dict[str, int]  # processes per topology
+    processes: dict[Topology, int]  # processes per topology
     workspace_bytes_per_token: Figure | None
     load_peak_ratio: Figure | None
     ready_s: Figure | None
     reserve_frontend_core: bool | None
     reserve_evidence: str | None
-    compilation: str
+    compilation: Compilation  # the mode the figures were measured in (eager unless stated)
     bandwidth_gbps: Figure | None
     sources: dict[str, Source] = field(default_factory=dict)
 
     @property
-    def reason_source(self) -> str:
+    def reason_source(self) -> ReasonSource:
         """The source a plan's reasons cite for this profile's figures: a fallback's are guesses."""
-        return "fallback" if self.kind == "fallback" else "profile"
+        return ReasonSource.FALLBACK if self.kind is ProfileKind.FALLBACK else ReasonSource.PROFILE
 
     def matches(self, facts: Any) -> tuple[bool, str]:
         """Whether this profile applies to a probe's facts, and why not."""
@@ -281,7 +279,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         return None, c.errors
     if isinstance(top.get("schema"), str) and top["schema"] != SCHEMA:
         c.err("schema", f"{top.get('schema')!r} is not {SCHEMA!r}")
-    for key, allowed in (("device_class", DEVICE_CLASSES), ("kind", KINDS)):
+    for key, allowed in (("device_class", tuple(DeviceClass)), ("kind", tuple(ProfileKind))):
         if isinstance(top.get(key), str):
             c.one_of(top[key], key, allowed)
 
@@ -321,43 +319,46 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         min_cores=m.get("min_cores"), max_cores=m.get("max_cores"),
     )
 
-    formats: dict[str, FormatFigures] = {}
+    formats: dict[WeightFormat, FormatFigures] = {}
     for fmt, fraw in _dict(top.get("formats")).items():
         path = f"formats.{fmt}"
-        c.one_of(fmt, path, WEIGHT_FORMATS)
+        c.one_of(fmt, path, tuple(WeightFormat))
         fd = c.mapping(fraw, path, {"runs": bool},
                        {"reason": str, "decode_tok_s": dict, "prefill_tok_s": dict, "weights_bytes_ratio": dict})
         if not fd:
             continue
         if fd.get("runs") is False and not fd.get("reason"):
             c.err(f"{path}.reason", "missing (say why the kernel does not run here)")
-        formats[fmt] = FormatFigures(
+        figures = FormatFigures(
             runs=bool(fd.get("runs")),
             reason=fd.get("reason"),
             decode_tok_s=figure(fd.get("decode_tok_s"), f"{path}.decode_tok_s"),
             prefill_tok_s=figure(fd.get("prefill_tok_s"), f"{path}.prefill_tok_s"),
             weights_bytes_ratio=figure(fd.get("weights_bytes_ratio"), f"{path}.weights_bytes_ratio"),
         )
+        if fmt in set(WeightFormat):  # else reported above
+            formats[WeightFormat(fmt)] = figures
 
     rt = c.mapping(_dict(top.get("runtime")), "runtime", {},
                    {"process_bytes": dict, "processes": dict, "workspace_bytes_per_token": dict,
                     "load_peak_ratio": dict, "ready_s": dict})
-    processes = {"single-process": 1, "stock": 4}
+    processes = {Topology.SINGLE_PROCESS: 1, Topology.STOCK: 4}
     for topo, n in _dict(rt.get("processes")).items():
-        c.one_of(topo, f"runtime.processes.{topo}", TOPOLOGIES)
+        c.one_of(topo, f"runtime.processes.{topo}", tuple(Topology))
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             c.err(f"runtime.processes.{topo}", f"expected a positive integer, got {n!r}")
-        else:
-            processes[topo] = n
+        elif topo in set(Topology):
+            processes[Topology(topo)] = n
 
     th = c.mapping(_dict(top.get("threads")), "threads", {}, {"reserve_frontend_core": bool, "evidence": str})
     compilation = top.get("compilation") or "eager"
     if isinstance(compilation, str):
-        c.one_of(compilation, "compilation", ("eager", "default"))
+        c.one_of(compilation, "compilation", tuple(Compilation))
 
     profile = Profile(
         name=top.get("name", ""), file=file, device_class=top.get("device_class", ""),
-        kind=top.get("kind", ""), description=top.get("description", ""), match=match, formats=formats,
+        kind=ProfileKind(top["kind"]) if top.get("kind") in set(ProfileKind) else top.get("kind", ""),
+        description=top.get("description", ""), match=match, formats=formats,
         process_bytes=figure(rt.get("process_bytes"), "runtime.process_bytes"),
         processes=processes,
         workspace_bytes_per_token=figure(rt.get("workspace_bytes_per_token"), "runtime.workspace_bytes_per_token"),
@@ -365,11 +366,11 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         ready_s=figure(rt.get("ready_s"), "runtime.ready_s"),
         reserve_frontend_core=th.get("reserve_frontend_core"),
         reserve_evidence=th.get("evidence"),
-        compilation=compilation,
+        compilation=Compilation(compilation) if compilation in set(Compilation) else Compilation.EAGER,
         bandwidth_gbps=figure(top.get("bandwidth_gbps"), "bandwidth_gbps"),
         sources=sources,
     )
-    if profile.kind == "fallback" and (profile.match.isa_all or profile.match.arch != "any"):
+    if profile.kind is ProfileKind.FALLBACK and (profile.match.isa_all or profile.match.arch != "any"):
         c.err("match", "a fallback profile must match any host (arch: any, no ISA rules)")
     return (profile if not c.errors else None), c.errors
 
@@ -424,7 +425,7 @@ def select_profile(profiles: list[Profile], facts: Any) -> tuple[Profile, list[s
         considered.append(f"{p.name}: {why}")
         if not ok:
             continue
-        (fallbacks if p.kind == "fallback" else candidates).append(p)
+        (fallbacks if p.kind is ProfileKind.FALLBACK else candidates).append(p)
     # Prefer profiles for exactly the probed class, then the most specific rules.
     def rank(p: Profile) -> tuple[int, int]:
         return (int(p.device_class == facts.device_class), p.specificity())

@@ -6,7 +6,6 @@ The plan is written to a private temporary file that lives as long as the worker
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import tempfile
@@ -14,28 +13,28 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from edgectl import envvars
-from edgectl.deploy import ask, client_base, port_holder
-from edgectl.errors import EXIT_FAILED, EdgectlError
-from edgectl.plan import Request
+from edgectl.contract import environment, worker
+from edgectl.contract.plan import Plan, Request
+from edgectl.deploy import ask, port_holder
+from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
 from edgectl.status import read_worker_state
 
 
-def wait_serving(plan: dict, proc: subprocess.Popen, timeout_s: float) -> bool:
+def wait_serving(plan: Plan, proc: subprocess.Popen, timeout_s: float) -> bool:
     """Until the worker says it is serving (its warm-up answered) or exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
         state = read_worker_state(plan, timeout_s=2)
-        if state and state.get("phase") == "serving":
+        if state and state.get("phase") == worker.SERVING:
             return True
         time.sleep(0.5)
     return False
 
 
 def serve(request: Request, environ: Mapping[str, str], *, question: str | None, progress) -> int:
-    from edgectl.planning import make_plan
+    from edgectl.inputs import make_plan
 
     planned = make_plan(request, environ)
     holder = port_holder(request.host, request.port)
@@ -47,22 +46,23 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
         progress(f"pulling {request.model}")
         ensure_pulled(request.model, progress, environ)
         planned = make_plan(request, environ, facts=planned.facts)
-    plan = planned.plan.to_dict()
-    progress(planned.plan.render_text())
-    python = envvars.runtime_python(environ)
+    plan = planned.plan
+    progress(planned.render_text())
+    python = environment.runtime_python(environ)
     with tempfile.TemporaryDirectory(prefix="edgectl-serve-") as tmp:
         plan_path = Path(tmp) / "plan.json"
-        plan_path.write_text(json.dumps(plan, indent=2))
-        env = {k: v for k, v in environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-        proc = subprocess.Popen([python, "-m", "edgectl_runtime.worker", "--plan", str(plan_path)], env=env)
+        plan_path.write_text(plan.to_json())
+        # systemd's notify variables are for a service's main process, not for this child
+        env = {k: v for k, v in environ.items() if k not in environment.SYSTEMD_NOTIFY}
+        proc = subprocess.Popen(worker.command(python, str(plan_path)), env=env)
 
         def forward(signum, _frame):
             proc.send_signal(signum)
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
-        if wait_serving(plan, proc, plan["timeouts"]["start_s"]):
-            progress(f"serving {plan['model']['name']} at {client_base(plan)}/v1 (Ctrl-C stops)")
+        if wait_serving(plan, proc, plan.timeouts.start_s):
+            progress(f"serving {plan.model.name} at {worker.base_url(plan.serve)}/v1 (Ctrl-C stops)")
             if question:
                 try:
                     answer = ask(plan, question)
@@ -70,9 +70,9 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
                 except OSError as exc:
                     progress(f"asking {question!r} failed: {exc}")
         code = proc.wait()
-    if code not in (0, -signal.SIGINT, -signal.SIGTERM):
+    if code not in (worker.EXIT_STOPPED, -signal.SIGINT, -signal.SIGTERM):
         raise EdgectlError(f"the worker exited with status {code} (see its log above)",
-                           exit_code=2 if code in (2, 3) else EXIT_FAILED)
+                           exit_code=EXIT_BAD_INPUT if code in worker.NOT_RESTARTABLE else EXIT_FAILED)
     return 0
 
 

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgectl import envvars
+from edgectl.contract import environment, worker
+from edgectl.contract.plan import Plan
 from edgectl.contract.procmem import TreeMem, cgroup_mem
-from edgectl.deploy import Layout, client_base, endpoint_of
+from edgectl.deploy import Layout
 from edgectl.errors import EdgectlError
+from edgectl.output import mib
 from edgectl.systemd import Systemd, UnitState, systemd_running
 from edgectl.units import validate_name
 
@@ -37,20 +39,20 @@ def service_memory(state: UnitState) -> TreeMem | None:
     return cgroup_mem(cgroup)
 
 
-def read_metrics(plan: Mapping[str, Any], timeout_s: float = 3) -> dict[str, float] | None:
+def read_metrics(plan: Plan, timeout_s: float = 3) -> dict[str, float] | None:
     """Counters from the server's Prometheus endpoint, summed over label sets."""
     try:
-        with urllib.request.urlopen(client_base(plan) + "/metrics", timeout=timeout_s) as r:
+        with urllib.request.urlopen(worker.base_url(plan.serve) + "/metrics", timeout=timeout_s) as r:
             text = r.read().decode()
     except OSError:
         return None
     return parse_metrics(text)
 
 
-def read_worker_state(plan: Mapping[str, Any], timeout_s: float = 3) -> dict[str, Any] | None:
+def read_worker_state(plan: Plan, timeout_s: float = 3) -> dict[str, Any] | None:
     """The worker's own report (``GET /edgectl/effective``): phase, read-back settings, load peak."""
     try:
-        with urllib.request.urlopen(client_base(plan) + "/edgectl/effective", timeout=timeout_s) as r:
+        with urllib.request.urlopen(worker.base_url(plan.serve) + worker.EFFECTIVE_ROUTE, timeout=timeout_s) as r:
             return json.loads(r.read())
     except (OSError, ValueError):
         return None
@@ -84,33 +86,32 @@ class DeploymentStatus:
     restarts: int
     uptime_s: float | None
     endpoint: str | None
-    plan: dict[str, Any] | None
+    plan: Plan | None
     memory: TreeMem | None
     metrics: dict[str, float] | None
     load_peak: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        plan_mem = (self.plan or {}).get("memory", {})
+        planned = self.plan.memory if self.plan else None
         mem = None
         if self.memory is not None:
             mem = {**self.memory.to_dict(),
-                   "predicted_total_bytes": plan_mem.get("total_bytes"),
-                   "limit_bytes": plan_mem.get("limit_bytes"),
-                   "high_bytes": plan_mem.get("high_bytes"),
-                   "measured_vs_predicted": (round(self.memory.pss_bytes / plan_mem["total_bytes"], 3)
-                                             if plan_mem.get("total_bytes") and self.memory.processes else None),
+                   "predicted_total_bytes": planned.total_bytes if planned else None,
+                   "limit_bytes": planned.limit_bytes if planned else None,
+                   "high_bytes": planned.high_bytes if planned else None,
+                   "measured_vs_predicted": (round(self.memory.pss_bytes / planned.total_bytes, 3)
+                                             if planned and planned.total_bytes and self.memory.processes else None),
                    "load_peak": self.load_peak,
                    "load_peak_vs_steady": (round(self.load_peak["pss_bytes"] / self.memory.pss_bytes, 3)
                                            if self.load_peak and self.load_peak.get("pss_bytes")
                                            and self.memory.pss_bytes else None)}
         return {"name": self.name, "unit": self.unit, "state": self.state, "sub_state": self.sub_state,
                 "status_text": self.status_text, "restarts": self.restarts, "uptime_s": self.uptime_s,
-                "endpoint": self.endpoint, "model": (self.plan or {}).get("model", {}).get("name"),
-                "weight_format": (self.plan or {}).get("weight_format"), "memory": mem, "served": self.metrics}
+                "endpoint": self.endpoint, "model": self.plan.model.name if self.plan else None,
+                "weight_format": str(self.plan.weight_format) if self.plan else None, "memory": mem,
+                "served": self.metrics}
 
     def render_text(self) -> str:
-        from edgectl.plan import _mib
-
         up = f", up {self.uptime_s:.0f} s" if self.uptime_s is not None else ""
         lines = [f"{self.name} ({self.unit}): {self.state} ({self.sub_state}){up}, {self.restarts} restart(s)"]
         if self.status_text:
@@ -119,16 +120,16 @@ class DeploymentStatus:
             lines.append(f"  endpoint: {self.endpoint}/v1   model {self.to_dict()['model']} ({self.to_dict()['weight_format']})")
         d = self.to_dict()["memory"]
         if d and self.memory and self.memory.processes:
-            lines.append(f"  memory (PSS of the service's cgroup): {_mib(d['pss_bytes'])} "
-                         f"= anon {_mib(d['pss_anon_bytes'])} + file {_mib(d['pss_file_bytes'])}; "
-                         f"predicted {_mib(d['predicted_total_bytes'] or 0)}, MemoryMax {_mib(d['limit_bytes'] or 0)}")
+            lines.append(f"  memory (PSS of the service's cgroup): {mib(d['pss_bytes'])} "
+                         f"= anon {mib(d['pss_anon_bytes'])} + file {mib(d['pss_file_bytes'])}; "
+                         f"predicted {mib(d['predicted_total_bytes'] or 0)}, MemoryMax {mib(d['limit_bytes'] or 0)}")
             if d.get("load_peak_vs_steady"):
                 lp = d["load_peak"]
-                lines.append(f"  load peak (sampled while loading): PSS {_mib(lp['pss_bytes'])} = anon "
-                             f"{_mib(lp['pss_anon_bytes'])} + file {_mib(lp['pss_file_bytes'])}, "
+                lines.append(f"  load peak (sampled while loading): PSS {mib(lp['pss_bytes'])} = anon "
+                             f"{mib(lp['pss_anon_bytes'])} + file {mib(lp['pss_file_bytes'])}, "
                              f"{d['load_peak_vs_steady']:.2f}× steady")
             for p in self.memory.processes:
-                lines.append(f"    pid {p.pid:<7} {p.name:<16} PSS {_mib(p.pss_bytes):>9}  anon {_mib(p.pss_anon_bytes):>9}  file {_mib(p.pss_file_bytes):>9}")
+                lines.append(f"    pid {p.pid:<7} {p.name:<16} PSS {mib(p.pss_bytes):>9}  anon {mib(p.pss_anon_bytes):>9}  file {mib(p.pss_file_bytes):>9}")
         if self.metrics:
             m = self.metrics
             lines.append(f"  served: {m['requests']:.0f} requests, {m['prompt_tokens']:.0f} prompt + "
@@ -150,7 +151,7 @@ class StatusReport:
 
 
 def deployment_names(environ: Mapping[str, str]) -> list[str]:
-    root = Path(envvars.read("EDGECTL_CONFIG_DIR", environ))
+    root = Path(environment.read("EDGECTL_CONFIG_DIR", environ))
     if not root.is_dir():
         return []
     return sorted(p.parent.name for p in root.glob("*/plan.json"))
@@ -169,10 +170,10 @@ def status_of(name: str, environ: Mapping[str, str]) -> DeploymentStatus:
         uptime = max(0.0, (_monotonic_us() - entered) / 1e6)
     memory = service_memory(state) if state.active in ("active", "activating", "deactivating") else None
     metrics = read_metrics(plan) if plan and state.active == "active" else None
-    worker = read_worker_state(plan) if plan and state.active == "active" else None
+    report = read_worker_state(plan) if plan and state.active == "active" else None
     return DeploymentStatus(name, layout.unit, state.active or "unknown", state.sub, state.status_text,
-                            state.restarts, uptime, endpoint_of(plan) if plan else None, plan, memory, metrics,
-                            (worker or {}).get("load_peak") or None)
+                            state.restarts, uptime, worker.endpoint(plan.serve) if plan else None, plan, memory, metrics,
+                            (report or {}).get("load_peak") or None)
 
 
 def status(name: str | None, environ: Mapping[str, str]) -> StatusReport:

@@ -1,9 +1,10 @@
 """The one writer of edgectl's systemd units: a plan (edgectl.plan/1) in, unit text out.
 
 The unit is built from the plan only, never from command-line arguments, by filling
-``units/edgectl.service.in``. Everything taken from the plan is checked and quoted for
-systemd here, so a hand-edited plan cannot smuggle a line into the unit. Pure: no I/O
-except reading the template, no systemd needed (tests compare the text with golden files).
+``units/edgectl.service.in``. Everything taken from the plan is quoted for systemd here, and
+what a unit cannot carry (a privileged port, a path the sandbox hides) is refused, so a
+hand-edited plan cannot smuggle a line into the unit. Pure: no I/O except reading the
+template, no systemd needed (tests compare the text with golden files).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import math
 import posixpath
 import re
 from collections.abc import Mapping
-from typing import Any
 
+from edgectl.contract import worker
+from edgectl.contract.plan import Plan
 from edgectl.errors import EdgectlError
 from edgectl.paths import units_dir
 from edgectl.probe.formats import format_cpu_list
@@ -34,8 +36,6 @@ START_LIMIT_BURST = 5
 
 # Where the unit's sandbox hides things: ProtectHome=yes and PrivateTmp=yes.
 HIDDEN_PREFIXES = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
-
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # The service runs without CAP_NET_BIND_SERVICE, so it cannot bind a port below this.
 FIRST_UNPRIVILEGED_PORT = 1024
@@ -144,63 +144,25 @@ def _cpu_list(cpus: list[int]) -> str:
     return format_cpu_list(cpus, sep=" ")
 
 
-# --- reading the plan ------------------------------------------------------------------------
+# --- what the unit needs of the plan ---------------------------------------------------------
 
 
-class _PlanReader:
-    """Reads the fields the unit needs, collecting one ``plan.FIELD: problem`` line per bad field."""
+class _Problems:
+    """What keeps this plan from becoming a unit, one ``plan.FIELD: problem`` line each."""
 
-    def __init__(self, plan: Any):
-        self.plan = plan if isinstance(plan, Mapping) else {}
-        self.problems: list[str] = [] if isinstance(plan, Mapping) else ["plan: not a JSON object"]
+    def __init__(self) -> None:
+        self.lines: list[str] = []
 
-    def get(self, dotted: str) -> Any:
-        node: Any = self.plan
-        for part in dotted.split("."):
-            if not isinstance(node, Mapping) or part not in node:
-                self.problems.append(f"plan.{dotted}: missing")
-                return None
-            node = node[part]
-        return node
-
-    def text(self, dotted: str) -> str | None:
-        value = self.get(dotted)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value:
-            self.problems.append(f"plan.{dotted}: expected a non-empty string, got {value!r}")
-            return None
-        if "\0" in value:
-            self.problems.append(f"plan.{dotted}: contains a NUL character")
-            return None
-        return value
-
-    def number(self, dotted: str, *, integer: bool = False, minimum: float = 1) -> int | None:
-        value = self.get(dotted)
-        if value is None:
-            return None
-        kinds = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) \
-                or value < minimum:
-            what = "an integer" if integer else "a number"
-            self.problems.append(f"plan.{dotted}: expected {what} >= {minimum}, got {value!r}")
-            return None
-        # Timeouts are rounded up to whole seconds: a shorter limit than planned never helps.
-        return value if isinstance(value, int) else math.ceil(value)
-
-    def path(self, dotted: str) -> str | None:
-        value = self.text(dotted)
-        if value is None:
-            return None
-        return self.check_path(f"plan.{dotted}", value)
+    def add(self, line: str) -> None:
+        self.lines.append(line)
 
     def check_path(self, label: str, value: str) -> str | None:
         """``value`` normalized, if the service will be able to see it; else None and a problem."""
         if not value.startswith("/"):
-            self.problems.append(f"{label}: {value!r} is not an absolute path")
+            self.add(f"{label}: {value!r} is not an absolute path")
             return None
         if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-            self.problems.append(f"{label}: {value!r} contains a control character")
+            self.add(f"{label}: {value!r} contains a control character")
             return None
         normal = posixpath.normpath(value)
         if normal.startswith("//"):
@@ -208,15 +170,11 @@ class _PlanReader:
         for prefix in HIDDEN_PREFIXES:
             if normal == prefix or normal.startswith(prefix + "/"):
                 why = "PrivateTmp=yes" if prefix in ("/tmp", "/var/tmp") else "ProtectHome=yes"
-                self.problems.append(
+                self.add(
                     f"{label}: {value} is hidden from the service by {why}; keep it outside "
                     f"{', '.join(HIDDEN_PREFIXES)} (models: under /var/lib/edgectl/models)")
                 return None
         return normal
-
-
-def _endpoint(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _host_scope(host: str) -> str:
@@ -270,89 +228,56 @@ def _fill(template: str, values: Mapping[str, str], name: str = TEMPLATE) -> str
     return text
 
 
-def render_unit(plan: Mapping[str, Any], *, plan_path: str, python: str) -> str:
-    """The text of ``edgectl-NAME.service`` for ``plan`` (edgectl.plan/1).
+def render_unit(plan: Plan, *, plan_path: str, python: str) -> str:
+    """The text of ``edgectl-NAME.service`` for ``plan``.
 
     ``plan_path`` is where the plan is written (the worker reads it from there); ``python`` is
-    the runtime interpreter (EDGECTL_RUNTIME_PYTHON). Raises EdgectlError naming every field
-    the unit cannot be built from.
+    the runtime interpreter (EDGECTL_RUNTIME_PYTHON). The plan itself was checked when it was
+    read (``Plan.from_dict``); this refuses, naming every field, what a unit cannot carry.
     """
-    r = _PlanReader(plan)
-    name = r.text("serve.name")
-    if name is not None:
-        try:
-            validate_name(name)
-        except EdgectlError as exc:
-            r.problems.append(f"plan.serve.name: {exc.message}")
-            name = None
-    host = r.text("serve.host")
-    if host is not None and (any(ch.isspace() for ch in host) or any(ord(ch) < 0x20 for ch in host)):
-        r.problems.append(f"plan.serve.host: {host!r} is not a host name or address")
-        host = None
-    port = r.number("serve.port", integer=True)
-    if port is not None and port > 65535:
-        r.problems.append(f"plan.serve.port: {port} is not a TCP port (1-65535)")
-    elif port is not None and port < FIRST_UNPRIVILEGED_PORT:
-        r.problems.append(f"plan.serve.port: {port} is a privileged port and the service runs without "
-                          f"privileges: use --port {FIRST_UNPRIVILEGED_PORT} or above (e.g. 8000)")
-    model = r.text("model.name")
-    model_path = r.path("model.path")
-    weight_format = r.text("weight_format")
-    start_s = r.number("timeouts.start_s")
-    watchdog_s = r.number("timeouts.watchdog_s")
-    stop_s = r.number("timeouts.stop_s")
-    high_bytes = r.number("memory.high_bytes", integer=True)
-    limit_bytes = r.number("memory.limit_bytes", integer=True)
-    if high_bytes is not None and limit_bytes is not None and high_bytes > limit_bytes:
-        r.problems.append(f"plan.memory.high_bytes: {high_bytes} is above limit_bytes {limit_bytes}")
+    p = _Problems()
+    name = plan.serve.name
+    try:
+        own = unit_environment(name)  # validates the name
+    except EdgectlError as exc:
+        p.add(f"plan.serve.name: {exc.message}")
+        own = {}
+    host = plan.serve.host
+    if any(ch.isspace() for ch in host) or any(ord(ch) < 0x20 for ch in host):
+        p.add(f"plan.serve.host: {host!r} is not a host name or address")
+    port = plan.serve.port
+    if port < FIRST_UNPRIVILEGED_PORT:
+        p.add(f"plan.serve.port: {port} is a privileged port and the service runs without "
+              f"privileges: use --port {FIRST_UNPRIVILEGED_PORT} or above (e.g. 8000)")
+    model_path = p.check_path("plan.model.path", plan.model.path)
 
-    cpus = r.get("cpus")
-    if cpus is not None:
-        if (not isinstance(cpus, list) or not cpus
-                or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus)
-                or len(set(cpus)) != len(cpus)):
-            r.problems.append(f"plan.cpus: expected a non-empty list of distinct CPU numbers, got {cpus!r}")
-            cpus = None
-
-    env = r.get("env")
     env_lines: list[str] = []
-    if env is not None and not isinstance(env, Mapping):
-        r.problems.append(f"plan.env: expected an object of NAME: value strings, got {env!r}")
-    elif env is not None:
-        own = unit_environment(name) if name else {}
-        for key in sorted(env):
-            value = env[key]
-            if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
-                r.problems.append(f"plan.env: {key!r} is not a variable name")
-            elif not isinstance(value, str) or "\0" in value:
-                r.problems.append(f"plan.env.{key}: expected a string, got {value!r}")
-            elif key in own and value != own[key]:
-                r.problems.append(f"plan.env.{key}: the unit sets it to {own[key]!r} itself; "
-                                  "remove it from the plan")
-            elif key not in own:
-                env_lines.append(f"Environment={quote_word(f'{key}={value}')}")
+    for key in sorted(plan.env):
+        value = plan.env[key]
+        if key in own and value != own[key]:
+            p.add(f"plan.env.{key}: the unit sets it to {own[key]!r} itself; remove it from the plan")
+        elif key not in own:
+            env_lines.append(f"Environment={quote_word(f'{key}={value}')}")
 
-    checked_plan_path = r.check_path("plan path", plan_path)
-    checked_python = r.check_path("runtime python", python)
+    p.check_path("plan path", plan_path)
+    p.check_path("runtime python", python)
+    if p.lines:
+        raise EdgectlError(f"cannot write the systemd unit from this plan: {p.lines[0]}", details=p.lines[1:])
+    assert model_path is not None
 
-    if r.problems:
-        raise EdgectlError(f"cannot write the systemd unit from this plan: {r.problems[0]}",
-                           details=r.problems[1:])
-    assert name and host and port and model and model_path and weight_format  # for the type checker
-    assert start_s and watchdog_s and stop_s and high_bytes and limit_bytes and cpus
-    assert checked_plan_path and checked_python
-
+    # Timeouts are rounded up to whole seconds: a shorter limit than planned never helps.
+    start_s, watchdog_s, stop_s = (math.ceil(t) for t in (plan.timeouts.start_s, plan.timeouts.watchdog_s,
+                                                           plan.timeouts.stop_s))
     scope = _host_scope(host)
-    exec_start = " ".join([quote_word(python, dollar=True), "-m", "edgectl_runtime.worker",
-                           "--plan", quote_word(plan_path, dollar=True)])
+    exec_start = " ".join(worker.command(quote_word(python, dollar=True), quote_word(plan_path, dollar=True)))
     values = {
         "UNIT": unit_name(name),
         "UNIT_STEM": f"edgectl-{name}",
         "NAME": name,
         "PLAN_PATH_NOTE": _c_escape(plan_path),
-        "MODEL": _free_text(model),
-        "WEIGHT_FORMAT": _free_text(weight_format),
-        "ENDPOINT": _free_text(_endpoint(host, port)),
+        "MODEL": _free_text(plan.model.name),
+        "WEIGHT_FORMAT": _free_text(plan.weight_format),
+        "ENDPOINT": _free_text(worker.host_port(plan.serve)),
         "NETWORK_ORDERING": _network_ordering(scope),
         "START_LIMIT_BURST": str(START_LIMIT_BURST),
         # Longer than START_LIMIT_BURST failed starts that each take the start timeout, the
@@ -365,12 +290,13 @@ def render_unit(plan: Mapping[str, Any], *, plan_path: str, python: str) -> str:
         "WATCHDOG_S": str(watchdog_s),
         "STOP_S": str(stop_s),
         "RESTART_S": str(RESTART_S),
-        "MEMORY_HIGH_BYTES": str(high_bytes),
-        "MEMORY_MAX_BYTES": str(limit_bytes),
-        "CPUS": _cpu_list(cpus),
+        "MEMORY_HIGH_BYTES": str(plan.memory.high_bytes),
+        "MEMORY_MAX_BYTES": str(plan.memory.limit_bytes),
+        "CPUS": _cpu_list(plan.cpus),
         "PLAN_ENVIRONMENT": "\n".join(env_lines) if env_lines else "# (the plan sets no variables)",
         "MODEL_PATH": quote_word(model_path),
         "IP_ACCESS": _ip_access(scope),
+        "NOT_RESTARTABLE": " ".join(str(code) for code in worker.NOT_RESTARTABLE),
     }
     return _fill(_read_template(), values)
 

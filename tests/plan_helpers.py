@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.models.inspect import ModelFacts, inspect_model
-from edgectl.plan import Plan, Request, plan
+from edgectl.contract.plan import Plan, Request
+from edgectl.planner import plan
 from edgectl.probe import HostFacts, probe
 from edgectl.profiles import Profile, load_profile, load_profiles
 from models_helpers import SHAPES

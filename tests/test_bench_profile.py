@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from edgectl.bench import stats
-from edgectl.plan import Request
-from edgectl.planning import make_plan
+from edgectl.contract.plan import ProfileKind, ProfileRef, Request
+from edgectl.inputs import make_plan
 from edgectl.probe import probe
 from edgectl.profiles import load_profile, parse_profile
 from models_helpers import REPO
@@ -62,10 +62,10 @@ def test_a_recorded_profile_validates_and_the_plan_then_matches_the_measured_mem
     # the planner now plans from it, and its memory prediction matches the measured steady PSS
     env = environ(tmp_path)
     replan = make_plan(Request(model=str(model_dir), max_model_len=1024), env, facts=facts).plan
-    assert replan.profile == {"name": "x86_64-avx512", "file": str(path), "kind": "measured"}
+    assert replan.profile == ProfileRef(name="x86_64-avx512", file=str(path), kind=ProfileKind.MEASURED)
     measured = planned["median"]["pss_steady_bytes"]
     assert abs(replan.memory.total_bytes - measured) <= 0.10 * measured
-    assert replan.predicted["decode_tok_s"] is not None
+    assert replan.predicted.decode_tok_s is not None
 
 
 def test_formats_not_measured_are_carried_over_from_the_installed_profile(tmp_path, model_dir) -> None:

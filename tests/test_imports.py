@@ -13,8 +13,9 @@ HEAVY = ("torch", "vllm", "transformers", "numpy")
 @pytest.mark.parametrize("code", [
     "import edgectl, edgectl.cli",
     "from edgectl.cli import app",
-    "import edgectl.plan, edgectl.planning, edgectl.profiles, edgectl.deploy, edgectl.status, edgectl.units",
-    "import edgectl.models.inspect, edgectl.models.pull, edgectl.effective, edgectl.vllm_args, edgectl.contract.procmem",
+    "import edgectl.planner, edgectl.inputs, edgectl.profiles, edgectl.deploy, edgectl.status, edgectl.units",
+    "import edgectl.models.inspect, edgectl.models.pull, edgectl.contract.effective, edgectl.contract.vllm_args",
+    "import edgectl.contract.plan, edgectl.contract.environment, edgectl.contract.procmem, edgectl.contract.worker",
 ])
 def test_importing_the_control_plane_pulls_in_nothing_heavy(code: str):
     probe = f"{code}\nimport sys\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"

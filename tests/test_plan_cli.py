@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from edgectl.errors import EdgectlError
+from edgectl.inputs import render_plan
 from edgectl.models.inspect import inspect_model
 from edgectl.probe import HostFacts, probe
 from edgectl.profiles import select_profile
@@ -105,7 +106,7 @@ def test_plan_text_names_the_decisions(tmp_path: Path):
     profile, _ = select_profile(list(shipped_profiles()), facts)
     assert out.startswith(f"plan for smollm2-135m on x86_64-avx512 (profile {profile.name}, {profile.kind})\n")
     p = make_plan(facts, shape(SMOLLM2), shipped_profiles())
-    assert out == p.render_text() + "\n"  # the text of the very plan, nothing lost or added on the way
+    assert out == render_plan(p) + "\n"  # the text of the very plan, nothing lost or added on the way
     groups = f", int4 groups of {p.group_size}" if p.weight_format != "bf16" else ""
     assert f"\n  weights     {p.weight_format}{groups}\n" in out
     assert f"\n  context     {p.max_model_len} tokens × 1 sequence(s); RoPE rows {p.max_model_len}\n" in out

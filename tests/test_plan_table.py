@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import pytest
 
 from edgectl.errors import EdgectlError
-from edgectl.plan import MAX_BATCHED_TOKENS
+from edgectl.planner.ledger import MAX_BATCHED_TOKENS
 from plan_helpers import (
     GIB,
     LLAMA31_8B,
@@ -368,7 +368,7 @@ def test_plan_table(host_name: str, model_name: str):
         assert ledger(s, fmt, max_len + 256, h.runtime).limit > h.budget
 
     p = make_plan(facts, model)
-    assert (p.profile["name"], p.profile["kind"]) == (h.profile, h.kind)
+    assert (p.profile.name, p.profile.kind) == (h.profile, h.kind)
     assert p.device_class == str(facts.device_class)
     assert p.weight_format == fmt
     assert p.max_model_len == max_len and p.max_num_seqs == 1

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from edgectl.contract.plan import ProfileRef
 from edgectl.errors import EdgectlError
 from edgectl.probe import AmxPermission
 from edgectl.profiles import Figure, Profile, load_profile, load_profiles, parse_profile, select_profile
@@ -305,7 +306,7 @@ def test_each_fixture_host_gets_a_sensible_shipped_profile(host: str):
         plan = make_plan(facts, shape(SMOLLM2), profiles)
     except EdgectlError:
         return  # a refusal is checked below (test_the_shipped_profiles_never_plan_a_kernel_the_host_lacks)
-    assert plan.profile == {"name": chosen.name, "file": chosen.file, "kind": chosen.kind}
+    assert plan.profile == ProfileRef(name=chosen.name, file=chosen.file, kind=chosen.kind)
     why = reasons_by_decision(plan)["profile"][0]
     assert (why["source"] == "fallback") == (chosen.kind == "fallback")
     assert ("nobody has measured this class" in why["detail"]) == (chosen.kind == "fallback")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from edgectl.contract.plan import Plan
 from edgectl.errors import EdgectlError
 from edgectl.units import (
     NAME_MAX_CHARS,
@@ -41,7 +42,7 @@ SCENARIOS = {
     "odd-paths": "model path, plan path and environment with spaces, quotes, %, $ and \\; IPv6 loopback",
 }
 
-PLAN_KEYS = {  # edgectl.plan/1, top level (docs: plan-schema)
+PLAN_KEYS = {  # edgectl.plan/1, top level (edgectl/contract/plan.py)
     "schema", "model", "device_class", "profile", "weight_format", "group_size", "quantize_lm_head",
     "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes", "kv_bytes_per_token",
     "block_size", "rope_rows", "threads", "cpus", "topology", "compilation", "levers", "memory",
@@ -61,7 +62,7 @@ def load_scenario(scenario: str) -> tuple[dict, dict, Path, set[str]]:
 
 def render_scenario(scenario: str) -> tuple[str, Path]:
     plan, args, expected, _ = load_scenario(scenario)
-    return render_unit(plan, plan_path=args["plan_path"], python=args["python"]), expected
+    return render_unit(Plan.from_dict(plan), plan_path=args["plan_path"], python=args["python"]), expected
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -111,7 +112,7 @@ def _analyze(tmp_path: Path, scenario: str, *args: str) -> subprocess.CompletedP
         # verify checks that ExecStart's program exists
         pytest.skip(f"{render_args['python']} is missing: run scripts/setup.sh")
     unit = tmp_path / expected.name
-    unit.write_text(render_unit(plan, plan_path=render_args["plan_path"], python=render_args["python"]))
+    unit.write_text(render_unit(Plan.from_dict(plan), plan_path=render_args["plan_path"], python=render_args["python"]))
     return subprocess.run(["systemd-analyze", *args, str(unit)], capture_output=True, text=True, timeout=60)
 
 
@@ -147,7 +148,8 @@ def small_plan() -> dict:
 
 def render(plan: dict, plan_path: str = "/etc/edgectl/small/plan.json",
            python: str = "/opt/edgectl/venv/bin/python") -> str:
-    return render_unit(plan, plan_path=plan_path, python=python)
+    """The unit of a plan's JSON, read as every reader reads it (``Plan.from_dict``)."""
+    return render_unit(Plan.from_dict(plan), plan_path=plan_path, python=python)
 
 
 def settings(text: str) -> dict[str, list[str]]:
@@ -302,7 +304,7 @@ def test_plan_may_not_move_the_units_own_directories():
 
 def test_not_a_plan():
     with pytest.raises(EdgectlError, match="not a JSON object"):
-        render_unit([], plan_path="/etc/edgectl/x/plan.json", python="/usr/bin/python3")
+        render([], plan_path="/etc/edgectl/x/plan.json", python="/usr/bin/python3")
 
 
 def test_writer_imports_neither_torch_nor_vllm():

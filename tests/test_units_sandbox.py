@@ -24,6 +24,7 @@ import tempfile
 import pytest
 from sandbox import host_dirs_restored, unique_name
 
+from edgectl.contract.plan import Plan
 from edgectl.units import render_unit, unit_name
 
 pytestmark = pytest.mark.systemd
@@ -215,7 +216,7 @@ def install(sandbox, root: str, plan: dict, *, extra: str = "") -> str:
     """Write the plan where its path says, render the unit from it and load the unit."""
     plan_path = plan_path_for(root, plan)
     sandbox.write_file(plan_path, json.dumps(plan))
-    text = render_unit(plan, plan_path=plan_path, python=PYTHON)
+    text = render_unit(Plan.from_dict(plan), plan_path=plan_path, python=PYTHON)  # read as every reader reads it
     if extra:  # a deliberately changed unit, for the counter-examples only
         text = text.replace("\n[Install]", f"\n{extra}\n\n[Install]")
     unit = unit_name(plan["serve"]["name"])

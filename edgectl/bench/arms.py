@@ -5,7 +5,7 @@ Three launchers:
 - ``worker``: edgectl's own worker (``python -m edgectl_runtime.worker --plan FILE``) on a
   plan made by the same planner ``edgectl plan`` uses, with the arm's overrides. Read-back:
   ``GET /edgectl/effective`` (what the engine holds, read inside the process that holds the
-  model); integrity: ``edgectl.effective.mismatches`` plus the process count the bench sees.
+  model); integrity: ``edgectl.contract.effective.mismatches`` plus the process count the bench sees.
 - ``vllm``: unmodified vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
   with ``server_args(plan, stock=True)``; edgectl's plugin excluded with ``VLLM_PLUGINS``.
   Read-back, since the server has no edgectl route: ``/v1/models`` (context),
@@ -32,9 +32,12 @@ from typing import Any
 
 from edgectl.bench.client import Client, HttpFailed
 from edgectl.bench.server import ServerProcess
-from edgectl.effective import is_int4, mismatches
+from edgectl.contract import worker
+from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
+from edgectl.contract.effective import is_int4, mismatches
+from edgectl.contract.plan import Plan, Topology
+from edgectl.contract.vllm_args import READBACK_EXTENSION, server_args
 from edgectl.errors import EdgectlError
-from edgectl.vllm_args import server_args
 
 CONTROL = "stock"
 
@@ -98,8 +101,8 @@ class BenchContext:
     model_path: str
     vocab_size: int
     kv_bytes_per_token: int
-    planned: dict[str, Any]  # the planned arm's plan: every arm runs its context and concurrency
-    planner: Callable[[dict[str, Any]], dict[str, Any]]  # Request overrides -> plan dict
+    planned: Plan  # the planned arm's plan: every arm runs its context and concurrency
+    planner: Callable[[dict[str, Any]], Plan]  # Request overrides -> plan
     runtime_python: str
     child_env: dict[str, str]  # the environment servers start from (overriding variables removed)
     logs_dir: Path  # one sub-directory per pass: the server's log (and the worker's plan file)
@@ -123,7 +126,7 @@ class PreparedArm:
         self.spec = spec
         self.name = spec.name
         self.ctx = ctx
-        self.plan: dict[str, Any] | None = None
+        self.plan: Plan | None = None
 
     # the launch
     def default_command(self, port: int, pass_dir: Path) -> list[str]:
@@ -161,11 +164,11 @@ class PreparedArm:
         resident = effective.get("resident") or {}
         if resident.get("parameters_bytes") is not None:
             return int(resident["parameters_bytes"]) + int(resident.get("outside_parameters_bytes") or 0)
-        return int(self.plan["memory"]["weights_bytes"]) if self.plan else None
+        return self.plan.memory.weights_bytes if self.plan else None
 
     def describe(self) -> dict[str, Any]:
         return {"launcher": self.launcher, "description": self.spec.description,
-                "overrides": dict(self.spec.overrides), "plan": self.plan}
+                "overrides": dict(self.spec.overrides), "plan": self.plan.to_dict() if self.plan else None}
 
 
 def _check_alive(server: ServerProcess) -> None:
@@ -192,22 +195,21 @@ def _check_deadline(server: ServerProcess, deadline: float) -> None:
         raise Crashed(f"not ready after {server.elapsed_s():.0f} s (--start-timeout): " + " | ".join(server.log_tail(4)))
 
 
-def _write_plan(plan: dict[str, Any], port: int, pass_dir: Path) -> Path:
+def _write_plan(plan: Plan, port: int, pass_dir: Path) -> Path:
     """The plan as the worker reads it, bound to this pass's port on the loopback."""
     pass_dir.mkdir(parents=True, exist_ok=True)
     path = pass_dir / "plan.json"
-    path.write_text(json.dumps(_with_port(plan, port), indent=1))
+    path.write_text(json.dumps(_with_port(plan, port).to_dict(), indent=1))
     return path
 
 
-def _with_port(plan: dict[str, Any], port: int) -> dict[str, Any]:
-    return {**plan, "serve": {**plan.get("serve", {}), "host": "127.0.0.1", "port": port}}
+def _with_port(plan: Plan, port: int) -> Plan:
+    return plan.with_serve(host="127.0.0.1", port=port)
 
 
 def _same_shape(ctx: BenchContext, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The arm's overrides plus the planned arm's context and concurrency."""
-    return {"max_model_len": ctx.planned["max_model_len"], "max_num_seqs": ctx.planned["max_num_seqs"],
-            **overrides}
+    return {"max_model_len": ctx.planned.max_model_len, "max_num_seqs": ctx.planned.max_num_seqs, **overrides}
 
 
 # -- edgectl's worker ----------------------------------------------------------------------------
@@ -221,10 +223,11 @@ class WorkerArm(PreparedArm):
         self.plan = ctx.planned if spec.name == "planned" else ctx.planner(_same_shape(ctx, spec.overrides))
 
     def prepare_files(self, port: int, pass_dir: Path) -> None:
+        assert self.plan is not None
         _write_plan(self.plan, port, pass_dir)
 
     def default_command(self, port: int, pass_dir: Path) -> list[str]:
-        return [self.ctx.runtime_python, "-m", "edgectl_runtime.worker", "--plan", str(pass_dir / "plan.json")]
+        return worker.command(self.ctx.runtime_python, str(pass_dir / "plan.json"))
 
     def wait_ready(self, client: Client, server: ServerProcess, deadline: float) -> None:
         # The worker answers /edgectl/effective once its app is up; "serving" after its warm-up.
@@ -232,12 +235,12 @@ class WorkerArm(PreparedArm):
             code = server.returncode()
             if code is not None:
                 tail = server.log_tail(8)
-                if code == 3:  # EXIT_MISMATCH: the worker refused, a setting did not take effect
+                if code == worker.EXIT_MISMATCH:  # the worker refused: a setting did not take effect
                     differs = [ln for ln in tail if "differs from the plan" in ln or "refusing" in ln]
                     raise Crashed("the worker refused to serve: " + " | ".join(differs or tail), invalid=True)
                 raise Crashed(f"the worker exited with code {code} before it was ready: {crash_reason(server)}")
             try:
-                if client.get_json("/edgectl/effective", timeout=5).get("phase") == "serving":
+                if client.get_json(worker.EFFECTIVE_ROUTE, timeout=5).get("phase") == worker.SERVING:
                     return
             except HttpFailed:
                 pass
@@ -245,23 +248,22 @@ class WorkerArm(PreparedArm):
             time.sleep(0.25)
 
     def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
-        eff = client.get_json("/edgectl/effective", timeout=30)
-        eff["readback_via"] = "GET /edgectl/effective (edgectl worker)"
+        eff = client.get_json(worker.EFFECTIVE_ROUTE, timeout=30)
+        eff["readback_via"] = f"GET {worker.EFFECTIVE_ROUTE} (edgectl worker)"
         return eff
 
     def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+        assert self.plan is not None
         problems = mismatches(self.plan, effective)
-        if self.plan["topology"] == "single-process" and processes != 1:
+        if self.plan.topology is Topology.SINGLE_PROCESS and processes != 1:
             problems.append(f"the bench counts {processes} processes in the server's tree, "
                             "the plan's single-process topology has 1")
-        if effective.get("phase") not in (None, "serving"):
+        if effective.get("phase") not in (None, worker.SERVING):
             problems.append(f"the worker is in phase {effective.get('phase')!r}, not serving")
         return problems
 
 
 # -- unmodified vLLM -----------------------------------------------------------------------------
-
-READBACK_EXTENSION = "edgectl_runtime.readback.ReadbackExtension"
 
 
 class VllmArm(PreparedArm):
@@ -273,7 +275,7 @@ class VllmArm(PreparedArm):
         super().__init__(spec, ctx)
         self.plan = ctx.planner(_same_shape(ctx, {
             "weight_format": "bf16", "topology": "stock", "compilation": "default", "rope_cap": False,
-            "kv_cache_bytes": ctx.planned["kv_cache_bytes"], **spec.overrides}))
+            "kv_cache_bytes": ctx.planned.kv_cache_bytes, **spec.overrides}))
 
     def server_args(self, port: int) -> list[str]:
         return server_args(_with_port(self.plan, port), stock=True) + ["--worker-extension-cls", READBACK_EXTENSION]
@@ -287,7 +289,7 @@ class VllmArm(PreparedArm):
         return {**self.ctx.child_env, "VLLM_PLUGINS": self.ctx.stock_plugins, "VLLM_SERVER_DEV_MODE": "1"}
 
     def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
-        eff: dict[str, Any] = {"schema": "edgectl.effective/1", "readback_via": (
+        eff: dict[str, Any] = {"schema": EFFECTIVE_SCHEMA, "readback_via": (
             "/v1/models (context), /metrics vllm:cache_config_info (KV blocks), "
             f"POST /collective_rpc edgectl_describe ({READBACK_EXTENSION}: formats, RoPE rows, threads)")}
         models = client.get_json("/v1/models", timeout=30).get("data") or [{}]
@@ -329,8 +331,8 @@ class VllmArm(PreparedArm):
             if got != want:
                 out.append(f"{what} is {got!r}, the arm asks for {want!r}")
 
-        differ("max_model_len", plan["max_model_len"], effective.get("max_model_len"))
-        differ("KV cache bytes", plan["kv_cache_bytes"], effective.get("kv_cache_bytes"))
+        differ("max_model_len", plan.max_model_len, effective.get("max_model_len"))
+        differ("KV cache bytes", plan.kv_cache_bytes, effective.get("kv_cache_bytes"))
         out += self._check_model(effective)
         return out
 
@@ -347,10 +349,10 @@ class VllmArm(PreparedArm):
         if not isinstance(rope, Mapping) or not rope:
             out.append("RoPE table rows could not be read back")
         else:
-            capped = {k: v for k, v in rope.items() if v != self.plan["rope_rows"]}
+            capped = {k: v for k, v in rope.items() if v != self.plan.rope_rows}
             if capped:
                 name, rows = next(iter(capped.items()))
-                out.append(f"RoPE table {name} has {rows} rows; unmodified vLLM builds {self.plan['rope_rows']} "
+                out.append(f"RoPE table {name} has {rows} rows; unmodified vLLM builds {self.plan.rope_rows} "
                            "(is edgectl's plugin loaded?)")
         return out
 
@@ -361,15 +363,15 @@ class VllmDefaultsArm(VllmArm):
     launcher = "vllm-defaults"
 
     def server_args(self, port: int) -> list[str]:
-        return ["--model", self.plan["model"]["path"], "--max-model-len", str(self.plan["max_model_len"]),
+        return ["--model", self.plan.model.path, "--max-model-len", str(self.plan.max_model_len),
                 # naming and binding only, so the harness can reach it; plus the read-back extension
-                "--served-model-name", self.plan["model"]["name"], "--host", "127.0.0.1", "--port", str(port),
+                "--served-model-name", self.plan.model.name, "--host", "127.0.0.1", "--port", str(port),
                 "--worker-extension-cls", READBACK_EXTENSION]
 
     def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
         out = []
-        if effective.get("max_model_len") != self.plan["max_model_len"]:
-            out.append(f"max_model_len is {effective.get('max_model_len')!r}, the arm asks for {self.plan['max_model_len']}")
+        if effective.get("max_model_len") != self.plan.max_model_len:
+            out.append(f"max_model_len is {effective.get('max_model_len')!r}, the arm asks for {self.plan.max_model_len}")
         return out + self._check_model(effective)
 
 
@@ -399,7 +401,7 @@ class LlamaCppArm(PreparedArm):
     def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
         super().__init__(spec, ctx)
         self.threads = ctx.usable_cpus
-        self.expected = {"max_model_len": ctx.planned["max_model_len"], "max_num_seqs": ctx.planned["max_num_seqs"],
+        self.expected = {"max_model_len": ctx.planned.max_model_len, "max_num_seqs": ctx.planned.max_num_seqs,
                          "threads": self.threads, "model": ctx.gguf_path}
 
     def default_command(self, port: int, pass_dir: Path) -> list[str]:
@@ -423,7 +425,7 @@ class LlamaCppArm(PreparedArm):
                 break
         slots = props.get("total_slots")
         n_ctx = gen.get("n_ctx")
-        return {"schema": "edgectl.effective/1", "readback_via": "GET /props (context, slots), log (threads)",
+        return {"schema": EFFECTIVE_SCHEMA, "readback_via": "GET /props (context, slots), log (threads)",
                 "max_model_len": n_ctx, "max_num_seqs": slots, "threads": threads,
                 "model_path": props.get("model_path"), "build_info": props.get("build_info")}
 

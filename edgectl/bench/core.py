@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgectl import envvars
 from edgectl.bench import provenance as prov
 from edgectl.bench import report
 from edgectl.bench.arms import CONTROL, BenchContext, parse_arm_names, prepare_arms
 from edgectl.bench.llamacpp import find_llama_server
 from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
 from edgectl.bench.runner import attach_fidelity, interleaved, run_grid, utc_now
+from edgectl.contract import environment
 from edgectl.errors import EdgectlError
 
 MIN_PASSES_FOR_PROFILE = 3
@@ -59,14 +59,14 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
             raise EdgectlError("--record-profile needs the `planned` arm (add it to --arms)")
         if opts.passes < MIN_PASSES_FOR_PROFILE:
             raise EdgectlError(f"--record-profile needs at least {MIN_PASSES_FOR_PROFILE} passes (got --passes {opts.passes})")
-    profiles_dir = opts.profiles_dir or Path(envvars.read("EDGECTL_PROFILES_DIR", environ))
+    profiles_dir = opts.profiles_dir or Path(environment.read("EDGECTL_PROFILES_DIR", environ))
     _check_writable(opts.out, "--out")
     if opts.record_profile:
         _check_writable(profiles_dir, "--profiles-dir (or EDGECTL_PROFILES_DIR)")
     prompts = prompt_set()
 
-    from edgectl.plan import Request
-    from edgectl.planning import make_plan
+    from edgectl.contract.plan import Plan, Request
+    from edgectl.inputs import make_plan
     from edgectl.probe import probe
 
     from edgectl.models.cache import resolve_model
@@ -77,15 +77,16 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     facts = opts.facts if opts.facts is not None else probe("/", bandwidth=True, environ=environ)
     planned = make_plan(Request(model=opts.model, max_model_len=opts.max_model_len), environ, facts=facts)
     model = planned.model
-    if planned.plan.max_model_len <= PREFILL_TOKENS:
-        raise EdgectlError(f"a context of {planned.plan.max_model_len} tokens has no room for the {PREFILL_TOKENS}-token "
+    plan = planned.plan
+    if plan.max_model_len <= PREFILL_TOKENS:
+        raise EdgectlError(f"a context of {plan.max_model_len} tokens has no room for the {PREFILL_TOKENS}-token "
                            f"prefill prompt and its answer: use --max-model-len {PREFILL_TOKENS * 2} or more")
     base_request = {"model": opts.model}
 
-    def planner(overrides: dict[str, Any]) -> dict[str, Any]:
-        return make_plan(Request(**{**base_request, **overrides}), environ, facts=facts).plan.to_dict()
+    def planner(overrides: dict[str, Any]) -> Plan:
+        return make_plan(Request(**{**base_request, **overrides}), environ, facts=facts).plan
 
-    runtime_python = envvars.read("EDGECTL_RUNTIME_PYTHON", environ)
+    runtime_python = environment.read("EDGECTL_RUNTIME_PYTHON", environ)
     child_env, dropped = prov.child_environment(environ)
     runtime = prov.runtime_info(runtime_python, child_env)
     plugins, excluded = prov.stock_plugins(runtime)
@@ -95,12 +96,12 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
 
     date = started.strftime("%Y-%m-%d")
     host = socket.gethostname()
-    path = report.artifact_path(opts.out, date, host, planned.plan.model["name"])
+    path = report.artifact_path(opts.out, date, host, plan.model.name)
     logs_dir = path.with_suffix(".logs")
     ctx = BenchContext(
-        model_name=planned.plan.model["name"], model_path=planned.plan.model["path"],
-        vocab_size=int(model.vocab_size), kv_bytes_per_token=int(planned.plan.kv_bytes_per_token),
-        planned=planned.plan.to_dict(), planner=planner, runtime_python=runtime_python, child_env=child_env,
+        model_name=plan.model.name, model_path=plan.model.path,
+        vocab_size=int(model.vocab_size), kv_bytes_per_token=plan.kv_bytes_per_token,
+        planned=plan, planner=planner, runtime_python=runtime_python, child_env=child_env,
         logs_dir=logs_dir, usable_cpus=len(facts.topology.usable_cpus or []) or 1,
         stock_plugins=plugins, llama_server=llama.path, llama_unavailable=llama.origin if not llama.path else None,
         gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, commands=dict(opts.commands),
@@ -114,8 +115,8 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     artifact: dict[str, Any] = {
         "schema": report.SCHEMA,
         "provenance": {
-            "model": ctx.model_name, "model_path": ctx.model_path, "max_model_len": ctx.planned["max_model_len"],
-            "max_num_seqs": ctx.planned["max_num_seqs"], "passes": opts.passes, "seed": opts.seed,
+            "model": ctx.model_name, "model_path": ctx.model_path, "max_model_len": plan.max_model_len,
+            "max_num_seqs": plan.max_num_seqs, "passes": opts.passes, "seed": opts.seed,
             "arms": [a.name for a in arms], "order": [f"{n}#{i + 1}" for n, i in interleaved([a.name for a in arms], opts.passes)],
             "host": host, "probe": facts.to_dict(), "edgectl": prov.edgectl_version(),
             "vllm": runtime.get("vllm"), "torch": runtime.get("torch"), "runtime_python": runtime_python,

@@ -23,13 +23,16 @@ overrides the shipped one).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from edgectl.atomic import write_text_atomic
+from edgectl.contract.plan import Plan, Request, Topology
 from edgectl.errors import EdgectlError
+from edgectl.planner import plan as make_plan
 from edgectl.profiles import SCHEMA, parse_profile
 
 MiB = 1 << 20
@@ -66,7 +69,7 @@ def record_profile(artifact: dict[str, Any], artifact_path: Path, profiles_dir: 
 def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, model: Any,
                   environ: Any, profiles_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The profile document, and the ledger check against the measured steady PSS."""
-    from edgectl.planning import profile_dirs
+    from edgectl.inputs import profile_dirs
     from edgectl.profiles import load_profiles
 
     arms = artifact["arms"]
@@ -79,8 +82,8 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
     existing_raw = _raw_profile(existing_profiles.get(name))
     date = prov["started_at"][:10]
     planned = arms["planned"]
-    plan = planned["plan"]
-    fmt = plan["weight_format"]
+    plan = _plan_of(planned)
+    fmt = str(plan.weight_format)  # plain text: it becomes a YAML key
 
     base_source = {
         "cpu_model": facts.cpu.model_name or "unknown",
@@ -99,14 +102,14 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
 
     def add_format(arm_name: str, arm_fmt: str) -> None:
         arm = arms[arm_name]
+        weights_bytes = _plan_of(arm).memory.weights_bytes
         key = f"bench-{date}-{arm_fmt}"
-        sources[key] = {**base_source, "model_weights_bytes": int(arm["plan"]["memory"]["weights_bytes"]),
+        sources[key] = {**base_source, "model_weights_bytes": weights_bytes,
                         "notes": f"arm `{arm_name}` ({arm['description']}), {prov['max_model_len']} tokens context"}
         entry: dict[str, Any] = {"runs": True}
         for metric in ("decode_tok_s", "prefill_tok_s"):
             entry[metric] = _figure(arm, metric, key)
-        ratios = [(p.get("weights_bytes_per_token") or 0) / arm["plan"]["memory"]["weights_bytes"]
-                  for p in arm["passes"]]
+        ratios = [(p.get("weights_bytes_per_token") or 0) / weights_bytes for p in arm["passes"]]
         if arm_fmt != "bf16" and all(r > 0 for r in ratios) and arm["launcher"] == "worker":
             entry["weights_bytes_ratio"] = _figure_values(ratios, key, digits=4)
         formats[arm_fmt] = entry
@@ -122,7 +125,7 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
 
     runtime: dict[str, Any] = {"processes": dict((existing_raw.get("runtime") or {}).get("processes")
                                                  or {"single-process": 1, "stock": 4})}
-    runtime["processes"][plan["topology"]] = 1 if plan["topology"] == "single-process" else \
+    runtime["processes"][str(plan.topology)] = 1 if plan.topology is Topology.SINGLE_PROCESS else \
         int(planned["median"]["processes"])
     # The peak is sampled from launch to ready; serving can grow past it (activations of the first
     # long prompt), and the planner's MemoryHigh/MemoryMax multiply the steady total by this ratio:
@@ -142,7 +145,7 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
         "sources": sources,
         "formats": formats,
         "runtime": runtime,
-        "compilation": plan["compilation"],
+        "compilation": str(plan.compilation),
     }
     threads = _reserve_core(arms, artifact_path.name) or existing_raw.get("threads")
     if threads:
@@ -151,7 +154,7 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
         doc["bandwidth_gbps"] = {"median": round(float(facts.bandwidth_gbps), 2), "passes": 1, "source": planned_key}
 
     # -- runtime.process_bytes: the planner's ledger for the planned request = the measured steady PSS
-    request = _request(plan, fmt)
+    request = replace(plan.request, weight_format=fmt)
     steady = [p["pss_steady_bytes"] for p in planned["passes"]]
     n, rest = _ledger_parts(doc, facts, model, request, existing_profiles, planned_key)
     per_pass = [(s - rest) / n for s in steady]
@@ -198,10 +201,9 @@ def _commit(ed: dict[str, Any]) -> str:
     return f"edgectl {ed.get('version') or 'unknown version'} (no git checkout)"
 
 
-def _request(plan: dict[str, Any], fmt: str) -> Any:
-    from edgectl.plan import Request
-
-    return Request(**{**plan["request"], "weight_format": fmt})
+def _plan_of(arm: dict[str, Any]) -> Plan:
+    """The plan an arm of the artifact ran."""
+    return Plan.from_dict(arm["plan"], source="the artifact's plan")
 
 
 def _candidate(doc: dict[str, Any], existing: dict[str, Any]) -> list[Any]:
@@ -212,9 +214,8 @@ def _candidate(doc: dict[str, Any], existing: dict[str, Any]) -> list[Any]:
     return [p for n, p in existing.items() if n != doc["name"]] + [profile]
 
 
-def _plan_total(profiles: list[Any], facts: Any, model: Any, request: Any) -> int:
+def _plan_total(profiles: list[Any], facts: Any, model: Any, request: Request) -> int:
     """The plan's total from ``profiles`` (the recorded one last), on the host it was recorded on."""
-    from edgectl.plan import plan
     from edgectl.profiles import select_profile
 
     profile = profiles[-1]
@@ -222,30 +223,27 @@ def _plan_total(profiles: list[Any], facts: Any, model: Any, request: Any) -> in
     if chosen.name != profile.name:
         raise EdgectlError(f"--record-profile: the planner would pick profile {chosen.name}, not the recorded "
                            f"{profile.name}, on this host: check its match rules")
-    return plan(facts, model, profiles, request).memory.total_bytes
+    return make_plan(facts, model, profiles, request).memory.total_bytes
 
 
-def _ledger_parts(doc: dict[str, Any], facts: Any, model: Any, request: Any, existing: dict[str, Any],
+def _ledger_parts(doc: dict[str, Any], facts: Any, model: Any, request: Request, existing: dict[str, Any],
                   source: str) -> tuple[int, int]:
     """(processes, everything but runtime) of the planner's ledger, from a draft with 1 MiB per process."""
-    from edgectl.plan import plan
-
     draft = {**doc, "runtime": {**doc["runtime"], "process_bytes": {"median": MiB, "passes": 1, "source": source}}}
     profiles = _candidate(draft, existing)
-    p = plan(facts, model, profiles, request)
+    p = make_plan(facts, model, profiles, request)
     n = p.memory.runtime_bytes // MiB
     return n, p.memory.total_bytes - p.memory.runtime_bytes
 
 
 def _stock_processes(doc: dict[str, Any], facts: Any, model: Any, arm: dict[str, Any], existing: dict[str, Any]) -> int:
-    from edgectl.plan import plan
-
-    request = _request(arm["plan"], arm["plan"]["weight_format"])
+    arm_plan = _plan_of(arm)
+    request = replace(arm_plan.request, weight_format=str(arm_plan.weight_format))
     measured = arm["median"]["pss_steady_bytes"]
     best, best_err = 1, None
     for k in range(1, 9):
         trial = {**doc, "runtime": {**doc["runtime"], "processes": {**doc["runtime"]["processes"], "stock": k}}}
-        total = plan(facts, model, _candidate(trial, existing), request).memory.total_bytes
+        total = make_plan(facts, model, _candidate(trial, existing), request).memory.total_bytes
         err = abs(total - measured)
         if best_err is None or err < best_err:
             best, best_err = k, err

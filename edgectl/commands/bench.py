@@ -36,12 +36,12 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the artifact (schema edgectl.bench/1) instead of the table.")] = False,
     ) -> None:
         """Measure arms (stock vLLM, edgectl's plan, its levers, llama.cpp) in interleaved passes; refuse to quote an incomplete grid."""
-        from edgectl import envvars
+        from edgectl.contract import environment
 
         if build_llama_cpp:
             from edgectl.bench.llamacpp import build_llama_cpp as build
 
-            path = build(os.environ, envvars.read("EDGECTL_RUNTIME_PYTHON", os.environ), progress)
+            path = build(os.environ, environment.read("EDGECTL_RUNTIME_PYTHON", os.environ), progress)
             if model is None:
                 emit(_Built(str(path)), as_json)
                 return

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from edgectl.commands.plan import Compilation, Format, GroupSize, MaxModelLen, MaxNumSeqs, Threads
+from edgectl.contract.plan import DEFAULT_HOST, DEFAULT_NAME, DEFAULT_PORT, Request
 from edgectl.output import emit, progress
-from edgectl.plan import DEFAULT_HOST, DEFAULT_NAME, DEFAULT_PORT, Request
 
 Name = Annotated[str, typer.Option("--name", help="Deployment name: unit edgectl-NAME.service, config /etc/edgectl/NAME/.")]
 Host = Annotated[str, typer.Option("--host", help="Address the OpenAI API binds to (localhost unless told otherwise).")]

@@ -9,9 +9,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from edgectl.contract.plan import DEFAULT_NAME, Request
 from edgectl.errors import EdgectlError
 from edgectl.output import emit
-from edgectl.plan import DEFAULT_NAME, Request
 
 OUTPUTS = ("text", "json", "k8s")
 
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         name: Annotated[str, typer.Option("--name", help="Deployment name: the k8s objects are edgectl-NAME-CLASS, the plan /etc/edgectl/NAME/plan.json.")] = DEFAULT_NAME,
     ) -> None:
         """Decide weight format, context, KV and RoPE budgets, threads and memory limit; refuse what won't fit."""
-        from edgectl.planning import make_plan
+        from edgectl.inputs import make_plan
 
         fmt = _output_format(output, as_json, fleet=fleet is not None, image=image)
         request = Request(model=model, max_model_len=max_model_len, max_num_seqs=max_num_seqs,

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from edgectl import envvars
+from edgectl.contract import environment
 from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
 from edgectl.output import emit, progress
@@ -106,7 +106,7 @@ def quantize_checkpoint(src: Path, out: Path, group_size: int, environ: Mapping[
                         progress: Callable[[str], None] | None = None) -> QuantizeResult:
     """Validate, then run the runtime's quantizer in a subprocess."""
     check_arguments(src, out, group_size)
-    python = envvars.runtime_python(environ)
+    python = environment.runtime_python(environ)
     cmd = [python, "-m", "edgectl_runtime.quantize", str(src), str(out.absolute()), "--group-size", str(group_size)]
     proc = subprocess.Popen(cmd, env=_runtime_environment(environ), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgectl import envvars
+from edgectl.contract import environment
 from edgectl.errors import EdgectlError
 from edgectl.models.catalog import CATALOG, CatalogEntry
 
@@ -38,7 +38,7 @@ Progress = Callable[[str], None]
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
-    return Path(envvars.read("EDGECTL_MODEL_CACHE", environ)).expanduser()
+    return Path(environment.read("EDGECTL_MODEL_CACHE", environ)).expanduser()
 
 
 def model_dir(entry: CatalogEntry, environ: Mapping[str, str]) -> Path:

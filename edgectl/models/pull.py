@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import edgectl
-from edgectl import envvars
+from edgectl.contract import environment
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.models.cache import (
     DIR_MODE,
@@ -153,7 +153,7 @@ def _tail(text: str, n: int = 1) -> str:
 
 def _fetch_gguf(entry: CatalogEntry, cache: Path, dest: Path, environ: Mapping[str, str],
                 progress: Progress) -> None:
-    python = envvars.runtime_python(environ)
+    python = environment.runtime_python(environ)
     downloads, gguf_dir = cache / "downloads", dest.parent
     make_dirs(downloads)
     make_dirs(gguf_dir)
@@ -224,7 +224,7 @@ def converter_script() -> Path:
 
 def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ: Mapping[str, str],
              progress: Progress) -> dict[str, Any]:
-    python = envvars.runtime_python(environ)
+    python = environment.runtime_python(environ)
     _check_space(cache, 2 * entry.converted_bytes, f"converting {entry.name}")
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=cache))
     try:

@@ -11,21 +11,10 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
+from edgectl.contract.plan import DeviceClass  # the classes a plan is for (the probe decides which)
 from edgectl.errors import EdgectlError
 
 SCHEMA = "edgectl.probe/1"
-
-
-class DeviceClass(StrEnum):
-    """The instruction-set class a deployment is planned for, from the *usable* ISA."""
-
-    X86_64_AMX = "x86_64-amx"
-    X86_64_AVX512_BF16 = "x86_64-avx512-bf16"
-    X86_64_AVX512 = "x86_64-avx512"
-    X86_64_AVX2 = "x86_64-avx2"
-    AARCH64_SVE = "aarch64-sve"
-    AARCH64_NEON = "aarch64-neon"
-    GENERIC = "generic"
 
 
 class AmxPermission(StrEnum):

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from edgectl import envvars
+from edgectl.contract import environment
 from edgectl.probe.facts import SoftwareFacts
 from edgectl.probe.hostfs import HostFS, ReadFailed, Unknowns
 
@@ -90,7 +90,7 @@ def runtime_versions(fs: HostFS, environ: Mapping[str, str]) -> dict[str, str | 
     """{"python", "torch", "vllm"} for the interpreter that serves; raises ReadFailed."""
     if not fs.is_live:
         return _versions_recorded(fs)
-    runtime = envvars.read("EDGECTL_RUNTIME_PYTHON", environ)
+    runtime = environment.read("EDGECTL_RUNTIME_PYTHON", environ)
     if runtime != sys.executable:
         return _versions_of(runtime)
     return _versions_here()

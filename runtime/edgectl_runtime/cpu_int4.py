@@ -25,7 +25,7 @@ pickles it to the engine and worker processes):
    data fixes (the group size);
 2. a bf16/fp16 checkpoint with ``quantization="cpu_int4"``: vLLM calls ``CpuInt4Config()``
    with no arguments, so the defaults come from the runtime environment
-   (``edgectl_runtime.env``: ``EDGECTL_INT4_GROUP_SIZE``, ``EDGECTL_INT4_LM_HEAD``,
+   (``edgectl.contract.environment``: ``EDGECTL_INT4_GROUP_SIZE``, ``EDGECTL_INT4_LM_HEAD``,
    ``EDGECTL_LAYERWISE_REPACK``, ``EDGECTL_INT4_KERNEL``), which the worker sets from the plan
    before vLLM starts;
 3. or explicitly, ``hf_overrides={"quantization_config_dict_json": '{"group_size": 64}'}``
@@ -59,7 +59,7 @@ from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
 from vllm.model_executor.utils import set_weight_attrs
 
 from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, choose_group_size, quantizable_partitions
-from edgectl_runtime import env as runtime_env
+from edgectl.contract import environment as runtime_env
 from edgectl_runtime.kernels import (
     PACK_BLOCK_ROWS,
     LayoutUnknown,

@@ -1,6 +1,8 @@
 """What the loaded model actually holds, read from the live modules inside the engine.
 
-:func:`describe_model` answers "did the settings take effect": the format of every linear layer
+:func:`collect_worker_facts` gathers the effective settings (``edgectl.effective/1``) that the
+worker checks against its plan (``edgectl/contract/effective.py``); it builds on
+:func:`describe_model`, which answers "did the settings take effect": the format of every linear layer
 (including the LM head), the rows of every RoPE table, and the resident bytes of parameters and
 buffers by dtype. It runs where the model lives, the vLLM worker process:
 
@@ -156,7 +158,7 @@ def describe_model(model: torch.nn.Module) -> dict[str, Any]:
     """The read-back of a loaded vLLM model (see the module docstring for the shape)."""
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
-    from edgectl_runtime import env as runtime_env
+    from edgectl.contract import environment
 
     embed_weight = None
     for module in model.modules():
@@ -187,7 +189,7 @@ def describe_model(model: torch.nn.Module) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "quantization": quant,
-        "levers": runtime_env.snapshot(os.environ),
+        "levers": environment.snapshot(os.environ),
         "layers": layers,
         "formats": dict(sorted(formats.items())),
         "rope": _rope_entries(model),
@@ -195,6 +197,71 @@ def describe_model(model: torch.nn.Module) -> dict[str, Any]:
         "kernel": {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "int4_block_rows": block_rows,
                    "torch_threads": torch.get_num_threads()},
     }
+
+
+def _unique_storage_bytes(tensors) -> int:
+    seen: dict[int, int] = {}
+
+    def visit(t) -> None:
+        if t is None:
+            return
+        if isinstance(t, (list, tuple)):
+            for x in t:
+                visit(x)
+            return
+        if isinstance(t, dict):
+            for x in t.values():
+                visit(x)
+            return
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+
+    visit(tensors)
+    return sum(seen.values())
+
+
+def collect_worker_facts(worker) -> dict[str, Any]:
+    """The effective settings inside the model worker: KV bytes allocated, RoPE rows, linear formats, threads.
+
+    Sent to the model worker with ``collective_rpc`` (in the single-process topology that is the
+    server's own process; otherwise vLLM's worker process, through :class:`ReadbackExtension`), so
+    what it reports is what the forward pass really uses, not what a config object says.
+    """
+    runner = worker.model_runner
+    kv = getattr(runner, "kv_caches", None)
+    described = describe_model(runner.model)
+    formats: dict[str, str] = {}
+    lm_head = None
+    for entry in described.get("layers", []):
+        if entry.get("kind") == "lm_head":
+            lm_head = entry["format"]
+            formats["lm_head"] = entry["format"]
+        elif entry.get("kind") == "linear":
+            formats[entry["name"]] = entry["format"]
+    return {
+        "worker_pid": os.getpid(),
+        "kv_cache_bytes": _unique_storage_bytes(kv) if kv is not None else None,
+        "rope_rows": {r["name"]: r["rows"] for r in described.get("rope", [])},
+        "linear_formats": formats,
+        "linear_format_counts": described.get("formats", {}),
+        "lm_head_format": lm_head,
+        "resident": described.get("resident"),
+        "quantization_readback": described.get("quantization"),
+        "levers": described.get("levers"),
+        "kernel": described.get("kernel"),
+        "threads": torch.get_num_threads(),
+        "omp_cpus": sorted(os.sched_getaffinity(0)),
+    }
+
+
+def process_tree_facts(pid: int) -> dict[str, Any]:
+    """How many processes serve (the server and every descendant)."""
+    import psutil
+
+    me = psutil.Process(pid)
+    children = me.children(recursive=True)
+    return {"server_pid": pid, "processes": 1 + len(children),
+            "process_names": [me.name()] + [c.name() for c in children]}
 
 
 def dump_int4_layers(model: torch.nn.Module, path: str) -> int:
@@ -227,9 +294,7 @@ class ReadbackExtension:
         return describe_model(self.get_model())
 
     def edgectl_effective(self) -> dict[str, Any]:
-        """What the edgectl worker checks against its plan (``edgectl_runtime/effective.py``)."""
-        from edgectl_runtime.effective import collect_worker_facts
-
+        """What the edgectl worker checks against its plan (``edgectl/contract/effective.py``)."""
         return collect_worker_facts(self)
 
     def edgectl_dump_int4(self, path: str) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import torch
 
-from edgectl_runtime import env as runtime_env
+from edgectl.contract import environment as runtime_env
 
 INFO_ATTR = "edgectl_rope"  # set on every module whose table this module built
 # class -> its own _compute_cos_sin_cache before the cap (None: it inherited one)

@@ -15,9 +15,9 @@ serve``. In order:
 6. on SIGTERM stop taking requests, let running ones finish (up to the plan's stop
    timeout), exit 0.
 
-Exit codes: 0 clean stop; 2 the plan cannot be served as written (bad plan, refused
-environment, port in use): restarting will not help; 3 the effective settings differ from
-the plan; 1 anything else (systemd restarts it).
+Exit codes (``edgectl/contract/worker.py``): 0 clean stop; 2 the plan cannot be served as
+written (bad plan, refused environment, port in use): restarting will not help; 3 the effective
+settings differ from the plan; 1 anything else (systemd restarts it).
 """
 
 from __future__ import annotations
@@ -29,16 +29,20 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from edgectl.effective import mismatches, refused_environment
-from edgectl.vllm_args import server_args
+from edgectl.contract import environment
+from edgectl.contract import worker as contract
+from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
+from edgectl.contract.effective import mismatches
+from edgectl.contract.plan import Plan, Topology
+from edgectl.contract.vllm_args import server_args
+from edgectl.errors import EdgectlError
 
 log = logging.getLogger("edgectl.runtime")
 
-EXIT_REFUSED = 2
-EXIT_MISMATCH = 3
+EXIT_REFUSED = contract.EXIT_REFUSED
+EXIT_MISMATCH = contract.EXIT_MISMATCH
 
 
 class Refused(Exception):
@@ -49,33 +53,27 @@ class Refused(Exception):
         self.code = code
 
 
-def load_plan(path: str) -> dict[str, Any]:
+def load_plan(path: str) -> Plan:
+    """The plan file, read strictly: a bad one is refused naming every bad field."""
     try:
-        plan = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise Refused(f"cannot read the plan {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise Refused(f"the plan {path} is not JSON: {exc.msg} at line {exc.lineno}") from None
-    if not isinstance(plan, dict) or plan.get("schema") != "edgectl.plan/1":
-        raise Refused(f"{path} is not an edgectl plan (schema edgectl.plan/1)")
-    return plan
+        return Plan.load(path)
+    except EdgectlError as exc:
+        raise Refused("; ".join([exc.message, *exc.details])) from None
 
 
-def prepare_environment(plan: dict[str, Any], environ: dict[str, str]) -> None:
+def prepare_environment(plan: Plan, environ) -> None:
     """Refuse overrides, then put the plan's environment in place (this process only)."""
-    problems = refused_environment(environ, plan)
+    problems = environment.refused(environ, plan)
     if problems:
         raise Refused("; ".join(problems))
-    environ.update({k: str(v) for k, v in plan.get("env", {}).items()})
-    from edgectl_runtime import levers
-
-    environ.update(levers.environment(plan))
+    environ.update(plan.env)
+    environ.update(environment.runtime_levers(plan))
 
 
 class Service:
     """Holds what the watchdog and the HTTP routes need to see."""
 
-    def __init__(self, plan: dict[str, Any], notifier) -> None:
+    def __init__(self, plan: Plan, notifier) -> None:
         from edgectl_runtime.notify import LoopHeartbeat
 
         self.plan = plan
@@ -86,7 +84,7 @@ class Service:
         self.effective: dict[str, Any] | None = None
         self.started_monotonic = time.monotonic()
         self.ready_s: float | None = None
-        self.stall_limit_s = max(5.0, float(plan["timeouts"]["watchdog_s"]) / 2)
+        self.stall_limit_s = max(5.0, float(plan.timeouts.watchdog_s) / 2)
         self.load_peak: dict[str, int] = {}
 
     def sample_load_peak(self, interval_s: float = 0.25) -> None:
@@ -98,7 +96,7 @@ class Service:
         from edgectl.contract.procmem import tree_mem
 
         samples = 0
-        while self.phase not in ("serving", "stopping"):
+        while self.phase not in (contract.SERVING, "stopping"):
             mem = tree_mem(os.getpid())
             samples += 1
             if mem.pss_bytes > self.load_peak.get("pss_bytes", 0):
@@ -134,18 +132,18 @@ class Service:
         return True, "serving"
 
 
-async def read_effective(engine_client, plan: dict[str, Any]) -> dict[str, Any]:
+async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
     """The settings the running engine actually has, read from the process that holds the model."""
-    from edgectl_runtime.effective import collect_worker_facts, process_tree_facts
+    from edgectl_runtime.readback import collect_worker_facts, process_tree_facts
 
-    if plan["topology"] == "single-process":
+    if plan.topology is Topology.SINGLE_PROCESS:
         results = await engine_client.collective_rpc(collect_worker_facts)
     else:
         results = await engine_client.collective_rpc("edgectl_effective")
     worker = results[0] if isinstance(results, list) else results
     vc = engine_client.vllm_config
     eff = {
-        "schema": "edgectl.effective/1",
+        "schema": EFFECTIVE_SCHEMA,
         "max_model_len": vc.model_config.max_model_len,
         "max_num_seqs": vc.scheduler_config.max_num_seqs,
         "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
@@ -158,15 +156,17 @@ async def read_effective(engine_client, plan: dict[str, Any]) -> dict[str, Any]:
     return eff
 
 
-async def warm_up(plan: dict[str, Any]) -> str:
-    """One short generation through this server's own OpenAI API; returns the text."""
+async def warm_up(plan: Plan) -> str:
+    """One short generation through this server's own OpenAI API; returns the text.
+
+    Asynchronous (it runs on the server's own event loop), so not edgectl's worker client; it
+    reaches the server where every client does (``contract.base_url``).
+    """
     import aiohttp
 
-    host = plan["serve"]["host"]
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    base = f"http://{'[' + host + ']' if ':' in host else host}:{plan['serve']['port']}"
-    timeout = aiohttp.ClientTimeout(total=float(plan["timeouts"]["start_s"]))
+    base = contract.base_url(plan.serve)
+    model = plan.model.name
+    timeout = aiohttp.ClientTimeout(total=float(plan.timeouts.start_s))
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for _ in range(600):
             try:
@@ -176,11 +176,11 @@ async def warm_up(plan: dict[str, Any]) -> str:
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.1)
-        body = {"model": plan["model"]["name"], "max_tokens": 8, "temperature": 0,
+        body = {"model": model, "max_tokens": 8, "temperature": 0,
                 "messages": [{"role": "user", "content": "Say hello."}]}
         async with session.post(f"{base}/v1/chat/completions", json=body) as r:
             if r.status == 400:  # no chat template: a plain completion proves generation as well
-                body = {"model": plan["model"]["name"], "max_tokens": 8, "temperature": 0, "prompt": "Hello"}
+                body = {"model": model, "max_tokens": 8, "temperature": 0, "prompt": "Hello"}
                 async with session.post(f"{base}/v1/completions", json=body) as r2:
                     data = await r2.json()
                     if r2.status != 200:
@@ -196,7 +196,7 @@ async def warm_up(plan: dict[str, Any]) -> str:
         return text
 
 
-async def serve(plan: dict[str, Any], service: Service) -> None:
+async def serve(plan: Plan, service: Service) -> None:
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
@@ -213,11 +213,11 @@ async def serve(plan: dict[str, Any], service: Service) -> None:
     try:
         listen_address, sock = setup_server(args, reuse_port=False)
     except OSError as exc:
-        raise Refused(f"cannot bind {plan['serve']['host']}:{plan['serve']['port']}: {exc.strerror} "
+        raise Refused(f"cannot bind {contract.host_port(plan.serve)}: {exc.strerror} "
                       "(another service uses the port? pick another with --port)") from None
 
     service.phase = "loading"
-    notifier.status(f"loading weights: {plan['model']['name']} as {plan['weight_format']}")
+    notifier.status(f"loading weights: {plan.model.name} as {plan.weight_format}")
     async with build_async_engine_client(args) as engine_client:
         service.engine_client = engine_client
         core = getattr(engine_client, "engine_core", None)
@@ -255,10 +255,10 @@ async def serve(plan: dict[str, Any], service: Service) -> None:
                 os._exit(1)  # nothing served yet: let systemd restart us
             _release_freed_memory()
             service.ready_s = time.monotonic() - service.started_monotonic
-            service.phase = "serving"
+            service.phase = contract.SERVING
             log.info("warm-up answered %r", text)
-            notifier.ready(f"serving {plan['model']['name']} on {listen_address} "
-                           f"({plan['weight_format']}, {plan['max_model_len']} tokens; ready in {service.ready_s:.0f} s)")
+            notifier.ready(f"serving {plan.model.name} on {listen_address} "
+                           f"({plan.weight_format}, {plan.max_model_len} tokens; ready in {service.ready_s:.0f} s)")
 
         asyncio.get_running_loop().create_task(warm_then_ready())
         log_config = get_uvicorn_log_config(args)
@@ -300,11 +300,11 @@ def _add_edgectl_routes(app, service: Service) -> None:
     ``/edgectl/live`` and ``/edgectl/ready`` for probes."""
     from fastapi.responses import JSONResponse
 
-    @app.get("/edgectl/effective")
+    @app.get(contract.EFFECTIVE_ROUTE)
     async def effective() -> JSONResponse:
         body = dict(service.effective or {})
         body.update({"phase": service.phase, "ready_s": service.ready_s, "load_peak": service.load_peak,
-                     "plan_kv_cache_bytes": service.plan["kv_cache_bytes"]})
+                     "plan_kv_cache_bytes": service.plan.kv_cache_bytes})
         return JSONResponse(body)
 
     # For a supervisor that probes instead of listening for sd_notify (Kubernetes):
@@ -381,13 +381,13 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
 
     service = Service(plan, notifier)
-    watchdog = Watchdog(notifier, service.health, watchdog_interval_s(dict(os.environ), plan["timeouts"]["watchdog_s"]))
+    watchdog = Watchdog(notifier, service.health, watchdog_interval_s(dict(os.environ), plan.timeouts.watchdog_s))
     watchdog.start()
     import threading
 
     threading.Thread(target=service.sample_load_peak, name="edgectl-load-peak", daemon=True).start()
 
-    if plan["topology"] == "single-process":
+    if plan.topology is Topology.SINGLE_PROCESS:
         from edgectl_runtime import inproc
 
         inproc.install()

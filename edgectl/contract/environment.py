@@ -1,0 +1,232 @@
+"""Every environment variable edgectl reads, sets or refuses, declared once.
+
+Four roles:
+
+- ``OWN``: edgectl's own variables (``EDGECTL_*``), read by the control plane or the runtime
+  through :func:`read`, each with its default. The runtime's levers default to what *unmodified
+  vLLM* does: edgectl's plugin is an entry point, so it loads into every vLLM process in the
+  venv, including a benchmark's "stock" arm.
+- ``SET``: a third party's variable that edgectl sets for a process it starts (the worker, through
+  the plan's ``env`` or the unit; a benchmarked server; the model converter).
+- ``REFUSED``: a third party's variable that would change a planned setting behind the plan's
+  back; the worker refuses to start while it is set (:func:`refused`).
+- ``READ``: a third party's variable edgectl reads but does not own (systemd's notify protocol).
+
+Nothing reads ``os.environ`` directly: callers pass a mapping (normally ``os.environ``), so a
+test hands in a dict and nothing is mutated. Reading a variable that is not declared here is a
+``KeyError``: declare it first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE
+
+if TYPE_CHECKING:
+    from edgectl.contract.plan import Plan
+
+
+class Role(StrEnum):
+    OWN = "own"
+    SET = "set"
+    REFUSED = "refused"
+    READ = "read"
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    role: Role
+    meaning: str
+    default: str | None = None  # OWN: the value when unset (or computed by `default_from`)
+    choices: tuple[str, ...] | None = None  # OWN: the only values accepted
+    default_from: Callable[[Mapping[str, str]], str] | None = None
+    # REFUSED: what the plan sets instead, for the refusal's message
+    planned: Callable[[Plan], str] | None = None
+
+
+def _model_cache(environ: Mapping[str, str]) -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/edgectl/models"
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "edgectl" / "models")
+
+
+_BOOL = ("0", "1")
+
+_VARS = [
+    # -- edgectl's own: the control plane ---------------------------------------------------------
+    Var("EDGECTL_UNIT_DIR", Role.OWN, "directory the systemd units are written to (tests inside a "
+        "systemd sandbox use /run/systemd/system)", "/etc/systemd/system"),
+    Var("EDGECTL_CONFIG_DIR", Role.OWN, "directory holding one sub-directory of configuration per deployment",
+        "/etc/edgectl"),
+    Var("EDGECTL_MODEL_CACHE", Role.OWN, "where catalog models are converted to and kept (default "
+        "/var/lib/edgectl/models as root, else the user cache directory)", default_from=_model_cache),
+    Var("EDGECTL_PROFILES_DIR", Role.OWN, "locally recorded device profiles, read after the shipped ones "
+        "and preferred over them", "/etc/edgectl/profiles"),
+    Var("EDGECTL_RUNTIME_PYTHON", Role.OWN, "the Python interpreter that has the runtime extra (torch, vLLM) "
+        "installed; units and conversions run it (default: the interpreter running edgectl)",
+        default_from=lambda _environ: sys.executable),
+    # -- edgectl's own: the runtime's levers (set by the worker from the plan: runtime_levers) ------
+    Var("EDGECTL_ROPE_CAP", Role.OWN, "1: build the RoPE cos/sin table only up to max_model_len rows (plain, "
+        "Llama3, single-factor linear and YaRN rotary classes), without the fp32 transient of the full table; "
+        "0: vLLM's table of max_position_embeddings rows", "0", _BOOL),
+    Var("EDGECTL_LAYERWISE_REPACK", Role.OWN, "1: cpu_int4 quantizes and packs each layer as soon as its last "
+        "checkpoint shard arrives, and the embedding / LM head straight from the checkpoint tensor (no dense "
+        "copy of the model is ever resident); 0: the naive path, the whole model is loaded in the model dtype "
+        "first and packed afterwards (SmolLM2: +90 MB anonymous memory left resident by the freed dense copy)",
+        "1", _BOOL),
+    Var("EDGECTL_INT4_LM_HEAD", Role.OWN, "1: cpu_int4 also quantizes the LM head (a tied embedding is "
+        "quantized once; the lookup dequantizes only the rows it needs); 0: the LM head stays in the model "
+        "dtype", "0", _BOOL),
+    Var("EDGECTL_INT4_GROUP_SIZE", Role.OWN, "preferred int4 group size when a model is quantized at load "
+        "(--quantization cpu_int4 on a bf16/fp16 checkpoint); per layer the shared rule in "
+        "edgectl/contract/int4_layout.py picks a size that divides K", str(DEFAULT_GROUP_SIZE),
+        tuple(str(g) for g in ALLOWED_GROUP_SIZES)),
+    Var("EDGECTL_INT4_KERNEL", Role.OWN, "the kernel of cpu_int4's linear layers: torch (PyTorch's "
+        "_weight_int4pack_mm_for_cpu, every ISA; the plan's w4a16) or vllm (vLLM's cpu_gemm_wna16, only where "
+        "its C library registers it; the plan's w4a16-vllm). The tied embedding / LM head always uses torch's",
+        "torch", ("torch", "vllm")),
+    # -- third parties' variables edgectl sets ------------------------------------------------------
+    Var("VLLM_CPU_OMP_THREADS_BIND", Role.SET, "plan env: the CPUs vLLM binds its OpenMP threads to, one "
+        "per thread (vllm/v1/worker/cpu_worker.py)"),
+    Var("OMP_NUM_THREADS", Role.SET, "plan env: the OpenMP threads of the engine (the plan's threads)"),
+    Var("VLLM_ENABLE_V1_MULTIPROCESSING", Role.SET, "plan env, single-process topology: 0 keeps vLLM's "
+        "model worker in the engine's process (vllm/platforms/cpu.py:333-341)"),
+    Var("VLLM_CPU_NUM_OF_RESERVED_CPU", Role.SET, "plan env, stock topology: CPUs vLLM keeps for its front "
+        "end (1 or 0, the plan's reserve_frontend_core)"),
+    Var("HF_HUB_OFFLINE", Role.SET, "plan env, unit, bench servers, model conversion: nothing may reach a "
+        "model hub (huggingface_hub reads it at import)"),
+    Var("TRANSFORMERS_OFFLINE", Role.SET, "plan env, bench servers, model conversion: transformers' own "
+        "offline switch"),
+    Var("HF_HUB_DISABLE_TELEMETRY", Role.SET, "model conversion: huggingface_hub sends no telemetry"),
+    Var("VLLM_NO_USAGE_STATS", Role.SET, "plan env, unit, bench servers: vLLM reports no usage statistics"),
+    Var("DO_NOT_TRACK", Role.SET, "plan env, unit, bench servers: the common opt-out of telemetry"),
+    Var("HOME", Role.SET, "unit: the service's state directory (StateDirectory=edgectl/NAME)"),
+    Var("XDG_CACHE_HOME", Role.SET, "unit: the service's cache directory (CacheDirectory=edgectl/NAME); "
+        "also read for the default EDGECTL_MODEL_CACHE of a non-root user"),
+    Var("VLLM_CACHE_ROOT", Role.SET, "unit: vLLM's caches, under the service's cache directory"),
+    Var("TORCHINDUCTOR_CACHE_DIR", Role.SET, "unit: torch inductor's compiled kernels (compiled mode)"),
+    Var("TRITON_CACHE_DIR", Role.SET, "unit: triton's cache, should anything import it"),
+    Var("PYTHONUNBUFFERED", Role.SET, "unit: log lines reach the journal as they are written"),
+    Var("PYTHONPATH", Role.SET, "edgectl quantize from a checkout: the checkout's runtime, never an older "
+        "installed one"),
+    Var("VLLM_PLUGINS", Role.SET, "bench, unmodified-vLLM arms: every general plugin but edgectl's"),
+    Var("VLLM_SERVER_DEV_MODE", Role.SET, "bench, unmodified-vLLM arms: adds the dev routes "
+        "(/collective_rpc) the read-back uses, nothing else"),
+    # -- refused ------------------------------------------------------------------------------------
+    Var("VLLM_CPU_KVCACHE_SPACE", Role.REFUSED, "overrides the planned KV cache bytes (vLLM 0.32 "
+        "platforms/cpu.py:323-327)", planned=lambda plan: f"{plan.kv_cache_bytes} bytes"),
+    # -- read, not owned ----------------------------------------------------------------------------
+    Var("NOTIFY_SOCKET", Role.READ, "systemd's notify socket: the worker sends READY/STATUS/WATCHDOG there; "
+        "edgectl serve and the bench do not pass it on"),
+    Var("WATCHDOG_USEC", Role.READ, "systemd's WatchdogSec in µs: the worker pings at a quarter of it"),
+    Var("WATCHDOG_PID", Role.READ, "the process systemd's watchdog is for"),
+    Var("INVOCATION_ID", Role.READ, "set by systemd for a service: the worker then logs without timestamps "
+        "(the journal has them)"),
+]
+
+REGISTRY: dict[str, Var] = {v.name: v for v in _VARS}
+
+# The offline and no-telemetry settings every process edgectl starts gets.
+OFFLINE: dict[str, str] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                           "DO_NOT_TRACK": "1"}
+# systemd's notify protocol: meant for the service's main process, not for a child it starts.
+SYSTEMD_NOTIFY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+# Families of variables that tune an engine (vLLM, OpenMP, MKL, llama.cpp, edgectl's levers): a
+# benchmarked server does not inherit them from the shell, so they cannot change an arm behind its back.
+TUNING_PREFIXES = ("VLLM_", "EDGECTL_", "OMP_", "KMP_", "MKL_", "GOMP_", "LLAMA_", "GGML_")
+NOT_INHERITED_BY_SERVERS = (*SYSTEMD_NOTIFY, "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "CUDA_VISIBLE_DEVICES")
+
+
+def read(name: str, environ: Mapping[str, str]) -> str:
+    """The value of one of edgectl's variables in ``environ`` (empty means unset), or its default.
+
+    A value outside the variable's choices raises ValueError naming the variable and the values
+    it accepts: a mistyped lever must not silently run the other arm of a benchmark.
+    """
+    var = REGISTRY[name]  # KeyError: declare the variable first
+    if var.role is not Role.OWN:
+        raise KeyError(f"{name} is not one of edgectl's variables ({var.role})")
+    value = environ.get(name, "").strip()
+    if not value:
+        return var.default_from(environ) if var.default_from is not None else str(var.default)
+    if var.choices is not None and value not in var.choices:
+        raise ValueError(f"{name}={value!r} is not valid: use one of {', '.join(var.choices)}")
+    return value
+
+
+def read_bool(name: str, environ: Mapping[str, str]) -> bool:
+    return read(name, environ) == "1"
+
+
+def read_int(name: str, environ: Mapping[str, str]) -> int:
+    return int(read(name, environ))
+
+
+def snapshot(environ: Mapping[str, str]) -> dict[str, str]:
+    """The effective value of the runtime's levers (for read-back and bench provenance)."""
+    return {name: read(name, environ) for name in _RUNTIME_LEVERS}
+
+
+def runtime_python(environ: Mapping[str, str]) -> str:
+    """The runtime interpreter (EDGECTL_RUNTIME_PYTHON), resolved to an executable's path."""
+    import shutil
+
+    from edgectl.errors import EdgectlError
+
+    python = read("EDGECTL_RUNTIME_PYTHON", environ)
+    found = shutil.which(python)
+    if found is None:
+        raise EdgectlError(
+            f"the runtime interpreter {python!r} (EDGECTL_RUNTIME_PYTHON) is not an executable: point "
+            "EDGECTL_RUNTIME_PYTHON at the python of the environment with edgectl[runtime] installed "
+            "(scripts/setup.sh makes /opt/edgectl/venv/bin/python)"
+        )
+    return found
+
+
+# -- the plan's side of the runtime's variables -----------------------------------------------------
+
+_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_LAYERWISE_REPACK", "EDGECTL_INT4_LM_HEAD",
+                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL")
+# weight format → the cpu_int4 plugin's kernel (EDGECTL_INT4_KERNEL)
+_KERNEL = {"w4a16": "torch", "w4a16-vllm": "vllm"}
+
+
+def runtime_levers(plan: Plan) -> dict[str, str]:
+    """The plan's levers as the runtime's variables.
+
+    The worker puts these into its own environment before vLLM starts; in the stock topology
+    vLLM's spawned processes inherit them. One place maps plan → variables, so the bench's lever
+    pairs differ in exactly the variable under test.
+    """
+    env = {
+        "EDGECTL_ROPE_CAP": "1" if plan.levers.rope_cap else "0",
+        "EDGECTL_LAYERWISE_REPACK": "1" if plan.levers.layerwise_repack else "0",
+        "EDGECTL_INT4_LM_HEAD": "1" if plan.quantize_lm_head else "0",
+        "EDGECTL_INT4_GROUP_SIZE": str(plan.group_size),
+    }
+    kernel = _KERNEL.get(str(plan.weight_format))
+    if kernel:
+        env["EDGECTL_INT4_KERNEL"] = kernel
+    return env
+
+
+def refused(environ: Mapping[str, str], plan: Plan) -> list[str]:
+    """Variables in ``environ`` that would change the plan behind its back, one line each."""
+    problems = []
+    for var in _VARS:
+        value = environ.get(var.name) if var.role is Role.REFUSED else None
+        if value:  # vLLM ignores an empty value
+            assert var.planned is not None
+            problems.append(f"{var.name}={value} is set and {var.meaning}: unset it (the plan sets "
+                            f"{var.planned(plan)})")
+    return problems

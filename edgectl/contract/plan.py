@@ -1,0 +1,327 @@
+"""The plan (schema ``edgectl.plan/1``): what the planner decided, as the runtime reads it.
+
+A plan is written by the control plane (``edgectl plan --json``, ``/etc/edgectl/NAME/plan.json``,
+a bench pass's ``plan.json``) and read by everything downstream: the worker, the unit writer,
+the bench, ``status``, ``serve``. They all read it through :meth:`Plan.from_dict` (or
+:meth:`Plan.load`), which refuses a malformed plan naming every bad field
+(``plan.serve.port: 70000 is not a TCP port (1-65535)``), so no reader looks a key up itself.
+
+Adding a field: declare it on the dataclass it belongs to, with a default (``field(default=...,
+kw_only=True)``) so that plans written before it still load; the annotation is its schema
+(``codec.py``). Unknown fields are refused, so a typo in a hand-edited plan is named, not
+ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from edgectl.contract import codec
+from edgectl.contract.codec import check
+from edgectl.errors import EdgectlError
+
+SCHEMA = "edgectl.plan/1"
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_NAME = "default"
+
+
+# -- closed sets --------------------------------------------------------------------------------
+
+
+class DeviceClass(StrEnum):
+    """The instruction-set class a deployment is planned for, from the *usable* ISA (the probe
+    decides it: ``edgectl/probe/cpu.py``; profiles are measured per class)."""
+
+    X86_64_AMX = "x86_64-amx"
+    X86_64_AVX512_BF16 = "x86_64-avx512-bf16"
+    X86_64_AVX512 = "x86_64-avx512"
+    X86_64_AVX2 = "x86_64-avx2"
+    AARCH64_SVE = "aarch64-sve"
+    AARCH64_NEON = "aarch64-neon"
+    GENERIC = "generic"
+
+
+class WeightFormat(StrEnum):
+    """How the linear layers' weights are stored and multiplied."""
+
+    W4A16 = "w4a16"  # int4 weights, bf16 activations: PyTorch's _weight_int4pack_mm_for_cpu
+    W4A8_AMX = "w4a8-amx"  # int4 weights, int8 activations on AMX (no runtime path yet)
+    W4A16_VLLM = "w4a16-vllm"  # int4 weights on vLLM's cpu_gemm_wna16 (its AVX-512 libraries)
+    BF16 = "bf16"
+
+    @property
+    def is_int4(self) -> bool:
+        return self is not WeightFormat.BF16
+
+
+class Topology(StrEnum):
+    """How many processes serve: vLLM's own layout, or all of it in one process."""
+
+    SINGLE_PROCESS = "single-process"
+    STOCK = "stock"
+
+
+class Compilation(StrEnum):
+    """vLLM's model execution mode: eager, or its default torch.compile (Dynamo + inductor)."""
+
+    EAGER = "eager"
+    DEFAULT = "default"
+
+
+class Source(StrEnum):
+    """Where the number or choice behind a decision comes from."""
+
+    PROFILE = "profile"  # a figure measured on this device class (profiles/*.yaml)
+    MODEL_CONFIG = "model-config"  # the model's config.json or its safetensors headers
+    FLAG = "flag"  # the user asked for it
+    PROBE = "probe"  # what the probe found on the host
+    FALLBACK = "fallback"  # a stated guess, because nothing measured it
+
+
+class ProfileKind(StrEnum):
+    MEASURED = "measured"  # measured with edgectl bench
+    EXTERNAL = "external"  # published figures, with a reference
+    FALLBACK = "fallback"  # conservative guesses for a class nobody measured
+
+
+# -- field rules --------------------------------------------------------------------------------
+
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _nonempty(text: str) -> str | None:
+    return None if text else "expected a non-empty string"
+
+
+def _at_least(minimum: float):
+    def rule(value: float) -> str | None:
+        return None if value >= minimum else f"expected a number >= {minimum}, got {value!r}"
+    return rule
+
+
+def _port(port: int) -> str | None:
+    return None if 1 <= port <= 65535 else f"{port} is not a TCP port (1-65535)"
+
+
+def _cpu_list(cpus: list[int]) -> str | None:
+    if cpus and all(c >= 0 for c in cpus) and len(set(cpus)) == len(cpus):
+        return None
+    return f"expected a non-empty list of distinct CPU numbers, got {cpus!r}"
+
+
+def _env_name(name: str) -> str | None:
+    return None if _ENV_NAME_RE.fullmatch(name) else f"{name!r} is not a variable name"
+
+
+# -- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for; ``None`` means "let the planner decide". Recorded in the plan."""
+
+    model: str
+    max_model_len: int | None = None
+    max_num_seqs: int = 1
+    weight_format: str | None = None
+    group_size: int | None = None  # preferred int4 group; None: the model's hint, else 128
+    # Why a model prefers a group size (the catalog knows how its weights were made).
+    group_size_hint: tuple[int, str] | None = None
+    threads: int | None = None
+    name: str = DEFAULT_NAME
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    # Levers, so a benchmark can switch each one (None = the planner's choice).
+    topology: str | None = None
+    rope_cap: bool | None = None
+    layerwise_repack: bool | None = None
+    reserve_frontend_core: bool | None = None
+    compilation: str | None = None
+    quantize_lm_head: bool | None = None
+    kv_cache_bytes: int | None = None  # exact KV bytes (the bench's stock arm copies the plan's)
+    watchdog_s: int | None = None  # WatchdogSec; default: from the predicted longest engine step
+
+    def to_dict(self) -> dict[str, Any]:
+        return codec.to_json(self)
+
+
+@dataclass(frozen=True)
+class Reason:
+    decision: str
+    value: Any
+    source: Source
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return codec.to_json(self)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    name: str = field(metadata=check(_nonempty))
+    path: str = field(metadata=check(_nonempty))
+    architecture: str
+    checkpoint_format: str  # bf16 | cpu_int4 | gptq | awq | the quant_method config.json names
+
+
+@dataclass(frozen=True)
+class ProfileRef:
+    name: str
+    file: str
+    kind: ProfileKind
+
+
+@dataclass(frozen=True)
+class Levers:
+    """The settings a benchmark switches one at a time (each has a bench arm)."""
+
+    rope_cap: bool
+    kv_exact: bool
+    layerwise_repack: bool
+    topology: Topology
+    reserve_frontend_core: bool
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The ledger: what the service's processes hold, steady state, as PSS (planner/ledger.py)."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    rope_bytes: int
+    runtime_bytes: int
+    workspace_bytes: int
+    total_bytes: int
+    high_bytes: int = field(metadata=check(_at_least(1)))
+    limit_bytes: int = field(metadata=check(_at_least(1)))
+
+    @classmethod
+    def _cross_check(cls, v: dict[str, Any]):
+        if "high_bytes" in v and "limit_bytes" in v and v["high_bytes"] > v["limit_bytes"]:
+            yield "high_bytes", f"{v['high_bytes']} is above limit_bytes {v['limit_bytes']}"
+
+
+@dataclass(frozen=True)
+class Predicted:
+    decode_tok_s: float | None
+    prefill_tok_s: float | None
+    ready_s: float | None
+
+
+@dataclass(frozen=True)
+class Serve:
+    name: str = field(metadata=check(_nonempty))
+    host: str = field(metadata=check(_nonempty))
+    port: int = field(metadata=check(_port))
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds; written as whole seconds by the planner, rounded up if a hand-edited plan has a fraction."""
+
+    start_s: float = field(metadata=check(_at_least(1)))
+    watchdog_s: float = field(metadata=check(_at_least(1)))
+    stop_s: float = field(metadata=check(_at_least(1)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    schema: str = field(default=SCHEMA, kw_only=True)
+    model: ModelRef
+    device_class: DeviceClass
+    profile: ProfileRef
+    weight_format: WeightFormat
+    group_size: int
+    quantize_lm_head: bool
+    max_model_len: int = field(metadata=check(_at_least(1)))
+    max_num_seqs: int = field(metadata=check(_at_least(1)))
+    max_num_batched_tokens: int = field(metadata=check(_at_least(1)))
+    kv_bytes_per_token: int
+    block_size: int = field(metadata=check(_at_least(1)))
+    rope_rows: int
+    threads: int = field(metadata=check(_at_least(1)))
+    cpus: list[int] = field(metadata=check(_cpu_list))
+    topology: Topology
+    compilation: Compilation
+    levers: Levers
+    memory: Memory  # KV bytes are held here, once (edgectl.plan/1 repeats them as kv_cache_bytes)
+    predicted: Predicted
+    serve: Serve
+    timeouts: Timeouts
+    env: dict[str, str] = field(metadata=check(_env_name, keys=True))  # set for the worker (contract/environment.py)
+    reasons: list[Reason]
+    request: Request
+
+    @classmethod
+    def _cross_check(cls, v: dict[str, Any]):
+        if "levers" in v and "topology" in v and v["levers"].topology != v["topology"]:
+            yield "levers.topology", f"{v['levers'].topology} differs from topology {v['topology']}"
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.memory.kv_cache_bytes
+
+    def with_serve(self, **changes: Any) -> Plan:
+        """The same plan served elsewhere (another name, host or port)."""
+        return replace(self, serve=replace(self.serve, **changes))
+
+    # -- JSON -----------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        d = codec.to_json(self)
+        out: dict[str, Any] = {}
+        for key, value in d.items():
+            out[key] = value
+            if key == "max_num_batched_tokens":
+                out["kv_cache_bytes"] = self.memory.kv_cache_bytes
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str | None = None) -> Plan:
+        """A plan from its JSON, strictly; EdgectlError naming every bad field otherwise.
+
+        ``source`` (a file) prefixes the messages: ``/etc/edgectl/x/plan.json: plan.cpus: ...``.
+        """
+        where = f"{source}: " if source else ""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            got = data.get("schema") if isinstance(data, dict) else None
+            what = f"{source} is" if source else "this is"
+            raise EdgectlError(
+                f"{what} not an edgectl plan (schema {SCHEMA}"
+                + (f", got schema {got!r}" if got is not None else
+                   "" if isinstance(data, dict) else f"; plan: not a JSON object, got {codec._kind(data)}")
+                + "): make one with `edgectl plan MODEL --json`")
+        body = dict(data)
+        kv = body.pop("kv_cache_bytes", None)
+        plan, problems = codec.read(cls, body, "plan")
+        memory = data.get("memory")
+        ledger_kv = memory.get("kv_cache_bytes") if isinstance(memory, dict) else None
+        if "kv_cache_bytes" not in data:
+            problems.append("plan.kv_cache_bytes: missing")
+        elif kv != ledger_kv and isinstance(ledger_kv, int):
+            problems.append(f"plan.kv_cache_bytes: {kv!r} differs from memory.kv_cache_bytes {ledger_kv}")
+        if problems:
+            raise EdgectlError(where + problems[0], details=[where + p for p in problems[1:]])
+        assert plan is not None
+        return plan
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """The plan in a file; EdgectlError saying what is wrong with it, naming the file."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise EdgectlError(f"cannot read the plan {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise EdgectlError(f"the plan {path} is not JSON: {exc.msg} at line {exc.lineno}") from None
+        return cls.from_dict(data, source=str(path))

@@ -1,0 +1,65 @@
+"""A plan as vLLM server arguments: the one translation, used by the worker and the bench.
+
+Pure: the control plane can show exactly what the worker will run (``deploy --dry-run``)
+without importing vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edgectl.contract.plan import Compilation, Topology, WeightFormat
+
+if TYPE_CHECKING:
+    from edgectl.contract.plan import Plan
+
+CPU_INT4 = "cpu_int4"
+# vLLM's worker extension (``--worker-extension-cls``) that adds edgectl's read-back RPCs.
+READBACK_EXTENSION = "edgectl_runtime.readback.ReadbackExtension"
+
+
+def quantization_for(plan: Plan) -> str | None:
+    """The ``--quantization`` a plan needs, or None when the checkpoint says it itself."""
+    if plan.weight_format is WeightFormat.BF16:
+        return None
+    if plan.model.checkpoint_format in ("cpu_int4", "gptq", "awq"):
+        return None  # config.json's quantization_config names the method
+    if plan.weight_format in (WeightFormat.W4A16, WeightFormat.W4A16_VLLM):
+        return CPU_INT4  # the plugin's kernel (torch or vLLM's) comes from EDGECTL_INT4_KERNEL
+    raise ValueError(f"no runtime path for weight format {plan.weight_format!r}")
+
+
+def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
+    """Arguments for vLLM's OpenAI server that carry every setting of the plan.
+
+    ``stock=True`` drops what only edgectl's runtime understands (its quantization method and
+    the in-process executor) — the bench's control arm: unmodified vLLM on the same model
+    with the same context, concurrency and KV bytes.
+    """
+    args = [
+        "--model", plan.model.path,
+        "--served-model-name", plan.model.name,
+        "--host", plan.serve.host,
+        "--port", str(plan.serve.port),
+        "--dtype", "bfloat16",
+        "--max-model-len", str(plan.max_model_len),
+        "--max-num-seqs", str(plan.max_num_seqs),
+        "--max-num-batched-tokens", str(plan.max_num_batched_tokens),
+        "--kv-cache-memory-bytes", str(plan.kv_cache_bytes),
+        "--block-size", str(plan.block_size),
+        "--seed", "0",
+    ]
+    if plan.compilation is Compilation.EAGER:
+        args.append("--enforce-eager")
+    if not stock:
+        quant = quantization_for(plan)
+        if quant:
+            args += ["--quantization", quant]
+        if plan.topology is Topology.SINGLE_PROCESS:
+            args += ["--distributed-executor-backend", "uni"]
+        else:
+            # vLLM's worker is another process: the read-back runs there, called by name
+            # (a function cannot be sent to it).
+            args += ["--worker-extension-cls", READBACK_EXTENSION]
+        args += ["--shutdown-timeout", str(max(1, int(plan.timeouts.stop_s) - 5))]
+    return args

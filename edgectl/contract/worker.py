@@ -1,0 +1,69 @@
+"""What the worker promises the control plane: how it is started, how it exits, where it answers.
+
+The worker (``runtime/edgectl_runtime/worker.py``) is started with a plan file and nothing else;
+the unit (``units/edgectl.service.in``: ``RestartPreventExitStatus=2 3``), ``edgectl serve`` and
+the bench read its exit code; deploy, status, serve and the bench reach it over HTTP.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgectl.contract.plan import Serve
+
+MODULE = "edgectl_runtime.worker"
+
+
+def command(python: str, plan_path: str) -> list[str]:
+    """The worker's command line: the runtime interpreter and the plan file."""
+    return [python, "-m", MODULE, "--plan", plan_path]
+
+
+# -- exit codes ---------------------------------------------------------------------------------
+
+EXIT_STOPPED = 0  # a clean stop (SIGTERM: drained)
+EXIT_FAILED = 1  # anything else: systemd restarts it
+EXIT_REFUSED = 2  # the plan cannot be served as written (bad plan, refused environment, port in use)
+EXIT_MISMATCH = 3  # the effective settings differ from the plan (contract/effective.py)
+# Restarting will not help after these: the unit tells systemd so (RestartPreventExitStatus=).
+NOT_RESTARTABLE = (EXIT_REFUSED, EXIT_MISMATCH)
+
+
+# -- HTTP -------------------------------------------------------------------------------------------
+
+# GET: the worker's own report (schema edgectl.effective/1 plus phase, ready_s, load_peak).
+EFFECTIVE_ROUTE = "/edgectl/effective"
+# The phases it reports, in order; "serving" only after its warm-up answered.
+PHASES = ("starting", "loading", "checking", "warming up", "serving", "stopping")
+SERVING = "serving"
+
+
+def endpoint(serve: Serve) -> str:
+    """Where the API listens, as the user configured it: ``http://HOST:PORT`` (IPv6 in brackets)."""
+    return f"http://{_bracketed(serve.host)}:{serve.port}"
+
+
+def host_port(serve: Serve) -> str:
+    """``HOST:PORT`` as a unit's description shows it."""
+    return f"{_bracketed(serve.host)}:{serve.port}"
+
+
+def connect_host(host: str) -> str:
+    """The address a client on this machine connects to: a wildcard bind is reached on loopback."""
+    if host in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return host
+
+
+def base_url(serve: Serve) -> str:
+    """``http://HOST:PORT`` for a client on this machine (see :func:`connect_host`)."""
+    return f"http://{_bracketed(connect_host(serve.host))}:{serve.port}"
+
+
+def _bracketed(host: str) -> str:
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return f"[{host}]" if ":" in host else host

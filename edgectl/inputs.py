@@ -1,0 +1,114 @@
+"""The planner's inputs, gathered: probe the host, find the model, load the profiles; then plan.
+
+``plan``, ``deploy``, ``serve`` and ``bench`` all go through :func:`make_plan`, so the same
+request gives the same plan whichever command made it. This is the I/O around the pure planner
+(``edgectl/planner/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgectl import paths
+from edgectl.contract import environment
+from edgectl.contract.plan import Plan, Request
+from edgectl.errors import EdgectlError
+from edgectl.output import mib
+from edgectl.planner import plan
+from edgectl.probe.formats import format_cpu_list
+from edgectl.profiles import Profile, load_profiles
+
+if TYPE_CHECKING:
+    from edgectl.models.inspect import ModelFacts
+    from edgectl.probe.facts import HostFacts
+
+
+@dataclass(frozen=True)
+class Planned:
+    facts: HostFacts
+    model: ModelFacts
+    plan: Plan
+    pulled: bool  # False: planned from the catalog's shipped config, before any download
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.plan.to_dict()
+
+    def render_text(self) -> str:
+        text = render_plan(self.plan)
+        if not self.pulled:
+            text += (f"\n  (planned from the catalog's configuration; `edgectl models pull {self.model.name}` "
+                     "downloads the weights, and deploy pulls them itself)")
+        return text
+
+
+def render_plan(plan: Plan) -> str:
+    """The plan for a person: what runs, what it costs, and every reason."""
+    m = plan.memory
+    lines = [
+        f"plan for {plan.model.name} on {plan.device_class} (profile {plan.profile.name}, {plan.profile.kind})",
+        f"  weights     {plan.weight_format}" + (f", int4 groups of {plan.group_size}" if plan.weight_format.is_int4 else ""),
+        f"  context     {plan.max_model_len} tokens × {plan.max_num_seqs} sequence(s); RoPE rows {plan.rope_rows}",
+        f"  threads     {plan.threads} on CPUs {format_cpu_list(plan.cpus)}; topology {plan.topology}; {plan.compilation} mode",
+        "  memory (steady, predicted):",
+        f"    runtime    {mib(m.runtime_bytes)}",
+        f"    weights    {mib(m.weights_bytes)}",
+        f"    KV cache   {mib(m.kv_cache_bytes)} ({plan.kv_bytes_per_token} B/token)",
+        f"    RoPE       {mib(m.rope_bytes)}",
+        f"    workspace  {mib(m.workspace_bytes)}",
+        f"    total      {mib(m.total_bytes)}   MemoryHigh {mib(m.high_bytes)}   MemoryMax {mib(m.limit_bytes)}",
+    ]
+    pred = plan.predicted
+    if pred.decode_tok_s:
+        lines.append(f"  predicted   decode {pred.decode_tok_s:.1f} tok/s"
+                     + (f", prefill {pred.prefill_tok_s:.0f} tok/s" if pred.prefill_tok_s else ""))
+    lines.append("  reasons:")
+    for r in plan.reasons:
+        lines.append(f"    - {r.decision} = {r.value} [{r.source}] {r.detail}")
+    return "\n".join(lines)
+
+
+def profile_dirs(environ: Mapping[str, str]) -> list[Path]:
+    """Shipped profiles first; locally recorded ones (``bench --record-profile``) override them."""
+    return [paths.profiles_dir(), Path(environment.read("EDGECTL_PROFILES_DIR", environ))]
+
+
+def load_all_profiles(environ: Mapping[str, str]) -> list[Profile]:
+    return load_profiles(profile_dirs(environ))
+
+
+def model_facts(spec: str, environ: Mapping[str, str]) -> tuple[ModelFacts, bool]:
+    """Facts about a catalog model or a model directory; (facts, pulled)."""
+    from edgectl.models.cache import model_dir, resolve_model
+    from edgectl.models.catalog import CATALOG
+    from edgectl.models.inspect import inspect_model
+
+    try:
+        path = resolve_model(spec, environ)
+    except EdgectlError:
+        entry = CATALOG.get(spec)
+        shipped = paths.data_dir() / "catalog" / spec
+        if entry is None or not (shipped / "config.json").is_file():
+            raise
+        # Not pulled yet: plan from the shipped configuration; the path is where it will be.
+        facts = inspect_model(shipped, name=spec, require_tokenizer=False)
+        return replace(facts, path=str(model_dir(entry, environ))), False
+    name = spec if spec in CATALOG else None
+    return inspect_model(path, name=name), True
+
+
+def make_plan(request: Request, environ: Mapping[str, str], *, root: str = "/",
+              facts: HostFacts | None = None) -> Planned:
+    """Plan ``request`` for this host (probed under ``root``), or for the host ``facts`` describe."""
+    from edgectl.models.catalog import CATALOG
+    from edgectl.probe import probe
+
+    host = facts if facts is not None else probe(root, environ=environ)
+    model, pulled = model_facts(request.model, environ)
+    entry = CATALOG.get(request.model)
+    if entry is not None and entry.int4_group_size and request.group_size_hint is None:
+        request = replace(request, group_size_hint=entry.int4_group_size)
+    profiles = load_all_profiles(environ)
+    return Planned(host, model, plan(host, model, profiles, request), pulled)

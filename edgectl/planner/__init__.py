@@ -1,0 +1,95 @@
+"""The planner: from probe facts, model facts and device profiles to a Plan.
+
+``plan(facts, model, profiles, request)`` is a pure function: no I/O, no clock, no
+environment. It reads as the decisions in the order they are made; each is made in one module
+and returns its value with its reason (the source of the number behind it: a measured profile,
+the model's config, the user's flag, the probe, or a stated fallback):
+
+    profile                        profile.py   the most specific profile matching the host
+    topology, compilation, levers  engine.py    how vLLM's engine runs
+    cpus, threads, front-end core  cpus.py
+    runtime memory, load peak      ledger.py    the fixed costs
+    formats, group size            formats.py   what runs here, ranked by measured speed
+    weight format + context        fit.py       the best format that fits, the longest context
+    KV cache, RoPE rows, limits    ledger.py    the memory ledger
+    predictions, timeouts, env     service.py
+
+A request that cannot be served raises :class:`EdgectlError` (exit 2) with need vs budget and
+the request that would fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from edgectl.contract.plan import Levers, ModelRef, Plan, ProfileRef, Request, Serve
+from edgectl.planner import ledger
+from edgectl.planner.cpus import choose_cpus
+from edgectl.planner.decided import Reasons
+from edgectl.planner.engine import choose_compilation, choose_levers, choose_topology
+from edgectl.planner.fit import fit_weights_and_context
+from edgectl.planner.formats import checkpoint_format, choose_group_size, runnable_formats
+from edgectl.planner.profile import choose_profile
+from edgectl.planner.request import check_request
+from edgectl.planner.service import choose_timeouts, predict, worker_environment
+
+if TYPE_CHECKING:
+    from edgectl.models.inspect import ModelFacts
+    from edgectl.probe.facts import HostFacts
+    from edgectl.profiles import Profile
+
+__all__ = ["Plan", "Request", "plan"]
+
+
+def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], request: Request) -> Plan:
+    """Decide everything the worker will run with, and what it will cost."""
+    why = Reasons()
+    profile = why.take(choose_profile(profiles, facts))
+    check_request(request)
+    topology = why.take(choose_topology(request))
+    compilation = why.take(choose_compilation(request, profile))
+    cpus = why.take(choose_cpus(facts, request, profile, topology))
+    costs = why.take(ledger.fixed_costs(model, profile, topology))
+    formats = why.take(runnable_formats(facts, model, profile, request))
+    group_size, levers = choose_group_size(request), choose_levers(request)
+    fit = why.take(fit_weights_and_context(
+        facts.memory.budget_bytes, model, profile, request, formats, group_size.value,
+        levers.quantize_lm_head, levers.rope_cap, costs))
+    if fit.weight_format.is_int4:
+        why.take(group_size)
+    batched = ledger.batched_tokens(fit.max_model_len)
+    why.take(ledger.kv_cache(model, request, fit.memory, fit.max_model_len))
+    rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.rope_cap))
+    why.take(ledger.memory_limit(fit.memory, costs))
+    predicted = predict(profile, fit.weight_format, fit.weights_bytes)
+    timeouts = why.take(choose_timeouts(request, profile, predicted, batched))
+
+    return Plan(
+        model=ModelRef(model.name, model.path, model.architecture, checkpoint_format(model)),
+        device_class=facts.device_class,
+        profile=ProfileRef(profile.name, profile.file, profile.kind),
+        weight_format=fit.weight_format,
+        group_size=group_size.value,
+        quantize_lm_head=levers.quantize_lm_head,
+        max_model_len=fit.max_model_len,
+        max_num_seqs=request.max_num_seqs,
+        max_num_batched_tokens=batched,
+        kv_bytes_per_token=ledger.kv_bytes_per_token(model),
+        block_size=ledger.BLOCK_SIZE_TOKENS,
+        rope_rows=rope_rows,
+        threads=cpus.threads,
+        cpus=cpus.cpus,
+        topology=topology,
+        compilation=compilation,
+        levers=Levers(rope_cap=levers.rope_cap, kv_exact=True, layerwise_repack=levers.layerwise_repack,
+                      topology=topology, reserve_frontend_core=cpus.reserve_frontend_core),
+        memory=fit.memory,
+        predicted=predicted,
+        serve=Serve(request.name, request.host, request.port),
+        timeouts=timeouts,
+        env=worker_environment(cpus.cpus, cpus.threads, topology, cpus.reserve_frontend_core),
+        reasons=why.items,
+        request=request,
+    )
+

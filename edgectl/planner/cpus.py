@@ -1,0 +1,96 @@
+"""Which CPUs serve, how many OpenMP threads run on them, and whether one is kept for the front end."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edgectl.contract.plan import Reason, Request, Source, Topology
+from edgectl.errors import EdgectlError
+from edgectl.planner.decided import Decided
+from edgectl.probe.formats import format_cpu_list
+
+if TYPE_CHECKING:
+    from edgectl.probe.facts import HostFacts
+    from edgectl.profiles import Profile
+
+
+@dataclass(frozen=True)
+class Cpus:
+    cpus: list[int]  # the CPUs the service may run on
+    threads: int  # OpenMP threads, bound to the first `threads` of them
+    reserve_frontend_core: bool
+
+
+def choose_cpus(facts: HostFacts, request: Request, profile: Profile, topology: Topology) -> Decided[Cpus]:
+    reasons: list[Reason] = []
+    topo = facts.topology
+    usable = list(topo.usable_cpus or [])
+    if not usable:
+        n = topo.logical_cpus or 1
+        usable = list(range(n))
+        reasons.append(Reason("cpus", format_cpu_list(usable), Source.FALLBACK,
+                              "usable CPUs unknown; assuming all online CPUs"))
+    nodes = [n for n in (topo.numa_nodes or []) if set(n.cpus) & set(usable)]
+    cpus = usable
+    scope = topo.logical_cpus or len(usable)  # the CPUs the chosen ones are taken from
+    if len(nodes) > 1:
+        best = max(nodes, key=lambda n: (len(set(n.cpus) & set(usable)), -n.id))
+        cpus = sorted(set(best.cpus) & set(usable))
+        scope = len(best.cpus)
+        reasons.append(Reason("cpus", format_cpu_list(cpus), Source.PROBE,
+                              f"{len(nodes)} NUMA nodes: node-local cores of node {best.id} "
+                              "(weights and KV stay in its memory)"))
+    else:
+        reasons.append(Reason("cpus", format_cpu_list(cpus), Source.PROBE,
+                              "the CPUs this process may use (affinity ∩ cgroup cpuset)"))
+
+    threads = len(cpus)
+    # SMT siblings share a core's execution units; vLLM binds one thread per physical core.
+    # The probe gives core counts, not which CPUs are siblings, so the cap is the number of
+    # cores behind the scope (the node, or the host): a cpuset of CPUs on distinct cores
+    # (`docker --cpuset-cpus 2-3` on a 4-core × 2-thread host) keeps a thread per CPU.
+    if topo.physical_cores and topo.logical_cpus and topo.physical_cores < topo.logical_cpus:
+        per_core = topo.logical_cpus // topo.physical_cores
+        cores = max(1, scope // per_core)
+        if per_core > 1 and threads > cores:
+            threads = cores
+            reasons.append(Reason("threads_smt", threads, Source.PROBE,
+                                  f"{per_core} hardware threads per core: one OpenMP thread per physical core"))
+    if topo.cpu_quota_cores:
+        quota_threads = max(1, math.floor(topo.cpu_quota_cores))
+        if quota_threads < threads:
+            threads = quota_threads
+            reasons.append(Reason("threads_quota", threads, Source.PROBE,
+                                  f"cgroup CPU quota is {topo.cpu_quota_cores:g} cores: more threads would be throttled"))
+
+    reserve = request.reserve_frontend_core
+    if reserve is not None:
+        reasons.append(Reason("reserve_frontend_core", reserve, Source.FLAG, "asked"))
+    elif profile.reserve_frontend_core is not None:
+        reserve = profile.reserve_frontend_core
+        reasons.append(Reason("reserve_frontend_core", reserve, profile.reason_source,
+                              profile.reserve_evidence or f"measured on {profile.name}"))
+    else:
+        reserve = False
+        reasons.append(Reason("reserve_frontend_core", False, Source.FALLBACK,
+                              f"not measured on {profile.name}; in the {topology} topology the HTTP front end only "
+                              "queues requests and streams tokens"))
+    if reserve and threads > 1:
+        # OpenMP binds to the first `threads` CPUs; the process keeps all of them, so the
+        # front end's threads run on the one left over.
+        threads -= 1
+    elif reserve:
+        reasons.append(Reason("reserve_frontend_core", False, Source.PROBE, "only one core: nothing to reserve"))
+        reserve = False
+
+    if request.threads is not None:
+        if request.threads < 1 or request.threads > len(cpus):
+            raise EdgectlError(f"--threads {request.threads} is outside 1..{len(cpus)} "
+                               f"(the usable CPUs: {format_cpu_list(cpus)})")
+        threads = request.threads
+        reasons.append(Reason("threads", threads, Source.FLAG, "asked with --threads"))
+    else:
+        reasons.append(Reason("threads", threads, Source.PROBE, f"OpenMP threads on CPUs {format_cpu_list(cpus[:threads])}"))
+    return Decided(Cpus(cpus, threads, reserve), *reasons)

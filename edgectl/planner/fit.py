@@ -1,0 +1,145 @@
+"""The weight format and the context, chosen together against the memory budget.
+
+The best-ranked format that fits the target context wins; else (no --max-model-len) the one
+that fits the longest context. A faster format that does not fit must not turn a request that
+fits into a refusal. A request that fits in no format is refused with need vs budget and the
+request that would fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edgectl.contract.plan import Memory, Reason, Request, Source, WeightFormat
+from edgectl.errors import EdgectlError
+from edgectl.output import mib
+from edgectl.planner.decided import Decided
+from edgectl.planner.ledger import Costs, Ledger, weights_bytes_for
+
+if TYPE_CHECKING:
+    from edgectl.models.inspect import ModelFacts
+    from edgectl.profiles import Profile
+
+MiB = 1 << 20
+DEFAULT_CONTEXT_CAP = 4096  # unless asked: long contexts cost KV and prefill time on a small CPU box
+MIN_CONTEXT = 512  # below this a chat model is of little use; refuse rather than plan it
+MIN_ASKED_CONTEXT = 16
+
+
+@dataclass(frozen=True)
+class Fit:
+    weight_format: WeightFormat
+    weights_bytes: int
+    max_model_len: int
+    memory: Memory
+
+
+@dataclass(frozen=True)
+class _Sized:
+    """One candidate weight format, sized: its weights, its ledger and the longest context that fits."""
+
+    fmt: WeightFormat
+    reason: Reason
+    weights: Reason
+    ledger: Ledger
+    fits_len: int | None
+
+
+def fit_weights_and_context(budget: int | None, model: ModelFacts, profile: Profile, request: Request,
+                            candidates: list[tuple[WeightFormat, Reason]], group_size: int,
+                            quantize_lm_head: bool, rope_capped: bool, costs: Costs) -> Decided[Fit]:
+    if budget is None:
+        raise EdgectlError("the probe could not tell how much memory this host has (see `edgectl probe`): "
+                           "cannot plan without a memory budget")
+    model_max, cap, target = _context_bounds(model, request)
+
+    sized: list[_Sized] = []
+    for fmt, why in candidates:
+        weights = _weights(model, profile, fmt, group_size, quantize_lm_head)
+        ledger = Ledger(model, request, costs, weights.value, rope_capped)
+        if ledger.at(target).limit_bytes <= budget:
+            sized.append(_Sized(fmt, why, weights, ledger, target))
+            break
+        sized.append(_Sized(fmt, why, weights, ledger, ledger.largest_fitting(budget, MIN_CONTEXT, target)))
+    fitting = [c for c in sized if c.fits_len is not None and (request.max_model_len is None or c.fits_len == target)]
+    if not fitting:
+        # Refuse with the numbers of the format that comes closest (its hint is the one that holds).
+        at = target if request.max_model_len is not None else MIN_CONTEXT
+        closest = min(sized, key=lambda c: (-(c.fits_len or 0), c.ledger.at(at).limit_bytes))
+        raise _wont_fit(closest.ledger.at(at), budget, request, closest.fits_len,
+                        closest.fmt if len(sized) > 1 else None)
+    best = max(fitting, key=lambda c: (c.fits_len, -sized.index(c)))
+    assert best.fits_len is not None
+    why = best.reason
+    if best is not sized[0]:
+        first = sized[0]
+        fits = f"fits only {first.fits_len} tokens" if first.fits_len else "does not fit at any context"
+        why = Reason("weight_format", best.fmt, why.source,
+                     f"{first.fmt} ranks first but {fits} in the budget {mib(budget)} "
+                     f"(needs {mib(first.ledger.at(target).limit_bytes)} at {target} tokens); {why.detail}")
+    max_len = best.fits_len
+    memory = best.ledger.at(max_len)
+    if request.max_model_len is not None:
+        context = Reason("max_model_len", max_len, Source.FLAG,
+                         f"asked; fits: limit {mib(memory.limit_bytes)} ≤ budget {mib(budget)}")
+    else:
+        limited_by = ("the model maximum" if cap == model_max else
+                      f"the default {DEFAULT_CONTEXT_CAP} (ask for more with --max-model-len, up to {model_max})")
+        context = Reason("max_model_len", max_len, Source.PROBE if max_len < cap else Source.MODEL_CONFIG,
+                         f"largest that fits the budget {mib(budget)} with {request.max_num_seqs} sequence(s), "
+                         f"capped at {limited_by}")
+    return Decided(Fit(best.fmt, best.weights.value, max_len, memory), why, best.weights, context)
+
+
+def _context_bounds(model: ModelFacts, request: Request) -> tuple[int, int, int]:
+    """(the model's maximum, the default cap, the context to try first)."""
+    if not model.max_position_embeddings and request.max_model_len is None:
+        raise EdgectlError(f"{model.path}/config.json gives no max_position_embeddings: cannot size the context; "
+                           "pass --max-model-len")
+    # without it in config.json, the user's --max-model-len is the only maximum there is
+    model_max = int(model.max_position_embeddings or request.max_model_len)
+    if request.max_model_len is not None:
+        if request.max_model_len < MIN_ASKED_CONTEXT:
+            raise EdgectlError(f"--max-model-len {request.max_model_len} is too small "
+                               f"(at least {MIN_ASKED_CONTEXT} tokens)")
+        if request.max_model_len > model_max:
+            raise EdgectlError(f"--max-model-len {request.max_model_len} exceeds what {model.name} supports "
+                               f"({model_max}, max_position_embeddings): use --max-model-len {model_max} or less")
+    cap = min(model_max, DEFAULT_CONTEXT_CAP)
+    return model_max, cap, (request.max_model_len if request.max_model_len is not None else cap)
+
+
+def _weights(model: ModelFacts, profile: Profile, fmt: WeightFormat, group_size: int,
+             quantize_lm_head: bool) -> Reason:
+    """The resident weights in ``fmt``: from the model's shapes, times the measured ratio if any."""
+    weights_bytes, n_quant, n_kept = weights_bytes_for(model, fmt, group_size, quantize_lm_head)
+    detail = f"{model.param_bytes.total / MiB:.0f} MiB of parameters as {fmt}"
+    if fmt.is_int4:
+        detail += f": {n_quant} linear layers int4 (groups ≤ {group_size}, per layer by K), {n_kept} kept bf16"
+        figures = profile.formats.get(fmt)
+        if figures and figures.weights_bytes_ratio:
+            weights_bytes = int(weights_bytes * figures.weights_bytes_ratio.median)
+            detail += f"; × {figures.weights_bytes_ratio.median:.3f} measured resident/planned"
+    return Reason("weights_bytes", weights_bytes, Source.MODEL_CONFIG, detail)
+
+
+def _wont_fit(mem: Memory, budget: int, request: Request, fits_len: int | None,
+              fmt: WeightFormat | None = None) -> EdgectlError:
+    """The refusal: need vs budget, and the request that would fit.
+
+    ``fmt`` names the weight format the numbers are for when several were tried.
+    """
+    as_fmt = f" as {fmt} (the format that comes closest)" if fmt is not None else ""
+    need = (f"needs {mib(mem.limit_bytes)}{as_fmt} (steady {mib(mem.total_bytes)} incl. KV "
+            f"{mib(mem.kv_cache_bytes)}), budget is {mib(budget)}")
+    if fits_len is not None:
+        hint = f"fits with --max-model-len {fits_len}"
+    elif request.max_num_seqs > 1:
+        hint = "does not fit even at the shortest context: try --max-num-seqs 1"
+    else:
+        hint = ("does not fit at any context: free memory, raise the cgroup limit, or pick a smaller model "
+                "(`edgectl models list`)")
+    what = (f"{request.model}" + (f" at --max-model-len {request.max_model_len}" if request.max_model_len else "")
+            + (f" with --max-num-seqs {request.max_num_seqs}" if request.max_num_seqs > 1 else ""))
+    return EdgectlError(f"{what} does not fit: {need}; {hint}")

@@ -1,0 +1,143 @@
+"""Which weight formats this host can run, ranked; and the int4 group size.
+
+The ranking is by measured decode speed on the device class (the profile), then by
+``FORMAT_PRIOR`` among formats nobody measured. Which one is chosen also depends on memory:
+``fit.py`` takes the best-ranked one that fits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edgectl.contract import int4_layout
+from edgectl.contract.plan import Reason, Request, Source, WeightFormat
+from edgectl.errors import EdgectlError
+from edgectl.planner.decided import Decided
+
+if TYPE_CHECKING:
+    from edgectl.models.inspect import ModelFacts
+    from edgectl.probe.facts import HostFacts
+    from edgectl.profiles import Figure, Profile
+
+# Order among formats nobody measured here: 4-bit on PyTorch's kernel reads the fewest bytes
+# per token and runs everywhere; the others need a measurement to be chosen at all.
+FORMAT_PRIOR = (WeightFormat.W4A16, WeightFormat.W4A16_VLLM, WeightFormat.W4A8_AMX, WeightFormat.BF16)
+
+
+def checkpoint_format(model: ModelFacts) -> str:
+    """How the checkpoint stores its weights: bf16, or the quant_method config.json names."""
+    q = model.quantization_config or {}
+    method = str(q.get("quant_method", "")).lower() if isinstance(q, dict) else ""
+    if method in ("gptq", "awq", "cpu_int4"):
+        return method
+    return "bf16" if not method else method
+
+
+def choose_group_size(request: Request) -> Decided[int]:
+    """The preferred int4 group (each layer then takes the largest allowed one that divides K)."""
+    if request.group_size is not None:
+        return Decided(request.group_size, Reason("group_size", request.group_size, Source.FLAG,
+                                                  "asked with --group-size"))
+    if request.group_size_hint is not None:
+        size, why = request.group_size_hint
+        return Decided(size, Reason("group_size", size, Source.MODEL_CONFIG, why))
+    return Decided(int4_layout.DEFAULT_GROUP_SIZE, Reason(
+        "group_size", int4_layout.DEFAULT_GROUP_SIZE, Source.FALLBACK,
+        "the common default for 4-bit weights; smaller groups cost more scale bytes"))
+
+
+def host_runs(fmt: WeightFormat, facts: HostFacts) -> tuple[bool, str]:
+    """Whether this host can execute a format's kernel at all (before any profile says so)."""
+    isa, arch = facts.cpu.isa, facts.cpu.arch
+    if fmt is WeightFormat.BF16:
+        return True, "vLLM's CPU backend runs bf16 everywhere it runs"
+    if fmt is WeightFormat.W4A16:
+        if arch in ("x86_64", "aarch64"):
+            return True, "PyTorch's _weight_int4pack_mm_for_cpu has AVX2, AVX-512, NEON and scalar kernels"
+        return False, f"PyTorch's CPU int4 kernel is not available for {arch}"
+    if fmt is WeightFormat.W4A16_VLLM:
+        avx512 = all(getattr(isa, f, False) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+        if arch == "x86_64" and avx512:
+            return True, "vLLM loads its AVX-512 library here, which has cpu_gemm_wna16"
+        return False, ("vLLM's cpu_gemm_wna16 is compiled only into its AVX-512 libraries; this host "
+                       "loads _C_AVX2 (vllm-project/vllm#55613)" if arch == "x86_64" else
+                       f"vLLM's int4 CPU kernels are not built for {arch}")
+    # W4A8_AMX
+    amx = isa.amx_tile and isa.amx_int8
+    granted = str(facts.cpu.amx_permission) == "granted"
+    if arch == "x86_64" and amx and granted:
+        # The host could run it, but edgectl's runtime cannot yet: the cpu_int4 plugin has
+        # no W4A8 path (vLLM's int4_scaled_mm_cpu is not wired in). Never plan what the
+        # worker would fail to serve.
+        return False, ("AMX is usable here, but edgectl's runtime has no W4A8 path yet "
+                       "(vLLM's int4_scaled_mm_cpu is not wired into the cpu_int4 plugin)")
+    if amx and not granted:
+        # "not-checked" (a captured tree, or facts from another host): unverified is not
+        # usable; the worker would fail at its first AMX instruction if the kernel refused.
+        return False, (f"AMX is listed but the tile-data permission was {facts.cpu.amx_permission}"
+                       + (": run `edgectl probe` on the host itself to verify it"
+                          if str(facts.cpu.amx_permission) == "not-checked" else ""))
+    return False, "needs AMX (int4_scaled_mm_cpu), which this host does not have usable"
+
+
+def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile,
+                     request: Request) -> Decided[list[tuple[WeightFormat, Reason]]]:
+    """The formats this host can run, best first, each with the reason it would be chosen.
+
+    The reasons given are the formats that cannot run here, and why (if any).
+    """
+    checkpoint = checkpoint_format(model)
+    runnable: dict[WeightFormat, str] = {}
+    refused: dict[WeightFormat, str] = {}
+    for fmt in WeightFormat:
+        ok, why = host_runs(fmt, facts)
+        figures = profile.formats.get(fmt)
+        if ok and figures is not None and not figures.runs:
+            ok, why = False, f"profile {profile.name}: {figures.reason}"
+        if ok and fmt in (WeightFormat.W4A16_VLLM, WeightFormat.W4A8_AMX) and (
+                figures is None or figures.decode_tok_s is None):
+            # these kernels are chosen only where a measurement showed them running
+            ok, why = False, f"not measured on {profile.name}: chosen only where a profile shows it runs"
+        if ok and checkpoint in ("gptq", "awq") and fmt is WeightFormat.BF16:
+            ok, why = False, f"the checkpoint is {checkpoint} 4-bit: edgectl serves it as 4-bit, not bf16"
+        if ok and checkpoint == "cpu_int4" and fmt is not WeightFormat.W4A16:
+            ok, why = False, "the checkpoint is a cpu_int4 portable checkpoint (PyTorch's int4 kernel)"
+        (runnable if ok else refused)[fmt] = why
+    not_runnable = ([Reason("formats_not_runnable", sorted(refused), Source.PROBE,
+                            "; ".join(f"{f}: {why}" for f, why in refused.items()))] if refused else [])
+
+    if request.weight_format:
+        fmt = WeightFormat(request.weight_format)  # a known one: checked with the request
+        if fmt not in runnable:
+            options = ", ".join(sorted(runnable)) or "none"
+            raise EdgectlError(f"--format {fmt} cannot run here: {refused[fmt]} (runnable here: {options})")
+        return Decided([(fmt, Reason("weight_format", fmt, Source.FLAG, f"asked with --format; {runnable[fmt]}"))])
+
+    def measured(fmt: WeightFormat) -> Figure | None:
+        figures = profile.formats.get(fmt)
+        return figures.decode_tok_s if figures else None
+
+    ranked = sorted(
+        runnable,
+        key=lambda f: (measured(f) is not None, measured(f).median if measured(f) else 0.0, -FORMAT_PRIOR.index(f)),
+        reverse=True,
+    )
+    if not ranked:
+        raise EdgectlError("no weight format can run on this host: " + "; ".join(f"{k}: {v}" for k, v in refused.items()))
+    candidates: list[tuple[WeightFormat, Reason]] = []
+    for fmt in ranked:
+        fig = measured(fmt)
+        if fig is not None:
+            others = [f"{f} {measured(f).median:g}" for f in ranked if f != fmt and measured(f) is not None]
+            detail = f"measured decode on {profile.name}: {fig.describe('tok/s')}"
+            if fmt == ranked[0]:
+                detail = "fastest " + detail
+            if others:
+                detail += "; others: " + ", ".join(others) + " tok/s"
+            candidates.append((fmt, Reason("weight_format", fmt, profile.reason_source, detail)))
+        else:
+            candidates.append((fmt, Reason("weight_format", fmt, Source.FALLBACK,
+                                           f"not measured on {profile.name}; 4-bit reads the fewest bytes per token "
+                                           f"({runnable[fmt]})" if fmt.is_int4 else
+                                           f"not measured on {profile.name}; {runnable[fmt]}")))
+    return Decided(candidates, *not_runnable)

@@ -1,0 +1,250 @@
+"""The memory ledger: what the service's processes hold, steady state, as PSS.
+
+    runtime    fixed cost of each process that imports Python + torch + vLLM (+ the HTTP
+               server), measured per device class, times the processes of the topology
+    weights    the resident weights in the chosen format (int4 layers: packed uint8 N×K/2
+               plus bf16 scales and zeros; embeddings, norms and an unquantized head: bf16)
+    kv_cache   exactly the planned KV bytes (vLLM zero-fills it: committed up front,
+               ``vllm/v1/worker/utils.py:596``)
+    rope       the cos/sin table: rows × rotary_dim × 2 bytes (capped to the context)
+    workspace  activations of the largest batch (``max_num_batched_tokens``) kept by the
+               allocator after the warm-up pass
+
+MemoryHigh and MemoryMax are the total times the measured load peak (PSS from launch to
+ready over steady PSS), with 5% and 25% of headroom.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edgectl.contract import int4_layout
+from edgectl.contract.plan import Memory, Reason, Source, Topology, WeightFormat
+from edgectl.output import MiB
+from edgectl.planner.decided import Decided
+
+if TYPE_CHECKING:
+    from edgectl.contract.plan import Request
+    from edgectl.models.inspect import ModelFacts
+    from edgectl.profiles import Profile
+
+BLOCK_SIZE_TOKENS = 128  # vLLM's CPU default KV block (vllm/platforms/cpu.py: block_size = 128)
+DTYPE_BYTES = 2  # bf16 activations, KV cache, scales and the RoPE table
+# Prefill runs in chunks of at most this many tokens (the reason: planner/engine.py).
+MAX_BATCHED_TOKENS = 512
+
+# Without a measured figure (fallback profile): one process importing Python, torch and vLLM
+# held ~0.5 GB here (shared/facts/measured-here.md: "~0.5 GB per process that imports
+# them"); the single-process server adds the HTTP stack on top.
+FALLBACK_PROCESS_BYTES = 640 * MiB
+FALLBACK_LOAD_PEAK_RATIO = 1.3
+# A conservative activation estimate per batched token when the profile has none: hidden
+# states and residuals (8 × hidden) and the MLP's gate/up/act buffers (4 × intermediate), fp32.
+FALLBACK_WORKSPACE_FACTOR = 4
+HIGH_HEADROOM = 1.05
+MAX_HEADROOM = 1.25
+
+
+# -- the pieces, each a function of the model and the settings --------------------------------------
+
+
+def batched_tokens(max_model_len: int) -> int:
+    """Tokens of the largest engine step: one prefill chunk, or the whole context if shorter."""
+    return min(max_model_len, MAX_BATCHED_TOKENS)
+
+
+def kv_bytes_per_token_per_layer(model: ModelFacts) -> int:
+    """K and V of every KV head of one layer, for one token."""
+    return 2 * model.num_kv_heads * model.head_dim * DTYPE_BYTES
+
+
+def kv_bytes_per_token(model: ModelFacts) -> int:
+    """KV bytes one token occupies in a full-attention layer stack."""
+    return kv_bytes_per_token_per_layer(model) * model.num_layers
+
+
+def kv_cache_bytes_for(model: ModelFacts, max_model_len: int, max_num_seqs: int,
+                       block_size: int = BLOCK_SIZE_TOKENS, max_num_batched_tokens: int | None = None) -> int:
+    """Bytes that hold ``max_num_seqs`` sequences of ``max_model_len`` tokens, in whole blocks.
+
+    vLLM's block pool keeps one block aside (the null block, ``v1/core/block_pool.py``), so a
+    pool of exactly ``ceil(len / block) × seqs`` blocks is refused at start-up: plan one more.
+    A sliding-window layer holds, per sequence, what vLLM's admission check reserves
+    (``SlidingWindowSpec.max_admission_blocks_per_request``, ``v1/kv_cache_interface.py``):
+    ``ceil(min(window − 1 + tokens in flight, max_model_len) / block) + 1`` blocks — the window
+    plus one engine step's batch (the CPU backend runs one batch at a time: async scheduling
+    is off, ``platforms/cpu.py:331``), plus one because the window need not start on a block
+    boundary. Below the window that is one block *more* than a full-attention layer.
+    """
+    per_layer_token = kv_bytes_per_token_per_layer(model)
+    full_blocks = math.ceil(max_model_len / block_size)
+    in_flight = max_num_batched_tokens if max_num_batched_tokens is not None else batched_tokens(max_model_len)
+    total = 0
+    layer_types = list(model.layer_types or ["full_attention"] * model.num_layers)
+    for kind in layer_types:
+        blocks = full_blocks
+        if kind == "sliding_attention" and model.sliding_window:
+            held = min(model.sliding_window - 1 + in_flight, max_model_len)
+            blocks = math.ceil(held / block_size) + 1
+        total += (blocks * max_num_seqs + 1) * block_size * per_layer_token
+    return total
+
+
+def rope_rows_uncapped(model: ModelFacts) -> int | None:
+    """Rows vLLM 0.32 builds for the cos/sin table without edgectl's cap.
+
+    ``rotary_embedding/base.py:94-103`` uses ``max_position_embeddings``; YaRN uses
+    ``original_max_position_embeddings × factor`` (``yarn_scaling_rope.py:76-85``).
+    """
+    scaling = model.rope_scaling or {}
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind == "yarn" and scaling.get("original_max_position_embeddings") and scaling.get("factor"):
+        return int(scaling["original_max_position_embeddings"] * scaling["factor"])
+    return int(model.max_position_embeddings or 0) or None  # None: config.json gives no maximum
+
+
+def rope_rows(model: ModelFacts, max_model_len: int, capped: bool) -> int:
+    """Rows of the cos/sin table: the context when capped, else vLLM's own count."""
+    return max_model_len if capped else (rope_rows_uncapped(model) or max_model_len)
+
+
+def rope_bytes_for(model: ModelFacts, rows: int) -> int:
+    return rows * model.head_dim * DTYPE_BYTES  # cos and sin halves: rotary_dim values per row
+
+
+def weights_bytes_for(model: ModelFacts, weight_format: WeightFormat | str, group_size: int,
+                      quantize_lm_head: bool) -> tuple[int, int, int]:
+    """(resident weight bytes, quantized linear layers, linear layers left in bf16)."""
+    pb = model.param_bytes
+    rest = pb.embedding + pb.lm_head + pb.other
+    if weight_format == WeightFormat.BF16:
+        return pb.total, 0, len(model.linear_layers)
+    total = rest
+    quantized = kept = 0
+    for layer in model.linear_layers:
+        n, k = layer.out_features, layer.in_features
+        ok, _ = int4_layout.quantizable(n, k, group_size)
+        if ok:
+            g = int4_layout.choose_group_size(k, group_size)
+            total += int4_layout.packed_bytes(n, k, g)
+            quantized += 1
+        else:
+            total += n * k * DTYPE_BYTES
+            kept += 1
+    if quantize_lm_head:
+        # The (tied) embedding/LM head becomes int4 too; it is one [vocab, hidden] matrix.
+        n, k = model.vocab_size, model.hidden_size
+        g = int4_layout.choose_group_size(k, group_size)
+        head = pb.lm_head or pb.embedding
+        if g is not None and n % 16 == 0:
+            total += int4_layout.packed_bytes(n, k, g) - head
+    return total, quantized, kept
+
+
+# -- the fixed costs: what does not depend on the weights or the context ----------------------------
+
+
+@dataclass(frozen=True)
+class Costs:
+    runtime_bytes: int  # per process × processes
+    peak_ratio: float  # load peak PSS / steady PSS
+    peak_source: Source
+    workspace_bytes_per_token: float
+
+
+def fixed_costs(model: ModelFacts, profile: Profile, topology: Topology) -> Decided[Costs]:
+    """The runtime's memory per process, the processes of the topology, the load peak, the workspace."""
+    processes = profile.processes.get(str(topology), 1 if topology is Topology.SINGLE_PROCESS else 4)
+    if profile.process_bytes is not None:
+        per_process = int(profile.process_bytes.median)
+        source, detail = profile.reason_source, f"{profile.process_bytes.describe('bytes')} per process"
+    else:
+        per_process = FALLBACK_PROCESS_BYTES
+        source, detail = Source.FALLBACK, f"{FALLBACK_PROCESS_BYTES // MiB} MiB per process (not measured here)"
+    runtime_bytes = per_process * processes
+    if profile.load_peak_ratio is not None:
+        peak_ratio, peak_source = profile.load_peak_ratio.median, profile.reason_source
+    else:
+        peak_ratio, peak_source = FALLBACK_LOAD_PEAK_RATIO, Source.FALLBACK
+    if profile.workspace_bytes_per_token is not None:
+        per_token = profile.workspace_bytes_per_token.median
+    else:
+        intermediate = model.intermediate_size or 4 * model.hidden_size
+        per_token = FALLBACK_WORKSPACE_FACTOR * (8 * model.hidden_size + 4 * intermediate)
+    costs = Costs(runtime_bytes, peak_ratio, peak_source, per_token)
+    return Decided(costs, Reason("runtime_bytes", runtime_bytes, source, f"{processes} process(es) × {detail}"))
+
+
+# -- the ledger of one weight format, at any context ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The memory of a plan with these weights, as a function of the context length."""
+
+    model: ModelFacts
+    request: Request
+    costs: Costs
+    weights_bytes: int
+    rope_capped: bool
+
+    def at(self, max_len: int) -> Memory:
+        batched = batched_tokens(max_len)
+        kv = (self.request.kv_cache_bytes if self.request.kv_cache_bytes
+              else kv_cache_bytes_for(self.model, max_len, self.request.max_num_seqs, max_num_batched_tokens=batched))
+        rope = rope_bytes_for(self.model, rope_rows(self.model, max_len, self.rope_capped))
+        workspace = int(self.costs.workspace_bytes_per_token * batched)
+        total = self.costs.runtime_bytes + self.weights_bytes + kv + rope + workspace
+        high = _round_mib(total * self.costs.peak_ratio * HIGH_HEADROOM)
+        limit = _round_mib(total * self.costs.peak_ratio * MAX_HEADROOM)
+        return Memory(self.weights_bytes, kv, rope, self.costs.runtime_bytes, workspace, total, high, limit)
+
+    def largest_fitting(self, budget: int, low: int, cap: int) -> int | None:
+        """The largest context ≤ cap (a multiple of 256 from ``low`` up, or cap itself) whose limit fits."""
+        if self.at(cap).limit_bytes <= budget:
+            return cap
+        lo, hi = low, cap
+        if lo > hi or self.at(lo).limit_bytes > budget:
+            return None
+        while hi - lo > 256:
+            mid = (lo + hi) // 2 // 256 * 256
+            if mid <= lo:
+                break
+            if self.at(mid).limit_bytes <= budget:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+def kv_cache(model: ModelFacts, request: Request, memory: Memory, max_model_len: int) -> Decided[int]:
+    """The KV bytes in the ledger: every sequence at full context, in whole blocks (or as asked)."""
+    kv = memory.kv_cache_bytes
+    if request.kv_cache_bytes:
+        return Decided(kv, Reason("kv_cache_bytes", kv, Source.FLAG, "asked (exact bytes)"))
+    detail = (f"{request.max_num_seqs} × {max_model_len} tokens in {BLOCK_SIZE_TOKENS}-token blocks, "
+              f"{kv_bytes_per_token_per_layer(model)} B per token per layer"
+              + (f", sliding-window layers hold their window ({model.sliding_window}) plus one batch"
+                 if "sliding_attention" in (model.layer_types or []) else ""))
+    return Decided(kv, Reason("kv_cache_bytes", kv, Source.MODEL_CONFIG, detail))
+
+
+def rope(model: ModelFacts, max_model_len: int, capped: bool) -> Decided[int]:
+    """The rows of the RoPE table (the RoPE cap lever's reason)."""
+    rows = rope_rows(model, max_model_len, capped)
+    detail = (f"capped to max_model_len (vLLM would build {rope_rows_uncapped(model) or max_model_len} rows)"
+              if capped else "uncapped: the model's max_position_embeddings, as stock vLLM does")
+    return Decided(rows, Reason("rope_rows", rows, Source.MODEL_CONFIG, detail))
+
+
+def memory_limit(memory: Memory, costs: Costs) -> Decided[int]:
+    """MemoryMax (and MemoryHigh): the steady total times the load peak, with headroom."""
+    return Decided(memory.limit_bytes, Reason(
+        "memory_limit", memory.limit_bytes, costs.peak_source,
+        f"MemoryMax = total × load peak {costs.peak_ratio:.2f} × {MAX_HEADROOM}; MemoryHigh = × {HIGH_HEADROOM}"))
+
+
+def _round_mib(n: float) -> int:
+    return int(math.ceil(n / MiB) * MiB)

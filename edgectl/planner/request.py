@@ -1,0 +1,27 @@
+"""What the user asked for, checked before anything is decided: one error naming the flag."""
+
+from __future__ import annotations
+
+from edgectl.contract import int4_layout
+from edgectl.contract.plan import Compilation, Request, Topology, WeightFormat
+from edgectl.errors import EdgectlError
+from edgectl.planner.service import MIN_WATCHDOG_S
+
+
+def check_request(request: Request) -> None:
+    if request.max_num_seqs < 1:
+        raise EdgectlError(f"--max-num-seqs must be at least 1 (got {request.max_num_seqs})")
+    if request.group_size is not None and request.group_size not in int4_layout.ALLOWED_GROUP_SIZES:
+        raise EdgectlError(f"--group-size {request.group_size} is not one of "
+                           f"{', '.join(map(str, int4_layout.ALLOWED_GROUP_SIZES))}")
+    _one_of("unknown weight format", request.weight_format, WeightFormat)
+    _one_of("unknown topology", request.topology, Topology)
+    if request.compilation and request.compilation not in set(Compilation):
+        raise EdgectlError(f"--compilation {request.compilation!r}: use eager or default")
+    if request.watchdog_s is not None and request.watchdog_s < MIN_WATCHDOG_S:
+        raise EdgectlError(f"--watchdog-sec {request.watchdog_s} is too short (at least {MIN_WATCHDOG_S} s)")
+
+
+def _one_of(what: str, value: str | None, kind: type[WeightFormat] | type[Topology]) -> None:
+    if value and value not in set(kind):
+        raise EdgectlError(f"{what} {value!r}: use one of {', '.join(kind)}")

@@ -1,0 +1,148 @@
+"""The plan as every reader reads it (``Plan.from_dict``): plans written by an earlier edgectl still
+load unchanged, and a malformed plan is refused naming each bad field."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from edgectl.contract import codec
+from edgectl.contract.plan import Plan, Source, Topology, WeightFormat
+from edgectl.errors import EdgectlError
+from plan_helpers import host_facts, make_plan, shape
+
+OLD_PLANS = sorted((Path(__file__).parent / "fixtures" / "plans").glob("*.json"))
+
+
+def problems_of(data) -> list[str]:
+    with pytest.raises(EdgectlError) as exc:
+        Plan.from_dict(data)
+    return [exc.value.message, *exc.value.details]
+
+
+@pytest.fixture
+def plan_dict() -> dict:
+    return json.loads(OLD_PLANS[0].read_text())
+
+
+@pytest.mark.parametrize("path", OLD_PLANS, ids=lambda p: p.stem)
+def test_a_plan_written_by_an_earlier_edgectl_loads_unchanged(path: Path):
+    text = path.read_text()
+    plan = Plan.from_dict(json.loads(text))
+    # written back, it is the same document, field for field and in the same order
+    assert plan.to_json() == text
+    assert plan.kv_cache_bytes == json.loads(text)["kv_cache_bytes"] == plan.memory.kv_cache_bytes
+
+
+def test_the_three_fixtures_cover_what_readers_branch_on():
+    plans = [Plan.from_dict(json.loads(p.read_text())) for p in OLD_PLANS]
+    assert {p.weight_format for p in plans} == {WeightFormat.W4A16, WeightFormat.BF16}
+    assert {p.topology for p in plans} == {Topology.SINGLE_PROCESS, Topology.STOCK}
+    assert {p.serve.host for p in plans} == {"0.0.0.0", "127.0.0.1"}
+
+
+def test_a_new_plan_reads_back_equal():
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape("qwen3-1.7b"))
+    again = Plan.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert again == p and again.to_dict() == p.to_dict()
+    assert isinstance(again.weight_format, WeightFormat) and isinstance(again.reasons[0].source, Source)
+
+
+def test_unknown_fields_are_refused_by_name(plan_dict):
+    plan_dict["turbo"] = True
+    plan_dict["levers"]["warp"] = 9
+    found = problems_of(plan_dict)
+    assert any(p.startswith("plan.turbo: unknown field (known: ") for p in found), found
+    assert any(p.startswith("plan.levers.warp: unknown field (known: kv_exact, layerwise_repack, ") for p in found)
+    assert len(found) == 2
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d.update(threads="two"), "plan.threads: expected an integer, got a string 'two'"),
+    (lambda d: d.update(max_model_len=True), "plan.max_model_len: expected an integer, got a boolean True"),
+    (lambda d: d.update(weight_format="w8a8"),
+     "plan.weight_format: 'w8a8' is not one of w4a16, w4a8-amx, w4a16-vllm, bf16"),
+    (lambda d: d.update(device_class="x86_64-sse"), "plan.device_class: 'x86_64-sse' is not one of"),
+    (lambda d: d.pop("rope_rows"), "plan.rope_rows: missing"),
+    (lambda d: d["memory"].pop("limit_bytes"), "plan.memory.limit_bytes: missing"),
+    (lambda d: d["model"].update(path=""), "plan.model.path: expected a non-empty string"),
+    (lambda d: d["reasons"][0].update(source="hearsay"), "plan.reasons[0].source: 'hearsay' is not one of"),
+    (lambda d: d["request"].update(max_num_seqs=None), "plan.request.max_num_seqs: expected an integer, got null"),
+    (lambda d: d.update(cpus=[]), "plan.cpus: expected a non-empty list of distinct CPU numbers, got []"),
+    (lambda d: d.update(kv_cache_bytes=1), "plan.kv_cache_bytes: 1 differs from memory.kv_cache_bytes"),
+    (lambda d: d.pop("kv_cache_bytes"), "plan.kv_cache_bytes: missing"),
+    (lambda d: d["levers"].update(topology="stock"), "plan.levers.topology: stock differs from topology"),
+    (lambda d: d["timeouts"].update(stop_s=0), "plan.timeouts.stop_s: expected a number >= 1, got 0"),
+])
+def test_a_bad_field_is_named(plan_dict, change, says):
+    change(plan_dict)
+    found = problems_of(plan_dict)
+    assert len(found) == 1 and found[0].startswith(says), found
+
+
+def test_every_bad_field_is_named_at_once(plan_dict):
+    plan_dict["threads"] = -1
+    plan_dict["serve"]["port"] = 0
+    del plan_dict["predicted"]["ready_s"]
+    plan_dict["env"]["2BAD"] = "x"
+    found = problems_of(plan_dict)
+    assert len(found) == 4, found
+    for field_ in ("plan.threads:", "plan.serve.port: 0 is not a TCP port", "plan.predicted.ready_s: missing",
+                   "plan.env: '2BAD' is not a variable name"):
+        assert sum(p.startswith(field_) for p in found) == 1, (field_, found)
+
+
+@pytest.mark.parametrize("data, says", [
+    ({"schema": "edgectl.plan/2"}, "this is not an edgectl plan (schema edgectl.plan/1, got schema 'edgectl.plan/2')"),
+    ({"model": "x"}, "this is not an edgectl plan (schema edgectl.plan/1)"),
+    ([1, 2], "plan: not a JSON object, got a list"),
+])
+def test_what_is_not_a_plan_says_so(data, says):
+    assert says in problems_of(data)[0]
+
+
+def test_a_plan_file_is_named_in_every_line(tmp_path: Path, plan_dict):
+    path = tmp_path / "plan.json"
+    bad = copy.deepcopy(plan_dict)
+    bad["threads"], bad["block_size"] = "x", "y"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(EdgectlError) as exc:
+        Plan.load(path)
+    assert exc.value.message.startswith(f"{path}: plan.")
+    assert exc.value.details and all(d.startswith(f"{path}: plan.") for d in exc.value.details)
+    path.write_text("{not json")
+    with pytest.raises(EdgectlError, match=f"the plan {path} is not JSON"):
+        Plan.load(path)
+    with pytest.raises(EdgectlError, match="cannot read the plan"):
+        Plan.load(tmp_path / "missing.json")
+
+
+# -- how the schema grows ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Before:
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class _After:
+    name: str
+    size: int
+    compile_cache: str | None = field(default=None, kw_only=True)  # a field added later
+
+
+def test_a_field_added_with_a_default_keeps_older_documents_loading():
+    old = codec.to_json(_Before("x", 3))
+    after, problems = codec.read(_After, old, "doc")
+    assert problems == [] and after == _After("x", 3)
+    new = codec.to_json(_After("x", 3, compile_cache="/var/cache/x"))
+    assert codec.read(_After, new, "doc")[0].compile_cache == "/var/cache/x"
+    # the older reader refuses the newer field by name: a typo is never silently ignored
+    assert codec.read(_Before, new, "doc") == (None, [
+        "doc.compile_cache: unknown field (known: name, size)"])

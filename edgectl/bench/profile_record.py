@@ -33,6 +33,7 @@ from edgectl.atomic import write_text_atomic
 from edgectl.contract.plan import Plan, Request, Topology
 from edgectl.errors import EdgectlError
 from edgectl.planner import plan as make_plan
+from edgectl.probe.facts import AVX512_CORE
 from edgectl.profiles import SCHEMA, parse_profile
 
 MiB = 1 << 20
@@ -41,11 +42,9 @@ MATCH_TOLERANCE = 0.10
 # Match rules per device class, used when no profile of that name exists yet to copy them from
 # (the same ISA tests as edgectl.probe.cpu.device_class).
 CLASS_MATCH: dict[str, dict[str, Any]] = {
-    "x86_64-amx": {"arch": "x86_64", "isa_all": ["avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile", "amx_bf16"]},
-    "x86_64-avx512-bf16": {"arch": "x86_64", "isa_all": ["avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"],
-                           "isa_none": ["amx_tile"]},
-    "x86_64-avx512": {"arch": "x86_64", "isa_all": ["avx512f", "avx512bw", "avx512vl", "avx512dq"],
-                      "isa_none": ["avx512_bf16", "amx_tile"]},
+    "x86_64-amx": {"arch": "x86_64", "isa_all": [*AVX512_CORE, "amx_tile", "amx_bf16"]},
+    "x86_64-avx512-bf16": {"arch": "x86_64", "isa_all": [*AVX512_CORE, "avx512_bf16"], "isa_none": ["amx_tile"]},
+    "x86_64-avx512": {"arch": "x86_64", "isa_all": [*AVX512_CORE], "isa_none": ["avx512_bf16", "amx_tile"]},
     "x86_64-avx2": {"arch": "x86_64", "isa_all": ["avx2", "fma"], "isa_none": ["avx512f"]},
     "aarch64-sve": {"arch": "aarch64", "isa_all": ["sve"]},
     "aarch64-neon": {"arch": "aarch64", "isa_all": ["asimd"], "isa_none": ["sve"]},

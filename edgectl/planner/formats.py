@@ -56,8 +56,7 @@ def host_runs(fmt: WeightFormat, facts: HostFacts) -> tuple[bool, str]:
             return True, "PyTorch's _weight_int4pack_mm_for_cpu has AVX2, AVX-512, NEON and scalar kernels"
         return False, f"PyTorch's CPU int4 kernel is not available for {arch}"
     if fmt is WeightFormat.W4A16_VLLM:
-        avx512 = all(getattr(isa, f, False) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
-        if arch == "x86_64" and avx512:
+        if arch == "x86_64" and isa.avx512:
             return True, "vLLM loads its AVX-512 library here, which has cpu_gemm_wna16"
         return False, ("vLLM's cpu_gemm_wna16 is compiled only into its AVX-512 libraries; this host "
                        "loads _C_AVX2 (vllm-project/vllm#55613)" if arch == "x86_64" else

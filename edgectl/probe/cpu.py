@@ -271,10 +271,9 @@ def device_class(cpu: CpuFacts, *, live: bool) -> DeviceClass:
             not live and cpu.amx_permission is AmxPermission.NOT_CHECKED)
         if isa.amx_tile and isa.amx_bf16 and permitted:
             return DeviceClass.X86_64_AMX
-        avx512 = isa.avx512f and isa.avx512bw and isa.avx512vl and isa.avx512dq
-        if avx512 and isa.avx512_bf16:
+        if isa.avx512 and isa.avx512_bf16:
             return DeviceClass.X86_64_AVX512_BF16
-        if avx512:
+        if isa.avx512:
             return DeviceClass.X86_64_AVX512
         if isa.avx2 and isa.fma:
             return DeviceClass.X86_64_AVX2

@@ -33,6 +33,10 @@ ISA_FEATURES: tuple[str, ...] = (
 )
 
 
+# The AVX-512 subsets every AVX-512 device class requires (F + BW + VL + DQ).
+AVX512_CORE: tuple[str, ...] = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+
+
 @dataclass(frozen=True)
 class Isa:
     """Feature → usable (enabled by the OS), not merely advertised by cpuid."""
@@ -53,6 +57,11 @@ class Isa:
 
     def usable(self) -> tuple[str, ...]:
         return tuple(f for f in ISA_FEATURES if getattr(self, f))
+
+    @property
+    def avx512(self) -> bool:
+        """AVX-512 as vLLM's CPU build and torch require it before loading their AVX-512 code."""
+        return all(getattr(self, f) for f in AVX512_CORE)
 
     def to_dict(self) -> dict[str, bool]:
         return {f: getattr(self, f) for f in ISA_FEATURES}

@@ -20,7 +20,7 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 SHAPE_TABLE = {
     # per layer: q,o 576x576 = 331,776 each; k,v 192x576 = 110,592 each; gate,up,down 1536x576 =
     # 884,736 each -> 3,538,944; x30 = 106,168,320 params = 212,336,640 B. Embedding 49152x576 =
-    # 28,311,552 params. Norms (2x576)x30 + 576 = 35,136. Sum 134,515,008 (facts/models.md: 134.5 M).
+    # 28,311,552 params. Norms (2x576)x30 + 576 = 35,136. Sum 134,515,008 (docs/facts.md: 134.5 M).
     "smollm2-135m": (30, 576, 1536, 9, 3, 64, 49152, True, 8192,
                      212_336_640, 56_623_104, 0, 70_272, 134_515_008),
     # q,o 896x896 = 802,816; k,v 128x896 = 114,688; mlp 3 x 4864x896 = 13,074,432 -> 14,909,440 x24

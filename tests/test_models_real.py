@@ -25,7 +25,7 @@ def smollm2() -> Path:
 
 
 def test_real_smollm2_matches_its_published_shape(smollm2: Path) -> None:
-    # facts/models.md: LlamaForCausalLM, hidden 576, 30 layers, 9 heads, 3 KV heads, head_dim 64,
+    # docs/facts.md, "The catalog model": LlamaForCausalLM, hidden 576, 30 layers, 9 heads, 3 KV heads, head_dim 64,
     # vocab 49152, max_position_embeddings 8192, tied embeddings, 134.5 M parameters
     facts = inspect_model(smollm2, "smollm2-135m")
     assert facts.architecture == "LlamaForCausalLM"

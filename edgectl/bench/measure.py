@@ -81,7 +81,7 @@ def prefill(client: Client, model: str, token_ids: list[int], timeout_s: float =
         "tokens": prompt_tokens, "ttft_s": ttft, "total_s": total,
         "method": f"{len(token_ids)} fresh random token ids, max_tokens=1, streamed; prompt tokens / TTFT",
     }
-    # A prompt served from a cache would be a measurement of the cache (measured-here.md):
+    # A prompt served from a cache would be a measurement of the cache (docs/facts.md):
     # where the server says how many prompt tokens it computed or found cached, check it.
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens")

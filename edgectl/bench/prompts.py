@@ -2,7 +2,7 @@
 
 vLLM enables prefix caching by default and serves a repeated prompt from its cache: a prefill
 benchmark that sends the same prompt twice measures the cache, not the prefill (a mistake
-made and retracted here once, shared/facts/measured-here.md). So every pass of every arm gets
+made and retracted here once, docs/facts.md). So every pass of every arm gets
 its own prompt of random token ids, generated deterministically from the run's seed and the
 pass's position in the grid (``order``, unique across arms and passes): a run can be
 reproduced exactly, and no two passes of one run share even their first KV block.

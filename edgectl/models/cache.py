@@ -10,7 +10,7 @@ cache directory)::
     .locks/<name>.lock         serialises pulls of the same model
 
 Directories are 0755 and files 0644: the service runs as an unprivileged user and must be
-able to read them (save_pretrained writes model.safetensors as 0600; facts/models.md).
+able to read them (save_pretrained writes model.safetensors as 0600; docs/facts.md, "The catalog model").
 """
 
 from __future__ import annotations

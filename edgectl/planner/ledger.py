@@ -36,8 +36,8 @@ DTYPE_BYTES = 2  # bf16 activations, KV cache, scales and the RoPE table
 MAX_BATCHED_TOKENS = 512
 
 # Without a measured figure (fallback profile): one process importing Python, torch and vLLM
-# held ~0.5 GB here (shared/facts/measured-here.md: "~0.5 GB per process that imports
-# them"); the single-process server adds the HTTP stack on top.
+# held ~0.5 GB (docs/facts.md, "Memory per process"); the single-process server adds the HTTP
+# stack on top.
 FALLBACK_PROCESS_BYTES = 640 * MiB
 FALLBACK_LOAD_PEAK_RATIO = 1.3
 # A conservative activation estimate per batched token when the profile has none: hidden

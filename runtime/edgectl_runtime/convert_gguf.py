@@ -48,7 +48,7 @@ def convert(gguf_path: Path, out_dir: Path) -> dict:
 
     pkg_dir, name = str(gguf_path.parent), gguf_path.name
     # Without GgufConfig(dequantize=True) save_pretrained refuses a GGUF-loaded model
-    # (see shared/facts/models.md); with it the written config has no quantization_config.
+    # (docs/facts.md, "The catalog model"); with it the written config has no quantization_config.
     model = AutoModelForCausalLM.from_pretrained(
         pkg_dir,
         gguf_file=name,

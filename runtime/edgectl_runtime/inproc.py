@@ -5,7 +5,7 @@ vLLM 0.32's OpenAI server always runs its engine core in a second process
 refuses "asyncio without multiprocessing"), and on CPU the worker in a third
 (``platforms/cpu.py:333-341`` turns the ``uni`` executor into ``mp`` unless
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``). Each process that imports torch and vLLM costs
-about 0.5 GB here (``measured-here.md``). This module supplies the missing piece: an
+about 0.5 GB (docs/facts.md, "Memory per process"). This module supplies the missing piece: an
 asyncio client whose ``EngineCore`` runs in a dedicated thread of this process, so
 API server, engine core and model worker share one interpreter.
 

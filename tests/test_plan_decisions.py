@@ -159,6 +159,57 @@ def test_the_fastest_format_that_does_not_fit_gives_way_to_one_that_does(tmp_pat
         make_plan(facts, shape(LLAMA31_8B), [prof], weight_format="bf16")
 
 
+# ---- every decision has a reason, and the reason names where it comes from ----------------------------
+
+def test_defaults_are_said_to_be_edgectls_not_the_profiles(tmp_path: Path):
+    # a profile that does not state its compilation mode: eager is edgectl's default, not a figure
+    prof = profile_from_yaml(tmp_path, profile_yaml(formats="  w4a16:\n    runs: true\n"))
+    assert prof.compilation is None
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof])
+    why = reasons_by_decision(p)
+    assert (why["topology"][0]["value"], why["topology"][0]["source"]) == ("single-process", "default")
+    assert (why["compilation"][0]["value"], why["compilation"][0]["source"]) == ("eager", "default")
+    # a profile that states it is cited for it
+    stated = profile_from_yaml(tmp_path, profile_yaml(formats="  w4a16:\n    runs: true\n",
+                                                      extra="compilation: eager\n"), "stated.yaml")
+    assert reasons_by_decision(make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [stated])
+                               )["compilation"][0]["source"] == "profile"
+    # asked for, both are the user's
+    asked = reasons_by_decision(make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof],
+                                          topology="stock", compilation="default"))
+    assert asked["topology"][0]["source"] == asked["compilation"][0]["source"] == "flag"
+
+
+def test_weights_scaled_by_a_measured_ratio_cite_the_profile(tmp_path: Path):
+    ratio = "  w4a16:\n    runs: true\n    weights_bytes_ratio: {median: 1.1, min: 1.1, max: 1.1, passes: 3}\n"
+    prof = profile_from_yaml(tmp_path, profile_yaml(formats=ratio))
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof])
+    why = reasons_by_decision(p)["weights_bytes"][0]
+    assert why["source"] == "profile" and "× 1.100 measured resident/planned" in why["detail"]
+    # without a ratio the bytes are the model's shapes alone
+    plain = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2))
+    assert reasons_by_decision(plain)["weights_bytes"][0]["source"] == "model-config"
+
+
+def test_the_int4_levers_and_the_batch_size_have_reasons():
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), max_model_len=2048)
+    assert p.weight_format == "w4a16"
+    why = reasons_by_decision(p)
+    assert (why["quantize_lm_head"][0]["value"], why["quantize_lm_head"][0]["source"]) == (False, "default")
+    assert "0.855" in why["quantize_lm_head"][0]["detail"]
+    assert (why["layerwise_repack"][0]["value"], why["layerwise_repack"][0]["source"]) == (True, "default")
+    assert (why["max_num_batched_tokens"][0]["value"], why["max_num_batched_tokens"][0]["source"]) == (512, "default")
+    asked = reasons_by_decision(make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), max_model_len=2048,
+                                          quantize_lm_head=True, layerwise_repack=False))
+    assert (asked["quantize_lm_head"][0]["value"], asked["quantize_lm_head"][0]["source"]) == (True, "flag")
+    assert (asked["layerwise_repack"][0]["value"], asked["layerwise_repack"][0]["source"]) == (False, "flag")
+    # bf16 weights have no int4 levers to explain; a context shorter than a chunk is one step
+    bf16 = reasons_by_decision(make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), weight_format="bf16",
+                                         max_model_len=256))
+    assert "quantize_lm_head" not in bf16 and "layerwise_repack" not in bf16
+    assert bf16["max_num_batched_tokens"][0]["value"] == 256 and "in one step" in bf16["max_num_batched_tokens"][0]["detail"]
+
+
 # ---- the fallback profile -----------------------------------------------------------------------------
 
 def test_fallback_profile_is_used_and_said_so():

@@ -397,5 +397,5 @@ def test_plan_table(host_name: str, model_name: str):
     assert value["threads"] == h.threads
     assert set(why["profile"][0]) == {"decision", "value", "source", "detail"}
     for r in p.reasons:
-        assert r.source in ("profile", "model-config", "flag", "probe", "fallback"), r
+        assert r.source in ("profile", "model-config", "flag", "probe", "default", "fallback"), r
         assert r.detail, r

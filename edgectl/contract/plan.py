@@ -83,6 +83,7 @@ class Source(StrEnum):
     FLAG = "flag"  # the user asked for it
     PROBE = "probe"  # what the probe found on the host
     FALLBACK = "fallback"  # a stated guess, because nothing measured it
+    DEFAULT = "default"  # edgectl's design choice unless asked, with its evidence in the detail
 
 
 class ProfileKind(StrEnum):

@@ -3,7 +3,7 @@
 ``plan(facts, model, profiles, request)`` is a pure function: no I/O, no clock, no
 environment. It reads as the decisions in the order they are made; each is made in one module
 and returns its value with its reason (the source of the number behind it: a measured profile,
-the model's config, the user's flag, the probe, or a stated fallback):
+the model's config, the user's flag, the probe, edgectl's default, or a stated fallback):
 
     profile                        profile.py   the most specific profile matching the host
     topology, compilation, levers  engine.py    how vLLM's engine runs
@@ -11,6 +11,7 @@ the model's config, the user's flag, the probe, or a stated fallback):
     runtime memory, load peak      ledger.py    the fixed costs
     formats, group size            formats.py   what runs here, ranked by measured speed
     weight format + context        fit.py       the best format that fits, the longest context
+    batched tokens                 engine.py
     KV cache, RoPE rows, limits    ledger.py    the memory ledger
     predictions, timeouts, env     service.py
 
@@ -27,7 +28,7 @@ from edgectl.contract.plan import Levers, ModelRef, Plan, ProfileRef, Request, S
 from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Reasons
-from edgectl.planner.engine import choose_compilation, choose_levers, choose_topology
+from edgectl.planner.engine import choose_batched_tokens, choose_compilation, choose_levers, choose_topology
 from edgectl.planner.fit import fit_weights_and_context
 from edgectl.planner.formats import checkpoint_format, choose_group_size, runnable_formats
 from edgectl.planner.profile import choose_profile
@@ -55,12 +56,13 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     group_size, levers = choose_group_size(request), choose_levers(request)
     fit = why.take(fit_weights_and_context(
         facts.memory.budget_bytes, model, profile, request, formats, group_size.value,
-        levers.quantize_lm_head, levers.rope_cap, costs))
+        levers.value.quantize_lm_head, levers.value.rope_cap, costs))
     if fit.weight_format.is_int4:
         why.take(group_size)
-    batched = ledger.batched_tokens(fit.max_model_len)
+        why.take(levers)
+    batched = why.take(choose_batched_tokens(fit.max_model_len))
     why.take(ledger.kv_cache(model, request, fit.memory, fit.max_model_len))
-    rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.rope_cap))
+    rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.value.rope_cap))
     why.take(ledger.memory_limit(fit.memory, costs))
     predicted = predict(profile, fit.weight_format, fit.weights_bytes)
     timeouts = why.take(choose_timeouts(request, profile, predicted, batched))
@@ -71,7 +73,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         profile=ProfileRef(profile.name, profile.file, profile.kind),
         weight_format=fit.weight_format,
         group_size=group_size.value,
-        quantize_lm_head=levers.quantize_lm_head,
+        quantize_lm_head=levers.value.quantize_lm_head,
         max_model_len=fit.max_model_len,
         max_num_seqs=request.max_num_seqs,
         max_num_batched_tokens=batched,
@@ -82,7 +84,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         cpus=cpus.cpus,
         topology=topology,
         compilation=compilation,
-        levers=Levers(rope_cap=levers.rope_cap, kv_exact=True, layerwise_repack=levers.layerwise_repack,
+        levers=Levers(rope_cap=levers.value.rope_cap, kv_exact=True, layerwise_repack=levers.value.layerwise_repack,
                       topology=topology, reserve_frontend_core=cpus.reserve_frontend_core),
         memory=fit.memory,
         predicted=predicted,

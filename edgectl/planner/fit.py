@@ -115,13 +115,15 @@ def _weights(model: ModelFacts, profile: Profile, fmt: WeightFormat, group_size:
     """The resident weights in ``fmt``: from the model's shapes, times the measured ratio if any."""
     weights_bytes, n_quant, n_kept = weights_bytes_for(model, fmt, group_size, quantize_lm_head)
     detail = f"{model.param_bytes.total / MiB:.0f} MiB of parameters as {fmt}"
+    source = Source.MODEL_CONFIG
     if fmt.is_int4:
         detail += f": {n_quant} linear layers int4 (groups ≤ {group_size}, per layer by K), {n_kept} kept bf16"
         figures = profile.formats.get(fmt)
         if figures and figures.weights_bytes_ratio:
             weights_bytes = int(weights_bytes * figures.weights_bytes_ratio.median)
             detail += f"; × {figures.weights_bytes_ratio.median:.3f} measured resident/planned"
-    return Reason("weights_bytes", weights_bytes, Source.MODEL_CONFIG, detail)
+            source = profile.reason_source
+    return Reason("weights_bytes", weights_bytes, source, detail)
 
 
 def _wont_fit(mem: Memory, budget: int, request: Request, fits_len: int | None,

@@ -42,7 +42,7 @@ def choose_timeouts(request: Request, profile: Profile, predicted: Predicted, ba
     start_s = int(min(MAX_START_S, max(MIN_START_S, math.ceil((predicted.ready_s or UNMEASURED_READY_S) * 3 + 60))))
     timeouts = Timeouts(start_s=start_s, watchdog_s=watchdog_s, stop_s=STOP_S)
     source = (Source.FLAG if request.watchdog_s is not None
-              else Source.PROFILE if predicted.prefill_tok_s else Source.FALLBACK)
+              else profile.reason_source if predicted.prefill_tok_s else Source.FALLBACK)
     detail = (("watchdog asked with --watchdog-sec; " if request.watchdog_s is not None else
                f"watchdog > 3 × the longest engine step ({batched_tokens} tokens at the predicted prefill rate"
                + ("" if predicted.prefill_tok_s else f", {UNMEASURED_STEP_S:.0f} s when not measured") + "); ")

@@ -12,27 +12,25 @@ root) is refused before anything is written or stopped.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgectl.atomic import write_text_atomic
+from edgectl.client import Client, HttpFailed
 from edgectl.contract import environment, worker
 from edgectl.contract.plan import Plan, Request
+from edgectl.deployment import Layout, port_holder, service_memory
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
 from edgectl.output import mib
 from edgectl.planner.service import MAX_START_S
 from edgectl.systemd import Systemd, UnitState, systemd_running
-from edgectl.units import HIDDEN_PREFIXES, render_unit, unit_name, validate_name
+from edgectl.units import HIDDEN_PREFIXES, render_unit, validate_name
 
 Progress = Callable[[str], None]
 
@@ -41,42 +39,6 @@ Progress = Callable[[str], None]
 # that small numeric differences flip to "L'Étoile, la Marseillaise, …". Asked this way, "The"
 # leads "Paris" 0.27-0.28 to 0.12-0.13 there, and both continue to Paris.
 QUESTION = "What is the capital of France? Answer with the city name only."
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where one deployment's files live."""
-
-    name: str
-    unit_dir: Path
-    config_root: Path
-
-    @property
-    def unit(self) -> str:
-        return unit_name(self.name)
-
-    @property
-    def unit_path(self) -> Path:
-        return self.unit_dir / self.unit
-
-    @property
-    def config_dir(self) -> Path:
-        return self.config_root / self.name
-
-    @property
-    def plan_path(self) -> Path:
-        return self.config_dir / "plan.json"
-
-    @classmethod
-    def of(cls, name: str, environ: Mapping[str, str]) -> Layout:
-        return cls(name, Path(environment.read("EDGECTL_UNIT_DIR", environ)), Path(environment.read("EDGECTL_CONFIG_DIR", environ)))
-
-    def existing_plan(self) -> Plan | None:
-        """The deployed plan, or None if there is none (or it does not read as a plan)."""
-        try:
-            return Plan.load(self.plan_path)
-        except EdgectlError:
-            return None
 
 
 @dataclass
@@ -117,43 +79,6 @@ class DeployResult:
             lines.append(f"  check: {QUESTION!r} → {self.answer.strip()!r}")
         lines.append(f"  status: edgectl status {self.name}   logs: edgectl logs {self.name}")
         return "\n".join(lines)
-
-
-def ask(plan: Plan, question: str = QUESTION, max_tokens: int = 32, timeout_s: float = 120) -> str:
-    """One greedy chat completion through the deployment's OpenAI API; the answer text."""
-    body = json.dumps({"model": plan.model.name, "temperature": 0, "max_tokens": max_tokens,
-                       "messages": [{"role": "user", "content": question}]}).encode()
-    req = urllib.request.Request(worker.base_url(plan.serve) + "/v1/chat/completions", data=body,
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        data = json.loads(r.read())
-    return data["choices"][0]["message"]["content"] or ""
-
-
-def port_holder(host: str, port: int) -> str | None:
-    """None if ``host:port`` can be bound, else a description of who holds it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return None
-        except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL:
-                raise EdgectlError(f"--host {host} is not an address of this machine: use 127.0.0.1, 0.0.0.0 or one "
-                                   "of its interfaces' addresses") from None
-            if exc.errno != errno.EADDRINUSE:
-                raise EdgectlError(f"cannot use {host}:{port}: {exc.strerror}") from None
-    try:
-        import psutil
-
-        for conn in psutil.net_connections("tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-                p = psutil.Process(conn.pid)
-                return f"pid {conn.pid} ({p.name()})"
-    except Exception:  # who holds it is a courtesy; that it is held is the fact
-        pass
-    return "another program"
 
 
 def _check_model_visible(path: str) -> None:
@@ -274,8 +199,8 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
         answer = None
         if ok:
             try:
-                answer = ask(plan)
-            except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
+                answer = Client.of(plan.serve).chat(plan.model.name, QUESTION)
+            except HttpFailed as exc:
                 ok, why = False, f"it reported ready but a chat completion failed: {exc}"
             else:
                 if not answer.strip():
@@ -289,8 +214,6 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
                            details=["--- journal (last lines) ---", *tail])
     ready_s = time.monotonic() - t0
     sd.enable(layout.unit)
-    from edgectl.status import service_memory
-
     memory = service_memory(sd.show(layout.unit))
     return DeployResult(request.name, layout.unit, worker.endpoint(plan.serve), plan, unit_text, False,
                         answer=answer, ready_s=ready_s, memory=memory.to_dict() if memory else None,

@@ -13,20 +13,20 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from edgectl.client import Client, HttpFailed
 from edgectl.contract import environment, worker
-from edgectl.contract.plan import Plan, Request
-from edgectl.deploy import ask, port_holder
+from edgectl.contract.plan import Request
+from edgectl.deployment import port_holder
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
-from edgectl.status import read_worker_state
 
 
-def wait_serving(plan: Plan, proc: subprocess.Popen, timeout_s: float) -> bool:
+def wait_serving(client: Client, proc: subprocess.Popen, timeout_s: float) -> bool:
     """Until the worker says it is serving (its warm-up answered) or exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
-        state = read_worker_state(plan, timeout_s=2)
+        state = client.worker_state(timeout=2)
         if state and state.get("phase") == worker.SERVING:
             return True
         time.sleep(0.5)
@@ -61,13 +61,14 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
-        if wait_serving(plan, proc, plan.timeouts.start_s):
+        client = Client.of(plan.serve)
+        if wait_serving(client, proc, plan.timeouts.start_s):
             progress(f"serving {plan.model.name} at {worker.base_url(plan.serve)}/v1 (Ctrl-C stops)")
             if question:
                 try:
-                    answer = ask(plan, question)
+                    answer = client.chat(plan.model.name, question)
                     print(f"{question} → {answer.strip()}", flush=True)
-                except OSError as exc:
+                except HttpFailed as exc:
                     progress(f"asking {question!r} failed: {exc}")
         code = proc.wait()
     if code not in (worker.EXIT_STOPPED, -signal.SIGINT, -signal.SIGTERM):

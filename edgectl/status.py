@@ -8,21 +8,19 @@ against the plan's prediction and limit; and the requests and tokens served, fro
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from edgectl.contract import environment, worker
+from edgectl.client import Client
+from edgectl.contract import worker
 from edgectl.contract.plan import Plan
-from edgectl.contract.procmem import TreeMem, cgroup_mem
-from edgectl.deploy import Layout
+from edgectl.contract.procmem import TreeMem
+from edgectl.deployment import Layout, deployment_names, service_memory
 from edgectl.errors import EdgectlError
 from edgectl.output import mib
-from edgectl.systemd import Systemd, UnitState, systemd_running
+from edgectl.systemd import Systemd, systemd_running
 from edgectl.units import validate_name
 
 METRICS = {
@@ -32,33 +30,8 @@ METRICS = {
 }
 
 
-def service_memory(state: UnitState) -> TreeMem | None:
-    cgroup = state.props.get("ControlGroup")
-    if not cgroup:
-        return None
-    return cgroup_mem(cgroup)
-
-
-def read_metrics(plan: Plan, timeout_s: float = 3) -> dict[str, float] | None:
-    """Counters from the server's Prometheus endpoint, summed over label sets."""
-    try:
-        with urllib.request.urlopen(worker.base_url(plan.serve) + "/metrics", timeout=timeout_s) as r:
-            text = r.read().decode()
-    except OSError:
-        return None
-    return parse_metrics(text)
-
-
-def read_worker_state(plan: Plan, timeout_s: float = 3) -> dict[str, Any] | None:
-    """The worker's own report (``GET /edgectl/effective``): phase, read-back settings, load peak."""
-    try:
-        with urllib.request.urlopen(worker.base_url(plan.serve) + worker.EFFECTIVE_ROUTE, timeout=timeout_s) as r:
-            return json.loads(r.read())
-    except (OSError, ValueError):
-        return None
-
-
 def parse_metrics(text: str) -> dict[str, float]:
+    """Counters from a Prometheus page, summed over label sets."""
     out = {v: 0.0 for v in METRICS.values()}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -150,13 +123,6 @@ class StatusReport:
         return "\n".join(d.render_text() for d in self.deployments)
 
 
-def deployment_names(environ: Mapping[str, str]) -> list[str]:
-    root = Path(environment.read("EDGECTL_CONFIG_DIR", environ))
-    if not root.is_dir():
-        return []
-    return sorted(p.parent.name for p in root.glob("*/plan.json"))
-
-
 def status_of(name: str, environ: Mapping[str, str]) -> DeploymentStatus:
     layout = Layout.of(name, environ)
     plan = layout.existing_plan()
@@ -169,8 +135,12 @@ def status_of(name: str, environ: Mapping[str, str]) -> DeploymentStatus:
     if state.active == "active" and entered:
         uptime = max(0.0, (_monotonic_us() - entered) / 1e6)
     memory = service_memory(state) if state.active in ("active", "activating", "deactivating") else None
-    metrics = read_metrics(plan) if plan and state.active == "active" else None
-    report = read_worker_state(plan) if plan and state.active == "active" else None
+    metrics = report = None
+    if plan and state.active == "active":
+        client = Client.of(plan.serve)
+        text = client.metrics()
+        metrics = parse_metrics(text) if text is not None else None
+        report = client.worker_state()
     return DeploymentStatus(name, layout.unit, state.active or "unknown", state.sub, state.status_text,
                             state.restarts, uptime, worker.endpoint(plan.serve) if plan else None, plan, memory, metrics,
                             (report or {}).get("load_peak") or None)

@@ -14,6 +14,7 @@ HEAVY = ("torch", "vllm", "transformers", "numpy")
     "import edgectl, edgectl.cli",
     "from edgectl.cli import app",
     "import edgectl.planner, edgectl.inputs, edgectl.profiles, edgectl.deploy, edgectl.status, edgectl.units",
+    "import edgectl.deployment, edgectl.client, edgectl.serve",
     "import edgectl.models.inspect, edgectl.models.pull, edgectl.contract.effective, edgectl.contract.vllm_args",
     "import edgectl.contract.plan, edgectl.contract.environment, edgectl.contract.procmem, edgectl.contract.worker",
 ])

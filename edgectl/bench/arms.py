@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgectl.bench.client import Client, HttpFailed
+from edgectl.client import Client, HttpFailed
 from edgectl.bench.server import ServerProcess
 from edgectl.contract import worker
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA

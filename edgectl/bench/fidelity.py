@@ -30,7 +30,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from edgectl.bench.client import Client
+from edgectl.client import Client
 from edgectl.bench.prompts import PromptSet
 
 TOP_K = 20  # vLLM's default max_logprobs

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgectl.bench.client import Client
+from edgectl.client import Client
 from edgectl.bench.prompts import DECODE_TOKENS
 
 

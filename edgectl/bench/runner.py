@@ -24,7 +24,7 @@ from typing import Any
 from edgectl.bench import fidelity as fid
 from edgectl.bench import measure
 from edgectl.bench.arms import BenchContext, Crashed, PreparedArm
-from edgectl.bench.client import Client, HttpFailed
+from edgectl.client import Client, HttpFailed
 from edgectl.bench.prompts import PromptSet, ids_digest, prefill_token_ids
 from edgectl.bench.server import ServerProcess, free_port
 

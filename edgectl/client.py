@@ -1,8 +1,12 @@
-"""A small HTTP client for the few endpoints the bench uses (standard library only).
+"""The one HTTP client to a served model: deploy, status, serve and the bench use it.
 
-Streaming completions are read as server-sent events, and every chunk is timestamped on
-arrival with ``time.perf_counter``: decode and prefill speeds are measured from the client,
-the way a deployed service is used, not from the server's own log.
+Standard library only (``http.client``). It speaks the OpenAI-compatible API, the worker's own
+routes (``edgectl/contract/worker.py``) and Prometheus text; any failure, unreachable or an
+error status, is one exception, :class:`HttpFailed`. Streaming completions are read as
+server-sent events, and every chunk is timestamped on arrival with ``time.perf_counter``:
+decode and prefill speeds are measured from the client, the way a deployed service is used,
+not from the server's own log. (The worker's warm-up, which runs on the server's own event
+loop, uses an asyncio client, and the same endpoint formatting.)
 """
 
 from __future__ import annotations
@@ -11,7 +15,12 @@ import http.client
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from edgectl.contract import worker
+
+if TYPE_CHECKING:
+    from edgectl.contract.plan import Serve
 
 
 class HttpFailed(Exception):
@@ -22,6 +31,11 @@ class HttpFailed(Exception):
 class Client:
     host: str
     port: int
+
+    @classmethod
+    def of(cls, serve: Serve) -> Client:
+        """A client for the server a plan describes (a wildcard bind is reached on loopback)."""
+        return cls(worker.connect_host(serve.host), serve.port)
 
     def _conn(self, timeout: float) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
@@ -59,6 +73,35 @@ class Client:
     def post_json(self, path: str, body: Any, timeout: float = 600.0) -> Any:
         status, data = self.request("POST", path, body, timeout=timeout)
         return _decode(status, data, f"POST {path}")
+
+    # -- what the commands ask a served model --------------------------------------------------
+
+    def chat(self, model: str, question: str, *, max_tokens: int = 32, timeout: float = 120.0) -> str:
+        """One greedy chat completion; the answer's text."""
+        data = self.post_json("/v1/chat/completions", {
+            "model": model, "temperature": 0, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": question}]}, timeout=timeout)
+        try:
+            return data["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError):
+            raise HttpFailed(f"POST /v1/chat/completions: the answer has no message: {str(data)[:200]}") from None
+
+    def worker_state(self, timeout: float = 3.0) -> dict[str, Any] | None:
+        """The worker's own report (its phase, the settings read back, the load peak), or None."""
+        try:
+            state = self.get_json(worker.EFFECTIVE_ROUTE, timeout=timeout)
+        except HttpFailed:
+            return None
+        return state if isinstance(state, dict) else None
+
+    def metrics(self, timeout: float = 3.0) -> str | None:
+        """The server's Prometheus page, or None if it does not answer."""
+        try:
+            return self.get_text("/metrics", timeout=timeout)
+        except HttpFailed:
+            return None
+
+    # -- streaming ----------------------------------------------------------------------------
 
     def stream(self, path: str, body: dict[str, Any], timeout: float = 600.0) -> "Stream":
         """POST ``body`` with ``stream: true`` and time every server-sent event."""

@@ -53,8 +53,9 @@ def probe_command(
         emit(do_capture(capture, root=root, environ=os.environ), as_json)
         return
     from edgectl.probe import probe
+    from edgectl.probe.render import Probed
 
-    emit(probe(root, bandwidth=bandwidth, environ=os.environ), as_json)
+    emit(Probed(probe(root, bandwidth=bandwidth, environ=os.environ)), as_json)
 
 
 def _nfd(root: Path, *, bandwidth: bool, as_json: bool, capture: Path | None, nfd: bool, out: Path | None,

@@ -261,11 +261,6 @@ class HostFacts:
             notes=tuple(r.str_list(top.get("notes", []), "notes")),  # optional: added in probe/1
         )
 
-    def render_text(self) -> str:
-        from edgectl.probe.render import render_text
-
-        return render_text(self)
-
 
 class _Reader:
     """Strict field access for :meth:`HostFacts.from_dict`; errors name ``source: path: problem``."""

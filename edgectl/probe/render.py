@@ -1,13 +1,28 @@
-"""The human view of :class:`~edgectl.probe.facts.HostFacts` (the JSON is the same object)."""
+"""``edgectl probe``'s result: :class:`~edgectl.probe.facts.HostFacts` as versioned JSON or as text.
+
+The facts are the data; this is the view of them (the facts do not know it, so reading the
+probe's JSON on another host needs no view at all).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any
 
+from edgectl.probe.facts import HostFacts
 from edgectl.probe.formats import format_bytes, format_cpu_list
+from edgectl.probe.memory import describe_budget
 
-if TYPE_CHECKING:
-    from edgectl.probe.facts import HostFacts
+
+@dataclass(frozen=True)
+class Probed:
+    facts: HostFacts
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.facts.to_dict()
+
+    def render_text(self) -> str:
+        return render_text(self.facts)
 
 
 def _opt(value: object, unit: str = "") -> str:
@@ -15,8 +30,6 @@ def _opt(value: object, unit: str = "") -> str:
 
 
 def render_text(f: HostFacts) -> str:
-    from edgectl.probe.memory import describe_budget
-
     c, t, m, s = f.cpu, f.topology, f.memory, f.software
     out: list[str] = []
     add = out.append

@@ -1,6 +1,6 @@
 """`edgectl bench`: the integrity rules, with real server processes that speak the bench's HTTP.
 
-The servers here are ``edgectl/bench/fake_server.py``, started as real processes on real ports,
+The servers here are ``tests/fake_server.py``, started as real processes on real ports,
 each taking the real launcher's command line (the worker's plan file, vLLM's arguments,
 llama-server's flags): they test the harness's rules — read-back checks, crashes, the
 whole-tree memory, the prompts, the arithmetic, the artifact — not any measurement. Plans
@@ -13,23 +13,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from edgectl.bench import fake_server, report
+from bench_helpers import HOST, bench, environ, fake_launchers, tiny_model
+from edgectl.bench import report
 from edgectl.bench.arms import ARMS, DEFAULT_ARMS, cache_config_info, parse_arm_names
 from edgectl.bench.core import BenchOptions, run_bench
 from edgectl.bench.prompts import PREFILL_TOKENS, prefill_token_ids, prompt_set
 from edgectl.bench.runner import interleaved
 from edgectl.errors import EdgectlError
 from edgectl.probe import probe
-from models_helpers import REPO, llama_tensors, make_model, run_cli, tiny_config
-
-FAKE = str(Path(fake_server.__file__).resolve())
-HOST = REPO / "tests" / "fixtures" / "hosts" / "kvm-xeon-avx512-2c"
-# A small Llama with a real-sized vocabulary (random prefill prompts need > 768 ids).
-SHAPE = {"layers": 2, "hidden": 64, "intermediate": 128, "heads": 4, "kv_heads": 2, "vocab": 4096}
+from models_helpers import REPO, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -39,43 +34,7 @@ def facts():
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
-    return make_model(tmp_path / "tiny-llama", tiny_config(vocab_size=SHAPE["vocab"]), llama_tensors(**SHAPE))
-
-
-def environ(tmp_path: Path) -> dict[str, str]:
-    import os
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGECTL_")}
-    env.update(EDGECTL_PROFILES_DIR=str(tmp_path / "profiles"), EDGECTL_MODEL_CACHE=str(tmp_path / "cache"),
-               EDGECTL_RUNTIME_PYTHON=sys.executable)
-    return env
-
-
-def fake_commands(options: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """Launchers replaced by the fake server; ``options[arm]`` are its misbehaviour flags."""
-    options = options or {}
-
-    def worker(arm, port, pass_dir):
-        return [sys.executable, FAKE, *options.get(arm.name, []), "--", "--plan", str(pass_dir / "plan.json")]
-
-    def vllm(arm, port, pass_dir):
-        return [sys.executable, FAKE, *options.get(arm.name, []), "--", "--vllm", *arm.server_args(port)]
-
-    def llama(arm, port, pass_dir):
-        return [sys.executable, FAKE, *options.get(arm.name, []), "--", "--llama", *arm.server_args(port)]
-
-    return {"worker": worker, "vllm": vllm, "vllm-defaults": vllm, "llama.cpp": llama}
-
-
-def bench(tmp_path: Path, model_dir: Path, facts, arms: str, passes: int = 3,
-          options: dict[str, list[str]] | None = None, **kw: Any) -> report.BenchResult:
-    opts = BenchOptions(model=str(model_dir), arms=arms, passes=passes, out=tmp_path / "results",
-                        max_model_len=1024, commands=fake_commands(options), facts=facts, start_timeout_s=60,
-                        argv=["edgectl", "bench", "test"], **kw)
-    lines: list[str] = []
-    result = run_bench(opts, environ(tmp_path), lines.append)
-    result.messages.extend(lines)
-    return result
+    return tiny_model(tmp_path)
 
 
 # -- a complete grid ---------------------------------------------------------------------------------
@@ -185,9 +144,9 @@ def test_a_crashed_pass_makes_the_grid_incomplete_with_no_ratios(tmp_path, model
 
 
 def test_a_server_that_cannot_even_start_is_a_crashed_pass(tmp_path, model_dir, facts) -> None:
-    opts = BenchOptions(model=str(model_dir), arms="planned", passes=1, out=tmp_path / "results", max_model_len=1024,
-                        commands={"worker": lambda arm, port, d: [str(tmp_path / "no-such-binary")]}, facts=facts)
-    a = run_bench(opts, environ(tmp_path), lambda line: None).to_dict()
+    opts = BenchOptions(model=str(model_dir), arms="planned", passes=1, out=tmp_path / "results", max_model_len=1024)
+    a = run_bench(opts, environ(tmp_path), lambda line: None, facts=facts,
+                  launchers={"worker": lambda arm, port, d: [str(tmp_path / "no-such-binary")]}).to_dict()
     (p,) = a["arms"]["planned"]["passes"]
     assert p["status"] == "crashed" and "cannot start" in p["error"]
     assert a["complete"] is False
@@ -322,10 +281,9 @@ def test_ratio_math_by_hand() -> None:
 
 
 def test_a_context_without_room_for_the_prefill_prompt_is_refused(tmp_path, model_dir, facts) -> None:
-    opts = BenchOptions(model=str(model_dir), arms="planned", passes=1, out=tmp_path / "results", max_model_len=512,
-                        commands=fake_commands(), facts=facts)
+    opts = BenchOptions(model=str(model_dir), arms="planned", passes=1, out=tmp_path / "results", max_model_len=512)
     with pytest.raises(EdgectlError, match="no room for the 512-token prefill prompt.*--max-model-len 1024"):
-        run_bench(opts, environ(tmp_path), lambda line: None)
+        run_bench(opts, environ(tmp_path), lambda line: None, facts=facts, launchers=fake_launchers())
     assert not (tmp_path / "results").exists()
 
 

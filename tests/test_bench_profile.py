@@ -13,16 +13,15 @@ from edgectl.contract.plan import ProfileKind, ProfileRef, Request
 from edgectl.inputs import make_plan
 from edgectl.probe import probe
 from edgectl.profiles import load_profile, parse_profile
+from bench_helpers import bench, environ, tiny_model
 from models_helpers import REPO
-from test_bench import SHAPE, bench, environ  # noqa: F401  (fixtures below)
-from models_helpers import llama_tensors, make_model, tiny_config
 
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
 
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
-    return make_model(tmp_path / "tiny-llama", tiny_config(vocab_size=SHAPE["vocab"]), llama_tensors(**SHAPE))
+    return tiny_model(tmp_path)
 
 
 def test_a_recorded_profile_validates_and_the_plan_then_matches_the_measured_memory(tmp_path, model_dir) -> None:

@@ -2,7 +2,8 @@
 
 Each engine runs in a subprocess executing this file as a script (vLLM's CPU backend forces
 ``spawn``, so its entry point must be ``__main__``-guarded); the script prints one JSON object:
-the engine's read-back (``edgectl_runtime.readback``), the int4 layers dumped from the worker,
+the engine's read-back (``edgectl_runtime.readback``), the int4 layers dumped from the worker
+(``tests/int4_extension.py``),
 prompt log-probabilities and a short generation. The tests compare them with references
 computed here from the checkpoint:
 
@@ -47,7 +48,7 @@ def _engine_main(argv: list[str]) -> int:
     kwargs = dict(model=a.model, max_model_len=a.max_model_len, max_num_seqs=1,
                   max_num_batched_tokens=max(256, a.max_model_len), kv_cache_memory_bytes=a.kv_mib << 20,
                   enforce_eager=not a.compiled, dtype="bfloat16", seed=0,
-                  worker_extension_cls="edgectl_runtime.readback.ReadbackExtension")
+                  worker_extension_cls="int4_extension.Int4TestExtension")
     if a.quantization:
         kwargs["quantization"] = a.quantization
     llm = LLM(**kwargs)
@@ -82,7 +83,7 @@ if __name__ == "__main__":
 import pytest  # noqa: E402
 
 from edgectl.deploy import QUESTION  # noqa: E402  (a question whose answer is not a near-tie)
-from test_int4_helpers import build_tiny_llama, read_json_line, run_runtime, write_gptq_checkpoint  # noqa: E402
+from int4_helpers import build_tiny_llama, read_json_line, run_runtime, write_gptq_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.engine
 

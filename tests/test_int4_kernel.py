@@ -24,7 +24,7 @@ from edgectl_runtime.quantize import (  # noqa: E402
     quantize_int4,
     unpack_nibbles,
 )
-from test_int4_helpers import runtime_env  # noqa: E402
+from int4_helpers import runtime_env  # noqa: E402
 
 GROUPS = (32, 64, 128, 256)
 MS = (1, 3, 17, 64)

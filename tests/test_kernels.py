@@ -1,24 +1,24 @@
 """Which int4 kernels this process can run, against the recorded kernel matrix
-(edgectl/data/vllm_kernels.yaml) and against what the loaded vLLM library really registers."""
+(tests/data/vllm_kernels.yaml) and against what the loaded vLLM library really registers."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from edgectl.paths import data_dir
-from test_int4_helpers import runtime_env
+from int4_helpers import runtime_env
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
 from edgectl_runtime import kernels  # noqa: E402
 
-MATRIX = yaml.safe_load((data_dir() / "vllm_kernels.yaml").read_text())
+MATRIX = yaml.safe_load((Path(__file__).parent / "data" / "vllm_kernels.yaml").read_text())
 
 
 @pytest.fixture(scope="module")

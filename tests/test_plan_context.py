@@ -19,8 +19,10 @@ import pytest
 from edgectl.contract import environment
 from edgectl.errors import EdgectlError
 from edgectl.planner.ledger import MAX_BATCHED_TOKENS
+from plan_by_hand import HOSTS, QWEN17, ledger
 from plan_helpers import (
     LLAMA31_8B,
+    MIB,
     MISTRAL_7B,
     QWEN3_17B,
     QWEN25_05B,
@@ -32,7 +34,6 @@ from plan_helpers import (
     shape,
     with_memory,
 )
-from test_plan_table import HOSTS, MIB, QWEN17, ledger
 
 # ---- the largest context that fits, and its caps -------------------------------------------------
 

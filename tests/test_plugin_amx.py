@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from test_int4_helpers import RUNTIME_PYTHON, runtime_env
+from int4_helpers import RUNTIME_PYTHON, runtime_env
 
 ARCH_GET_XCOMP_PERM = 0x1022  # arch/x86/include/uapi/asm/prctl.h
 XFEATURE_XTILEDATA = 18

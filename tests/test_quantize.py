@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_int4_helpers import REPO, RUNTIME_PYTHON, build_tiny_llama, python_has, runtime_env
+from int4_helpers import REPO, RUNTIME_PYTHON, build_tiny_llama, python_has, runtime_env
 
 needs_runtime = pytest.mark.skipif(not python_has("transformers"), reason="the runtime interpreter lacks transformers")
 
@@ -93,7 +93,7 @@ def test_quantize_is_deterministic(tiny, tmp_path):
 def test_portable_bytes_do_not_depend_on_the_cpu_it_was_written_on(tiny, tmp_path):
     # "Portable": the same checkpoint whatever kernels torch dispatches to (here: forced to its
     # scalar kernels vs the native ISA), unlike the kernel's packed layout.
-    from test_int4_helpers import run_runtime
+    from int4_helpers import run_runtime
 
     outs = []
     for name, env in (("native", {}), ("scalar", {"ATEN_CPU_CAPABILITY": "default"})):

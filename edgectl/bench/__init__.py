@@ -6,6 +6,5 @@ settings are read back from the running engine and checked before anything is me
 (``measure.py``, ``fidelity.py``); memory is the PSS of the server's whole process tree
 (``server.py``). ``report.py`` writes the artifact and refuses ratios for an incomplete grid;
 ``profile_record.py`` turns a complete run into a device profile. ``core.run_bench`` ties them
-together; ``fake_server.py`` is a stand-in server for testing the rules. Nothing here imports
-torch or vLLM: the engines run in their own processes.
+together. Nothing here imports torch or vLLM: the engines run in their own processes.
 """

@@ -94,6 +94,10 @@ class Crashed(Exception):
 
 # -- what every launcher needs from the run ----------------------------------------------------
 
+# (arm, port, pass directory) -> the server's command line. By default each arm makes its own
+# (``PreparedArm.default_command``); another can stand in for a launcher, given to run_bench.
+Launcher = Callable[["PreparedArm", int, Path], list[str]]
+
 
 @dataclass
 class BenchContext:
@@ -112,8 +116,8 @@ class BenchContext:
     llama_unavailable: str | None = None
     gguf_path: str | None = None
     start_timeout_s: float = 1800.0
-    # Tests replace a launcher's command line (e.g. with a fake server speaking the same HTTP).
-    commands: dict[str, Callable[["PreparedArm", int, Path], list[str]]] = field(default_factory=dict)
+    # A launcher's command line made otherwise than the default (run_bench's ``launchers``).
+    launchers: dict[str, Launcher] = field(default_factory=dict)
 
 
 class PreparedArm:
@@ -137,7 +141,7 @@ class PreparedArm:
 
     def command(self, port: int, pass_dir: Path) -> list[str]:
         self.prepare_files(port, pass_dir)
-        custom = self.ctx.commands.get(self.launcher)
+        custom = self.ctx.launchers.get(self.launcher)
         return custom(self, port, pass_dir) if custom else self.default_command(port, pass_dir)
 
     def env(self) -> dict[str, str]:
@@ -459,7 +463,7 @@ def prepare_arms(names: list[str], ctx: BenchContext) -> tuple[list[PreparedArm]
     skipped: dict[str, str] = {}
     for name in names:
         spec = ARMS[name]
-        if spec.launcher == "llama.cpp" and "llama.cpp" not in ctx.commands:
+        if spec.launcher == "llama.cpp" and "llama.cpp" not in ctx.launchers:
             if not ctx.llama_server:
                 skipped[name] = ctx.llama_unavailable or "llama-server not found"
                 continue

@@ -12,18 +12,21 @@ import datetime as _dt
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgectl.bench import provenance as prov
 from edgectl.bench import report
-from edgectl.bench.arms import CONTROL, BenchContext, parse_arm_names, prepare_arms
+from edgectl.bench.arms import CONTROL, BenchContext, Launcher, parse_arm_names, prepare_arms
 from edgectl.bench.llamacpp import find_llama_server
 from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
 from edgectl.bench.runner import attach_fidelity, interleaved, run_grid, utc_now
 from edgectl.contract import environment
 from edgectl.errors import EdgectlError
+
+if TYPE_CHECKING:
+    from edgectl.probe.facts import HostFacts
 
 MIN_PASSES_FOR_PROFILE = 3
 QUOTABLE_PASSES = 3  # a figure worth quoting is a median of ≥ 3 interleaved passes (docs/facts.md)
@@ -45,12 +48,16 @@ class BenchOptions:
     llama_server: str | None = None
     fidelity: bool = True
     argv: list[str] | None = None
-    # tests: replace launchers' command lines, and the probe (bandwidth) result
-    commands: dict[str, Callable] = field(default_factory=dict)
-    facts: Any = None
 
 
-def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress) -> report.BenchResult:
+def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress, *,
+              facts: HostFacts | None = None, launchers: Mapping[str, Launcher] | None = None) -> report.BenchResult:
+    """Run the grid ``opts`` asks for; the result holds the artifact (written as it goes).
+
+    ``facts``: a probe already taken (default: probe this host, with its memory bandwidth).
+    ``launchers``: how a launcher's command line is made, by launcher name (default: the real
+    servers; see ``arms.Launcher``).
+    """
     names = parse_arm_names(opts.arms)
     if opts.passes < 1:
         raise EdgectlError(f"--passes {opts.passes}: at least 1 (3 or more for a result worth quoting)")
@@ -74,7 +81,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     resolve_model(opts.model, environ)  # a catalog model must be pulled; a directory must exist
     started = _dt.datetime.now(_dt.timezone.utc)
     progress("probing the host (with a ≤ 2 s memory-bandwidth copy)")
-    facts = opts.facts if opts.facts is not None else probe("/", bandwidth=True, environ=environ)
+    facts = facts if facts is not None else probe("/", bandwidth=True, environ=environ)
     planned = make_plan(Request(model=opts.model, max_model_len=opts.max_model_len), environ, facts=facts)
     model = planned.model
     plan = planned.plan
@@ -104,7 +111,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         planned=plan, planner=planner, runtime_python=runtime_python, child_env=child_env,
         logs_dir=logs_dir, usable_cpus=len(facts.topology.usable_cpus or []) or 1,
         stock_plugins=plugins, llama_server=llama.path, llama_unavailable=llama.origin if not llama.path else None,
-        gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, commands=dict(opts.commands),
+        gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}),
     )
     arms, skipped = prepare_arms(names, ctx)
     for name, why in skipped.items():

@@ -264,28 +264,6 @@ def process_tree_facts(pid: int) -> dict[str, Any]:
             "process_names": [me.name()] + [c.name() for c in children]}
 
 
-def dump_int4_layers(model: torch.nn.Module, path: str) -> int:
-    """Write every int4 layer's unpacked values and scales/zeros (as read back from the kernel's
-    tensors) to a safetensors file: ``NAME.q`` uint8 ``[N, K]``, ``NAME.scales`` and
-    ``NAME.zeros`` ``[N, K/g]``. For tests and debugging; returns the number of layers."""
-    from safetensors.torch import save_file
-
-    from edgectl_runtime.cpu_int4 import W_ATTR, CpuInt4LinearMethod, unpack_layer
-
-    tensors = {}
-    for name, module in model.named_modules():
-        method = getattr(module, "quant_method", None)
-        if not isinstance(method, CpuInt4LinearMethod) or not hasattr(module, W_ATTR):
-            continue
-        q, scales, zeros = unpack_layer(module)
-        tensors[f"{name}.q"] = q.contiguous()
-        tensors[f"{name}.scales"] = scales.contiguous()
-        tensors[f"{name}.zeros"] = zeros.contiguous()
-        tensors[f"{name}.group_size"] = torch.tensor([method.group_size])
-    save_file(tensors, path)
-    return sum(1 for k in tensors if k.endswith(".q"))
-
-
 class ReadbackExtension:
     """A vLLM worker extension (``worker_extension_cls``): adds collective_rpc calls that run
     in the worker process, next to the model."""
@@ -296,31 +274,3 @@ class ReadbackExtension:
     def edgectl_effective(self) -> dict[str, Any]:
         """What the edgectl worker checks against its plan (``edgectl/contract/effective.py``)."""
         return collect_worker_facts(self)
-
-    def edgectl_dump_int4(self, path: str) -> int:
-        return dump_int4_layers(self.get_model(), path)
-
-    def edgectl_int4_matmul_check(self, m_values: list[int]) -> dict[str, float]:
-        """Max relative error, over int4 layers, of the layer's own ``apply`` against the
-        dequantized weight, for activations of each M in ``m_values`` (eager, in the worker)."""
-        from edgectl_runtime.cpu_int4 import W_ATTR, CpuInt4LinearMethod, unpack_layer
-        from edgectl_runtime.quantize import dequantize_int4
-
-        model = self.get_model()
-        gen = torch.Generator().manual_seed(0)
-        worst: dict[str, float] = {}
-        for name, module in model.named_modules():
-            method = getattr(module, "quant_method", None)
-            if not isinstance(method, CpuInt4LinearMethod) or not hasattr(module, W_ATTR):
-                continue
-            q, scales, zeros = unpack_layer(module)
-            k = q.shape[1]
-            w = dequantize_int4(q, scales, zeros)
-            dtype = scales.dtype if scales.dtype != torch.float32 else torch.bfloat16
-            for m in m_values:
-                x = torch.randn(m, k, generator=gen).to(dtype)
-                out = method.apply(module, x).float()
-                ref = x.float() @ w.t()
-                rel = float((out - ref).norm() / ref.norm().clamp_min(1e-12))
-                worst[str(m)] = max(worst.get(str(m), 0.0), rel)
-        return worst

@@ -1,7 +1,8 @@
 """A stand-in server for testing the bench's *rules* (not a stand-in for any measurement).
 
-It speaks the few HTTP endpoints the bench uses, in the dialect of the launcher it replaces,
-and takes that launcher's own command line after ``--``:
+A test double: it lives under tests/ and never ships. It speaks the few HTTP endpoints the bench
+uses, in the dialect of the launcher it replaces, and takes that launcher's own command line
+after ``--``:
 
     python fake_server.py [OPTIONS] -- --plan FILE            # edgectl's worker
     python fake_server.py [OPTIONS] -- --vllm ARGS...          # vLLM's OpenAI server
@@ -12,7 +13,8 @@ asked KV bytes (a setting that did not take effect), ``--crash-on-start N --stat
 before ready on its N-th start, ``--child-alloc-mb M`` starts a child process that holds M MB
 (memory that only a whole-tree measurement sees), ``--alloc-mb M`` holds M MB itself,
 ``--ready-delay S`` answers 503 at first.
-Standard library only; the bench's tests start it as a real process on a real port.
+Standard library only, plus edgectl's plan type (it reads its plan file as the worker does);
+the bench's tests start it as a real process on a real port.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from edgectl.contract import worker
+from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
+from edgectl.contract.plan import Plan
 
 VOCAB = 49152
 K_MAX = 20
@@ -53,12 +59,12 @@ class State:
         self.ns = ns
         self.mode = mode
         self.started = time.monotonic()
-        self.plan: dict[str, Any] | None = None
+        self.plan: Plan | None = None
         self.args: dict[str, str] = {}
         if mode == "worker":
-            self.plan = json.loads(Path(rest[rest.index("--plan") + 1]).read_text())
-            self.port = int(self.plan["serve"]["port"])
-            self.name = self.plan["model"]["name"]
+            self.plan = Plan.load(rest[rest.index("--plan") + 1])
+            self.port = self.plan.serve.port
+            self.name = self.plan.model.name
         else:
             i = 0
             while i < len(rest):  # "--flag value" pairs; a flag followed by another flag has no value
@@ -70,7 +76,7 @@ class State:
 
     def max_model_len(self) -> int:
         if self.plan is not None:
-            return int(self.plan["max_model_len"])
+            return self.plan.max_model_len
         if "--max-model-len" in self.args:
             return int(self.args["--max-model-len"])
         return int(self.args.get("-c", 4096)) // int(self.args.get("-np", 1))
@@ -85,18 +91,18 @@ class State:
     def worker_effective(self) -> dict[str, Any]:
         p = self.plan
         assert p is not None
-        kv = p["kv_cache_bytes"] // 2 if self.ns.sabotage == "kv" else p["kv_cache_bytes"]
-        int4 = p["weight_format"] != "bf16"
+        kv = p.kv_cache_bytes // 2 if self.ns.sabotage == "kv" else p.kv_cache_bytes
+        int4 = p.weight_format.is_int4
         layers = {f"model.layers.{i}.{n}": ("cpu_int4/g64" if int4 else "bf16")
                   for i in range(2) for n in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.down_proj")}
-        head = "cpu_int4/g64-tied-embedding" if p.get("quantize_lm_head") else "bf16-tied-embedding"
-        return {"schema": "edgectl.effective/1", "max_model_len": p["max_model_len"],
-                "max_num_seqs": p["max_num_seqs"], "kv_cache_bytes": kv, "threads": p["threads"],
-                "rope_rows": {"model.layers.0.self_attn.rotary_emb": p["rope_rows"]},
+        head = "cpu_int4/g64-tied-embedding" if p.quantize_lm_head else "bf16-tied-embedding"
+        return {"schema": EFFECTIVE_SCHEMA, "max_model_len": p.max_model_len,
+                "max_num_seqs": p.max_num_seqs, "kv_cache_bytes": kv, "threads": p.threads,
+                "rope_rows": {"model.layers.0.self_attn.rotary_emb": p.rope_rows},
                 "linear_formats": {**layers, "lm_head": head}, "lm_head_format": head,
-                "processes": self.processes(), "resident": {"parameters_bytes": p["memory"]["weights_bytes"],
+                "processes": self.processes(), "resident": {"parameters_bytes": p.memory.weights_bytes,
                                                             "outside_parameters_bytes": 0},
-                "phase": "serving" if self.ready() else "loading"}
+                "phase": worker.SERVING if self.ready() else "loading"}
 
     def vllm_config(self) -> dict[str, Any]:
         return json.loads((Path(self.args["--model"]) / "config.json").read_text())
@@ -151,7 +157,7 @@ class Handler(BaseHTTPRequestHandler):
         s = STATE
         if self.path == "/health":
             self._send(200 if s.ready() else 503, {})
-        elif self.path == "/edgectl/effective" and s.mode == "worker":
+        elif self.path == worker.EFFECTIVE_ROUTE and s.mode == "worker":
             self._send(200, s.worker_effective())
         elif self.path == "/v1/models" and s.mode == "vllm":
             self._send(200, {"data": [{"id": s.name, "max_model_len": int(s.args["--max-model-len"])}]})

@@ -140,7 +140,7 @@ def python_has(module: str) -> bool:
     return r.returncode == 0
 
 
-if __name__ == "__main__":  # python tests/test_int4_helpers.py OUT_DIR [--untied] [--vocab-pad N]
+if __name__ == "__main__":  # python tests/int4_helpers.py OUT_DIR [--untied] [--vocab-pad N]
     import argparse
 
     p = argparse.ArgumentParser()

@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from edgectl import paths
 from edgectl.errors import EdgectlError
 
 # Variables the servers do not inherit from the shell that runs the bench: they would change
@@ -72,13 +73,13 @@ def stock_plugins(info: Mapping[str, Any]) -> tuple[str, list[str]]:
 
 def edgectl_version() -> dict[str, Any]:
     """The checkout's commit (and whether it has uncommitted changes), else the package version."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = paths.checkout()
     out: dict[str, Any] = {"commit": None, "dirty": None, "version": None}
     try:
         out["version"] = metadata.version("edgectl")
     except metadata.PackageNotFoundError:
         pass
-    if not (repo / ".git").exists():
+    if repo is None or not (repo / ".git").exists():
         # An installed copy: scripts/setup.sh records the checkout's commit it was built from.
         try:
             built = json.loads((Path(__file__).resolve().parents[1] / "data" / "build.json").read_text())

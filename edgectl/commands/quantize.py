@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from edgectl import paths
 from edgectl.contract import environment
 from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
@@ -60,12 +61,12 @@ class QuantizeResult:
 def _runtime_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The child's environment: from a checkout, the checkout's runtime (never an older installed one)."""
     env = dict(environ)
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "runtime" / "edgectl_runtime" / "quantize.py").is_file() and (repo / "pyproject.toml").is_file():
-        paths = [str(repo), str(repo / "runtime")]
+    repo = paths.checkout()
+    if repo is not None:
+        entries = [str(repo), str(repo / "runtime")]
         if env.get("PYTHONPATH"):
-            paths.append(env["PYTHONPATH"])
-        env["PYTHONPATH"] = os.pathsep.join(paths)
+            entries.append(env["PYTHONPATH"])
+        env["PYTHONPATH"] = os.pathsep.join(entries)
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 

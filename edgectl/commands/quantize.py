@@ -67,7 +67,8 @@ def _runtime_environment(environ: Mapping[str, str]) -> dict[str, str]:
         if env.get("PYTHONPATH"):
             entries.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(entries)
-    env.setdefault("HF_HUB_OFFLINE", "1")
+    for name, value in environment.OFFLINE.items():
+        env.setdefault(name, value)
     return env
 
 

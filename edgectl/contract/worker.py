@@ -35,8 +35,8 @@ NOT_RESTARTABLE = (EXIT_REFUSED, EXIT_MISMATCH)
 
 # GET: the worker's own report (schema edgectl.effective/1 plus phase, ready_s, load_peak).
 EFFECTIVE_ROUTE = "/edgectl/effective"
-# The phases it reports, in order; "serving" only after its warm-up answered.
-PHASES = ("starting", "loading", "checking", "warming up", "serving", "stopping")
+# The phase it reports once its warm-up answered (before: starting, loading, checking, warming up;
+# after: stopping).
 SERVING = "serving"
 
 

@@ -43,7 +43,6 @@ QUANTIZED_LINEAR_PARTS = frozenset(
     {"qweight", "qzeros", "scales", "g_idx", "weight_packed", "weight_scale", "weight_zero_point",
      "weight_shape", "weight_g_idx"}
 )
-QUANTIZED_LINEAR_MARKERS = frozenset({"qweight", "weight_packed"})
 
 # Layouts whose tensors edgectl can list from config.json alone (the decoder layer of
 # transformers' modeling_llama / modeling_mistral / modeling_qwen2 / modeling_qwen3).

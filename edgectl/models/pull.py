@@ -234,7 +234,7 @@ def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ:
         started = time.monotonic()
         # -P: the converter's own directory is not put on sys.path (nothing there may shadow a module).
         # HF_HUB_OFFLINE: nothing may reach a model hub; the GGUF holds config, weights and tokenizer.
-        env = {**environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env = {**environ, **environment.OFFLINE}
         done = subprocess.run([python, "-P", str(converter_script()), str(gguf), str(tmp)],
                               env=env, capture_output=True, text=True)
         if done.returncode != 0:

@@ -42,3 +42,27 @@ def test_plan_runs_without_heavy_imports(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(shape)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "HEAVY=\n" in out.stderr or out.stderr.rstrip().endswith("HEAVY="), out.stderr[-500:]
+
+
+def test_the_runtime_takes_only_the_contract_from_the_control_plane():
+    """runtime/ imports edgectl.contract (and the error type it raises), nothing else of edgectl;
+    the contract imports nothing of the control plane outside itself either."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def edgectl_imports(path: Path) -> set[str]:
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "edgectl":
+                names |= {node.module} if node.module != "edgectl" else {f"edgectl.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                names |= {a.name for a in node.names if a.name.split(".")[0] == "edgectl"}
+        return names
+
+    allowed = ("edgectl.contract", "edgectl.errors")
+    for folder in (root / "runtime" / "edgectl_runtime", root / "edgectl" / "contract"):
+        for path in sorted(folder.glob("*.py")):
+            outside = {n for n in edgectl_imports(path) if not n.startswith(allowed)}
+            assert not outside, f"{path.relative_to(root)} imports {sorted(outside)}"

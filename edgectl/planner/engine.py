@@ -47,16 +47,16 @@ def choose_compilation(request: Request, profile: Profile) -> Decided[Compilatio
 
 
 @dataclass(frozen=True)
-class Levers:
+class LeverChoice:
     rope_cap: bool  # the RoPE table has max_model_len rows (its reason: rope_rows)
     layerwise_repack: bool  # int4 layers are packed as their checkpoint shards arrive
     quantize_lm_head: bool  # the output head is int4 too
 
 
-def choose_levers(request: Request) -> Decided[Levers]:
+def choose_levers(request: Request) -> Decided[LeverChoice]:
     """The levers, on or off; their reasons matter only when the weights are int4 (the plan takes
     them then). The RoPE cap's reason is the table's rows (``rope_rows``)."""
-    levers = Levers(
+    levers = LeverChoice(
         rope_cap=True if request.rope_cap is None else request.rope_cap,
         layerwise_repack=True if request.layerwise_repack is None else request.layerwise_repack,
         quantize_lm_head=bool(request.quantize_lm_head),

@@ -65,7 +65,8 @@ def read(cls: type, data: Any, label: str) -> tuple[Any, list[str]]:
     return (None if problems or value is FAILED else value), problems
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
+    """A JSON value's kind, for a message: "an integer", "a string", "null", ..."""
     if value is None:
         return "null"
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
@@ -73,7 +74,7 @@ def _kind(value: Any) -> str:
 
 
 def _got(value: Any) -> str:
-    return "null" if value is None else f"{_kind(value)} {value!r}"
+    return "null" if value is None else f"{kind_of(value)} {value!r}"
 
 
 def _read(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
@@ -141,7 +142,7 @@ def _read(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
 
 def _read_dataclass(cls: type, value: Any, path: str, problems: list[str]) -> Any:
     if not isinstance(value, dict):
-        problems.append(f"{path}: not a JSON object (got {_kind(value)})")
+        problems.append(f"{path}: not a JSON object (got {kind_of(value)})")
         return FAILED
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}

@@ -300,7 +300,7 @@ class Plan:
             raise EdgectlError(
                 f"{what} not an edgectl plan (schema {SCHEMA}"
                 + (f", got schema {got!r}" if got is not None else
-                   "" if isinstance(data, dict) else f"; plan: not a JSON object, got {codec._kind(data)}")
+                   "" if isinstance(data, dict) else f"; plan: not a JSON object, got {codec.kind_of(data)}")
                 + "): make one with `edgectl plan MODEL --json`")
         body = dict(data)
         kv = body.pop("kv_cache_bytes", None)

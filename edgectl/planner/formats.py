@@ -61,22 +61,23 @@ def host_runs(fmt: WeightFormat, facts: HostFacts) -> tuple[bool, str]:
         return False, ("vLLM's cpu_gemm_wna16 is compiled only into its AVX-512 libraries; this host "
                        "loads _C_AVX2 (vllm-project/vllm#55613)" if arch == "x86_64" else
                        f"vLLM's int4 CPU kernels are not built for {arch}")
-    # W4A8_AMX
-    amx = isa.amx_tile and isa.amx_int8
-    granted = str(facts.cpu.amx_permission) == "granted"
-    if arch == "x86_64" and amx and granted:
-        # The host could run it, but edgectl's runtime cannot yet: the cpu_int4 plugin has
-        # no W4A8 path (vLLM's int4_scaled_mm_cpu is not wired in). Never plan what the
-        # worker would fail to serve.
-        return False, ("AMX is usable here, but edgectl's runtime has no W4A8 path yet "
-                       "(vLLM's int4_scaled_mm_cpu is not wired into the cpu_int4 plugin)")
-    if amx and not granted:
-        # "not-checked" (a captured tree, or facts from another host): unverified is not
-        # usable; the worker would fail at its first AMX instruction if the kernel refused.
-        return False, (f"AMX is listed but the tile-data permission was {facts.cpu.amx_permission}"
-                       + (": run `edgectl probe` on the host itself to verify it"
-                          if str(facts.cpu.amx_permission) == "not-checked" else ""))
-    return False, "needs AMX (int4_scaled_mm_cpu), which this host does not have usable"
+    if fmt is WeightFormat.W4A8_AMX:
+        amx = isa.amx_tile and isa.amx_int8
+        granted = str(facts.cpu.amx_permission) == "granted"
+        if arch == "x86_64" and amx and granted:
+            # The host could run it, but edgectl's runtime cannot yet: the cpu_int4 plugin has
+            # no W4A8 path (vLLM's int4_scaled_mm_cpu is not wired in). Never plan what the
+            # worker would fail to serve.
+            return False, ("AMX is usable here, but edgectl's runtime has no W4A8 path yet "
+                           "(vLLM's int4_scaled_mm_cpu is not wired into the cpu_int4 plugin)")
+        if amx and not granted:
+            # "not-checked" (a captured tree, or facts from another host): unverified is not
+            # usable; the worker would fail at its first AMX instruction if the kernel refused.
+            return False, (f"AMX is listed but the tile-data permission was {facts.cpu.amx_permission}"
+                           + (": run `edgectl probe` on the host itself to verify it"
+                              if str(facts.cpu.amx_permission) == "not-checked" else ""))
+        return False, "needs AMX (int4_scaled_mm_cpu), which this host does not have usable"
+    return False, f"edgectl has no rule yet for where {fmt} runs"  # a format added without its rule
 
 
 def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile,

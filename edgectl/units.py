@@ -315,14 +315,14 @@ def render_nfd_units(*, python: str, out: str) -> dict[str, str]:
     """
     from edgectl.fleet.labels import EXPIRY, REFRESH_INTERVAL
 
-    r = _PlanReader({})
+    r = _Problems()
     checked_python = r.check_path("runtime python", python)
     checked_out = r.check_path("--out", out)
     if checked_out is not None and (checked_out == "/" or posixpath.basename(checked_out).startswith(".")):
-        r.problems.append(f"--out: {out!r}: NFD ignores files whose name starts with a dot; name a file")
+        r.add(f"--out: {out!r}: NFD ignores files whose name starts with a dot; name a file")
         checked_out = None
-    if r.problems:
-        raise EdgectlError(f"cannot write {NFD_SERVICE}: {r.problems[0]}", details=r.problems[1:])
+    if r.lines:
+        raise EdgectlError(f"cannot write {NFD_SERVICE}: {r.lines[0]}", details=r.lines[1:])
     assert checked_python and checked_out
     exec_start = " ".join([quote_word(checked_python, dollar=True), "-m", "edgectl", "probe", "--nfd",
                            "--out", quote_word(checked_out, dollar=True)])

@@ -21,7 +21,7 @@ import pytest
 
 from edgectl.errors import EdgectlError
 from edgectl.fleet import labels as L
-from edgectl.planning import load_all_profiles
+from edgectl.inputs import load_all_profiles
 from edgectl.probe import HostFacts, probe
 from plan_helpers import SMOLLM2, make_plan, shape
 from probe_helpers import FIXTURE_NAMES, GIB, host, run_cli
@@ -154,7 +154,7 @@ def test_a_class_plans_what_its_nodes_would(name):
     class_plan = make_plan(cls, shape(SMOLLM2))
     assert class_plan.threads == node_plan.threads
     assert class_plan.weight_format == node_plan.weight_format
-    assert class_plan.profile["name"] == node_plan.profile["name"]
+    assert class_plan.profile.name == node_plan.profile.name
     assert class_plan.memory.limit_bytes <= budget
     assert str(cls.device_class) == labels.values[L.DEVICE_CLASS]
 

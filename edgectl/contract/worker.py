@@ -35,6 +35,11 @@ NOT_RESTARTABLE = (EXIT_REFUSED, EXIT_MISMATCH)
 
 # GET: the worker's own report (schema edgectl.effective/1 plus phase, ready_s, load_peak).
 EFFECTIVE_ROUTE = "/edgectl/effective"
+# GET, for a supervisor that probes instead of listening for sd_notify (a Kubernetes pod):
+# 200 while the engine makes progress (the rule the watchdog is pinged by) / while serving and
+# not draining; 503 otherwise, with the reason.
+LIVE_ROUTE = "/edgectl/live"
+READY_ROUTE = "/edgectl/ready"
 # The phase it reports once its warm-up answered (before: starting, loading, checking, warming up;
 # after: stopping).
 SERVING = "serving"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from edgectl.contract.plan import Plan, Request
 from edgectl.errors import EdgectlError
 from edgectl.fleet import k8s
 from edgectl.fleet.labels import NAMESPACE, NodeLabels, class_facts, labels_for
@@ -36,7 +37,7 @@ class ClassPlan:
     class_id: str
     selector: dict[str, str]
     nodes: list[str]
-    plan: dict[str, Any] | None = None  # edgectl.plan/1
+    plan: Plan | None = None
     refusal: str | None = None  # why the model does not fit this class
     objects: list[dict[str, Any]] = field(default_factory=list)
 
@@ -71,7 +72,7 @@ class FleetResult:
         lines += [f"{n:<{width_n}}  {c:<{width_c}}  {what}" for n, c, what in rows]
         lines += ["", f"classes (nodeSelector labels, in {NAMESPACE}/):"]
         for c in self.classes:
-            what = f"Deployment edgectl-{c.plan['serve']['name']}-{c.class_id}" if c.plan else "nothing (does not fit)"
+            what = f"Deployment edgectl-{c.plan.serve.name}-{c.class_id}" if c.plan else "nothing (does not fit)"
             lines.append(f"  {c.class_id}: {len(c.nodes)} node(s) → {what}")
             lines.append("    " + " ".join(f"{k.split('/', 1)[1]}={v}" for k, v in c.selector.items()))
         return lines
@@ -82,7 +83,8 @@ class FleetResult:
             "model": self.model,
             "image": self.image,
             "nodes": [{"node": n, "class": None if c == "-" else c, "gets": what} for n, c, what in self.node_rows()],
-            "classes": [{"class": c.class_id, "selector": c.selector, "nodes": c.nodes, "plan": c.plan,
+            "classes": [{"class": c.class_id, "selector": c.selector, "nodes": c.nodes,
+                         "plan": c.plan.to_dict() if c.plan else None,
                          "refusal": c.refusal, "objects": c.objects} for c in self.classes],
             "unclassed": dict(self.unclassed),
         }
@@ -97,11 +99,11 @@ class FleetResult:
         return k8s.render_yaml(objects, header)
 
 
-def _summary(plan: Mapping[str, Any]) -> str:
-    m = plan["memory"]
-    return (f"{plan['weight_format']}, {plan['max_model_len']} tokens × {plan['max_num_seqs']}, "
-            f"{plan['threads']} thread(s), memory request {k8s._mebibytes(m['total_bytes'])} "
-            f"limit {k8s._mebibytes(m['limit_bytes'])}")
+def _summary(plan: Plan) -> str:
+    m = plan.memory
+    return (f"{plan.weight_format}, {plan.max_model_len} tokens × {plan.max_num_seqs}, "
+            f"{plan.threads} thread(s), memory request {k8s._mebibytes(m.total_bytes)} "
+            f"limit {k8s._mebibytes(m.limit_bytes)}")
 
 
 def read_nodes(nodes_dir: Path) -> list[tuple[str, Any]]:
@@ -136,14 +138,14 @@ def classify(nodes: list[tuple[str, Any]], profiles: list[Any]) -> tuple[list[No
     return classed, unclassed
 
 
-def plan_fleet(request: Any, nodes: list[tuple[str, Any]], environ: Mapping[str, str], *,
+def plan_fleet(request: Request, nodes: list[tuple[str, Any]], environ: Mapping[str, str], *,
                image: str = k8s.DEFAULT_IMAGE) -> FleetResult:
     """Group ``nodes`` by class, plan each class, render the objects of each class that fits.
 
-    ``request`` is the planning request (edgectl.plan.Request); its host becomes 0.0.0.0 (the
+    ``request`` is the planning request (edgectl.contract.plan.Request); its host becomes 0.0.0.0 (the
     pod's address). Raises EdgectlError when the model fits no node.
     """
-    from edgectl.planning import load_all_profiles, make_plan
+    from edgectl.inputs import load_all_profiles, make_plan
 
     k8s.check_image(image)
     env = planning_environment(environ)
@@ -166,11 +168,11 @@ def plan_fleet(request: Any, nodes: list[tuple[str, Any]], environ: Mapping[str,
         except EdgectlError as exc:
             group.refusal = exc.message
             continue
-        plan = planned.plan.to_dict()
+        plan = planned.plan
         labelled = rep.labels.values["edgectl-profile"]
-        if plan["profile"]["name"] != labelled:
+        if plan.profile.name != labelled:
             raise EdgectlError(f"node class {cid}: its nodes select profile {labelled} but the class's facts select "
-                               f"{plan['profile']['name']} (a profile that matches on more than the labels); "
+                               f"{plan.profile.name} (a profile that matches on more than the labels); "
                                "plan these nodes one by one with `edgectl plan --facts`")
         group.plan = plan
         group.objects = k8s.render_objects(plan, k8s.Target(cid, group.selector, len(group.nodes), image))

@@ -2,8 +2,9 @@
 
 ``render_objects(plan, target)`` → [ConfigMap, Deployment, Service] as plain dicts;
 ``render_yaml(objects, header)`` → one multi-document YAML stream for ``kubectl apply -f``.
-Pure: no cluster, no I/O. Like the unit writer (``edgectl/units.py``) it reads the plan and
-nothing else, checks every field it uses and names each bad one.
+Pure: no cluster, no I/O. Like the unit writer (``edgectl/units.py``) it takes a plan read
+strictly (``Plan.from_dict``) and nothing else, and refuses, naming each field, what a pod
+cannot carry.
 
 What mirrors what (units/README.md explains the unit's side):
 
@@ -47,7 +48,6 @@ worker's reason for exit 2 or 3 is the last log line, shown by ``kubectl describ
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -55,6 +55,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgectl import __version__
+from edgectl.contract import worker
+from edgectl.contract.plan import Plan, Topology
 from edgectl.errors import EdgectlError
 from edgectl.units import cache_dir, state_dir, unit_environment, validate_name
 
@@ -66,15 +68,12 @@ IMAGE_PYTHON = "/opt/edgectl/venv/bin/python"
 IMAGE_UID = 65532
 DEFAULT_IMAGE = f"localhost/edgectl-runtime:{__version__}"
 
-# The worker's probe endpoints (runtime/edgectl_runtime/worker.py, _add_edgectl_routes).
-READY_PATH = "/edgectl/ready"
-LIVE_PATH = "/edgectl/live"
+# The worker's probe endpoints (edgectl/contract/worker.py).
+READY_PATH = worker.READY_ROUTE
+LIVE_PATH = worker.LIVE_ROUTE
 STARTUP_PERIOD_S = 10
 READINESS_PERIOD_S = 5
 LIVENESS_FAILURES = 3
-
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 
 def _literal(value: str) -> str:
     """``value`` as the container must see it: the kubelet expands ``$(NAME)`` in a container's
@@ -108,44 +107,6 @@ def check_image(image: str) -> str:
     return image
 
 
-class _PlanFields:
-    """The fields the objects are built from, each checked; one ``plan.FIELD: problem`` per bad one."""
-
-    def __init__(self, plan: Any):
-        self.problems: list[str] = []
-        self.plan = plan if isinstance(plan, Mapping) else {}
-        if not isinstance(plan, Mapping):
-            self.problems.append("plan: not a JSON object")
-        elif plan.get("schema") != "edgectl.plan/1":
-            self.problems.append(f"plan.schema: expected 'edgectl.plan/1', got {plan.get('schema')!r}")
-
-    def get(self, dotted: str) -> Any:
-        node: Any = self.plan
-        for part in dotted.split("."):
-            if not isinstance(node, Mapping) or part not in node:
-                self.problems.append(f"plan.{dotted}: missing")
-                return None
-            node = node[part]
-        return node
-
-    def text(self, dotted: str) -> str | None:
-        value = self.get(dotted)
-        if value is not None and (not isinstance(value, str) or not value or "\0" in value):
-            self.problems.append(f"plan.{dotted}: expected a non-empty string, got {value!r}")
-            return None
-        return value
-
-    def integer(self, dotted: str, minimum: int = 1) -> int | None:
-        value = self.get(dotted)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                or value < minimum:
-            self.problems.append(f"plan.{dotted}: expected a number >= {minimum}, got {value!r}")
-            return None
-        return math.ceil(value)  # seconds and bytes: rounding up never promises less than planned
-
-
 def _mebibytes(n: int) -> str:
     """A memory quantity: whole MiB (rounded up) as ``945Mi``."""
     return f"{math.ceil(n / MiB)}Mi"
@@ -156,83 +117,70 @@ def _probe(path: str, period_s: int, failures: int, timeout_s: int) -> dict[str,
             "timeoutSeconds": timeout_s, "failureThreshold": failures}
 
 
-def render_objects(plan: Mapping[str, Any], target: Target) -> list[dict[str, Any]]:
-    """[ConfigMap, Deployment, Service] for ``plan`` on the nodes of ``target``'s class."""
-    f = _PlanFields(plan)
-    name = f.text("serve.name")
-    if name is not None:
-        try:
-            validate_name(name)
-        except EdgectlError as exc:
-            f.problems.append(f"plan.serve.name: {exc.message}")
-            name = None
-    host = f.text("serve.host")
-    if host is not None and host not in _WILDCARD_HOSTS:
-        f.problems.append(f"plan.serve.host: {host!r}: in a pod the worker must listen on the pod's address "
-                          "for the Service to reach it; plan with host 0.0.0.0 (`edgectl plan --output k8s` does)")
-    port = f.integer("serve.port", 1024)
-    if port is not None and port > 65535:
-        f.problems.append(f"plan.serve.port: {port} is not a TCP port")
-    model_path = f.text("model.path")
-    if model_path is not None and not model_path.startswith("/"):
-        f.problems.append(f"plan.model.path: {model_path!r} is not an absolute path")
-    start_s = f.integer("timeouts.start_s")
-    watchdog_s = f.integer("timeouts.watchdog_s")
-    stop_s = f.integer("timeouts.stop_s")
-    steady_bytes = f.integer("memory.total_bytes")
-    limit_bytes = f.integer("memory.limit_bytes")
-    if steady_bytes and limit_bytes and steady_bytes > limit_bytes:
-        f.problems.append(f"plan.memory.total_bytes: {steady_bytes} is above limit_bytes {limit_bytes}")
-    threads = f.integer("threads")
-    cpus = f.get("cpus")
-    if cpus is not None and (not isinstance(cpus, list) or not cpus
-                             or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus)):
-        f.problems.append(f"plan.cpus: expected a non-empty list of CPU numbers, got {cpus!r}")
-        cpus = None
-    if threads and cpus and threads > len(cpus):
-        f.problems.append(f"plan.threads: {threads} is more than the {len(cpus)} planned CPUs")
-    topology = f.text("topology")
-    if topology is not None and topology != "single-process":
+def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
+    """[ConfigMap, Deployment, Service] for ``plan`` on the nodes of ``target``'s class.
+
+    ``plan`` was read strictly (``Plan.from_dict``); what is checked here is what a pod needs
+    beyond a valid plan, one ``plan.FIELD: problem`` per bad field.
+    """
+    problems: list[str] = []
+    name = plan.serve.name
+    try:
+        validate_name(name)
+    except EdgectlError as exc:
+        problems.append(f"plan.serve.name: {exc.message}")
+    host = plan.serve.host
+    if host not in _WILDCARD_HOSTS:
+        problems.append(f"plan.serve.host: {host!r}: in a pod the worker must listen on the pod's address "
+                        "for the Service to reach it; plan with host 0.0.0.0 (`edgectl plan --output k8s` does)")
+    port = plan.serve.port
+    if port < 1024:
+        problems.append(f"plan.serve.port: expected a number >= 1024 (the pod runs unprivileged), got {port}")
+    model_path = plan.model.path
+    if not model_path.startswith("/"):
+        problems.append(f"plan.model.path: {model_path!r} is not an absolute path")
+    # seconds and bytes: rounding up never promises less than planned
+    start_s, watchdog_s, stop_s = (math.ceil(t) for t in (plan.timeouts.start_s, plan.timeouts.watchdog_s,
+                                                          plan.timeouts.stop_s))
+    steady_bytes, limit_bytes = plan.memory.total_bytes, plan.memory.limit_bytes
+    if steady_bytes > limit_bytes:
+        problems.append(f"plan.memory.total_bytes: {steady_bytes} is above limit_bytes {limit_bytes}")
+    threads, cpus = plan.threads, plan.cpus
+    if threads > len(cpus):
+        problems.append(f"plan.threads: {threads} is more than the {len(cpus)} planned CPUs")
+    if plan.topology is not Topology.SINGLE_PROCESS:
         # vLLM's multi-process topology binds OpenMP to the plan's CPU numbers
         # (vllm/utils/ompmultiprocessing.py), which the kubelet, not the plan, chooses in a pod.
-        f.problems.append(f"plan.topology: {topology!r}: a pod runs the single-process topology only")
-    env = f.get("env")
+        problems.append(f"plan.topology: {str(plan.topology)!r}: a pod runs the single-process topology only")
     env_items: list[dict[str, str]] = []
-    if env is not None and not isinstance(env, Mapping):
-        f.problems.append(f"plan.env: expected an object of NAME: value strings, got {env!r}")
-    elif env is not None and name:
-        own = unit_environment(name)
-        for key in sorted(env):
-            value = env[key]
-            if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
-                f.problems.append(f"plan.env: {key!r} is not a variable name")
-            elif not isinstance(value, str) or "\0" in value:
-                f.problems.append(f"plan.env.{key}: expected a string, got {value!r}")
-            elif key in own and value != own[key]:
-                f.problems.append(f"plan.env.{key}: the worker's pod sets it to {own[key]!r} itself; "
-                                  "remove it from the plan")
-            elif key not in own:
-                env_items.append({"name": key, "value": _literal(value)})
+    own = unit_environment(name)
+    for key in sorted(plan.env):
+        value = plan.env[key]
+        if "\0" in value:
+            problems.append(f"plan.env.{key}: contains a NUL character")
+        elif key in own and value != own[key]:
+            problems.append(f"plan.env.{key}: the worker's pod sets it to {own[key]!r} itself; "
+                            "remove it from the plan")
+        elif key not in own:
+            env_items.append({"name": key, "value": _literal(value)})
     try:
         image = check_image(target.image)
     except EdgectlError as exc:
-        f.problems.append(exc.message)
+        problems.append(exc.message)
     if not isinstance(target.replicas, int) or target.replicas < 1:
-        f.problems.append(f"replicas: expected at least 1 node, got {target.replicas!r}")
+        problems.append(f"replicas: expected at least 1 node, got {target.replicas!r}")
     if not target.node_selector:
-        f.problems.append("node selector: empty; a plan is only for the nodes of its class")
-    if f.problems:
-        raise EdgectlError(f"cannot write the Kubernetes objects from this plan: {f.problems[0]}",
-                           details=f.problems[1:])
-    assert name and port and model_path and start_s and watchdog_s and stop_s and steady_bytes
-    assert limit_bytes and threads and cpus
+        problems.append("node selector: empty; a plan is only for the nodes of its class")
+    if problems:
+        raise EdgectlError(f"cannot write the Kubernetes objects from this plan: {problems[0]}",
+                           details=problems[1:])
 
     base = f"edgectl-{name}-{target.class_id}"
     if len(base) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", base):
         raise EdgectlError(f"the objects' name {base!r} is not a DNS label (at most 63 lowercase letters, "
                            "digits and '-'): choose a --name without '_'")
     plan_dir = f"/etc/edgectl/{name}"
-    plan_text = json.dumps(plan, indent=2) + "\n"
+    plan_text = plan.to_json()
     labels = {
         "app.kubernetes.io/name": "edgectl",
         "app.kubernetes.io/instance": base,
@@ -252,8 +200,7 @@ def render_objects(plan: Mapping[str, Any], target: Target) -> list[dict[str, An
         "name": "worker",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": [_literal(word) for word in (IMAGE_PYTHON, "-m", "edgectl_runtime.worker", "--plan",
-                                                f"{plan_dir}/plan.json")],
+        "command": [_literal(word) for word in worker.command(IMAGE_PYTHON, f"{plan_dir}/plan.json")],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "env": env_items,
         "resources": {

@@ -166,11 +166,13 @@ def planned_cores(facts: HostFacts) -> int:
     the label and the plan cannot disagree. It consults a profile only about reserving a core
     for the front end, which this count leaves out (the class's plan decides it again).
     """
-    from edgectl.plan import Request, _choose_cpus
+    from edgectl.contract.plan import Request, Topology
+    from edgectl.planner.cpus import choose_cpus
 
-    _, threads, _ = _choose_cpus(facts, Request(model="-", reserve_frontend_core=False), None,
-                                 "single-process", [])
-    return threads
+    # reserve_frontend_core=False: the profile is not consulted (any profile will do).
+    decided = choose_cpus(facts, Request(model="-", reserve_frontend_core=False), None,  # type: ignore[arg-type]
+                          Topology.SINGLE_PROCESS)
+    return decided.value.threads
 
 
 def _bool(value: bool) -> str:

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from edgectl import envvars
+from edgectl.contract import environment
 from edgectl.atomic import write_text_atomic
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.fleet.labels import (
@@ -49,7 +49,7 @@ class FeatureFile:
 def feature_file(root: str | Path, *, bandwidth: bool, environ: Mapping[str, str], out: Path | None,
                  now: datetime | None = None) -> FeatureFile:
     """Probe, label, and print or write (atomically) the feature file."""
-    from edgectl.planning import load_all_profiles
+    from edgectl.inputs import load_all_profiles
     from edgectl.probe import probe
 
     if out is not None:
@@ -97,7 +97,7 @@ def _layout(environ: Mapping[str, str]):
     if not systemd_running():
         raise EdgectlError("systemd is not running on this machine: write the labels with "
                            "`edgectl probe --nfd --out FILE` from your own scheduler instead")
-    unit_dir = Path(envvars.read("EDGECTL_UNIT_DIR", environ))
+    unit_dir = Path(environment.read("EDGECTL_UNIT_DIR", environ))
     return unit_dir, Systemd(unit_dir)
 
 
@@ -105,7 +105,7 @@ def install_timer(environ: Mapping[str, str], out: Path, progress: Progress = la
     """Write edgectl-nfd.service/.timer, run the service once, then start the timer."""
     from edgectl.units import NFD_SERVICE, NFD_TIMER, render_nfd_units
 
-    python = envvars.read("EDGECTL_RUNTIME_PYTHON", environ)
+    python = environment.read("EDGECTL_RUNTIME_PYTHON", environ)
     units = render_nfd_units(python=python, out=str(out))  # checks the paths before anything is written
     unit_dir, sd = _layout(environ)
     out.parent.mkdir(mode=0o755, parents=True, exist_ok=True)

@@ -313,14 +313,14 @@ def _add_edgectl_routes(app, service: Service) -> None:
     def probe(ok: bool, why: str) -> JSONResponse:
         return JSONResponse({"ok": ok, "phase": service.phase, "why": why}, status_code=200 if ok else 503)
 
-    @app.get("/edgectl/live")
+    @app.get(contract.LIVE_ROUTE)
     async def live() -> JSONResponse:
         return probe(*service.health())
 
-    @app.get("/edgectl/ready")
+    @app.get(contract.READY_ROUTE)
     async def ready() -> JSONResponse:
         ok, why = service.health()
-        return probe(ok and service.phase == "serving", why)
+        return probe(ok and service.phase == contract.SERVING, why)
 
 
 class DrainGuard:

@@ -7,6 +7,7 @@ request gives the same plan whichever command made it. This is the I/O around th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -112,3 +113,16 @@ def make_plan(request: Request, environ: Mapping[str, str], *, root: str = "/",
         request = replace(request, group_size_hint=entry.int4_group_size)
     profiles = load_all_profiles(environ)
     return Planned(host, model, plan(host, model, profiles, request), pulled)
+
+
+def read_facts_file(path: Path):
+    """A probe taken elsewhere (`edgectl probe --json > facts.json`), to plan for that host."""
+    from edgectl.probe.facts import HostFacts
+
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise EdgectlError(f"{path}: cannot read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise EdgectlError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}): give the output of `edgectl probe --json`") from None
+    return HostFacts.from_dict(data, source=str(path))  # errors name the file: `facts.json: cpu.isa: missing`

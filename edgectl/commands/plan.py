@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,19 +13,6 @@ from edgectl.errors import EdgectlError
 from edgectl.output import emit
 
 OUTPUTS = ("text", "json", "k8s")
-
-
-def read_facts_file(path: Path):
-    """A probe taken elsewhere (`edgectl probe --json > facts.json`), to plan for that host."""
-    from edgectl.probe.facts import HostFacts
-
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise EdgectlError(f"{path}: cannot read: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise EdgectlError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}): give the output of `edgectl probe --json`") from None
-    return HostFacts.from_dict(data, source=str(path))  # errors name the file: `facts.json: cpu.isa: missing`
 
 
 # Options shared with deploy, serve and bench.
@@ -57,7 +43,7 @@ def register(app: typer.Typer) -> None:
         name: Annotated[str, typer.Option("--name", help="Deployment name: the k8s objects are edgectl-NAME-CLASS, the plan /etc/edgectl/NAME/plan.json.")] = DEFAULT_NAME,
     ) -> None:
         """Decide weight format, context, KV and RoPE budgets, threads and memory limit; refuse what won't fit."""
-        from edgectl.inputs import make_plan
+        from edgectl.inputs import make_plan, read_facts_file
 
         fmt = _output_format(output, as_json, fleet=fleet is not None, image=image)
         request = Request(model=model, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -88,6 +74,7 @@ def _plan_nodes(request: Request, fmt: str, *, fleet: Path | None, facts: Path |
 
     from edgectl.fleet.fleet import plan_fleet, read_nodes
     from edgectl.fleet.k8s import DEFAULT_IMAGE
+    from edgectl.inputs import read_facts_file
     from edgectl.units import validate_name
 
     validate_name(request.name)

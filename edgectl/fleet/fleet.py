@@ -108,7 +108,7 @@ def _summary(plan: Plan) -> str:
 
 def read_nodes(nodes_dir: Path) -> list[tuple[str, Any]]:
     """(node name, facts) for every ``*.json`` probe in ``nodes_dir``, by name."""
-    from edgectl.commands.plan import read_facts_file
+    from edgectl.inputs import read_facts_file
 
     if not nodes_dir.is_dir():
         raise EdgectlError(f"--fleet {nodes_dir}: not a directory; give a directory of `edgectl probe --json` "

@@ -86,6 +86,15 @@ class Client:
         except (KeyError, IndexError, TypeError):
             raise HttpFailed(f"POST /v1/chat/completions: the answer has no message: {str(data)[:200]}") from None
 
+    def complete(self, model: str, prompt: str, *, max_tokens: int = 32, timeout: float = 120.0) -> str:
+        """One greedy completion of ``prompt`` (a model without a chat template); the text."""
+        data = self.post_json("/v1/completions", {
+            "model": model, "temperature": 0, "max_tokens": max_tokens, "prompt": prompt}, timeout=timeout)
+        try:
+            return data["choices"][0]["text"] or ""
+        except (KeyError, IndexError, TypeError):
+            raise HttpFailed(f"POST /v1/completions: the answer has no text: {str(data)[:200]}") from None
+
     def worker_state(self, timeout: float = 3.0) -> dict[str, Any] | None:
         """The worker's own report (its phase, the settings read back, the load peak), or None."""
         try:

@@ -65,11 +65,7 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
         if wait_serving(client, proc, plan.timeouts.start_s):
             progress(f"serving {plan.model.name} at {worker.base_url(plan.serve)}/v1 (Ctrl-C stops)")
             if question:
-                try:
-                    answer = client.chat(plan.model.name, question)
-                    print(f"{question} → {answer.strip()}", flush=True)
-                except HttpFailed as exc:
-                    progress(f"asking {question!r} failed: {exc}")
+                ask(client, plan.model.name, question, chat=planned.model.chat_template, progress=progress)
         code = proc.wait()
     if code not in (worker.EXIT_STOPPED, -signal.SIGINT, -signal.SIGTERM):
         raise EdgectlError(f"the worker exited with status {code} (see its log above)",
@@ -77,3 +73,15 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
     return 0
 
 
+def ask(client: Client, model: str, question: str, *, chat: bool, progress) -> None:
+    """Print the model's answer to ``question``: a chat turn, or, for a model without a chat
+    template (a base model, which vLLM refuses chat requests for), the question completed as text."""
+    try:
+        if chat:
+            answer = client.chat(model, question)
+        else:
+            progress(f"{model} has no chat template (a base model): asking as a plain completion")
+            answer = client.complete(model, question)
+        print(f"{question} → {answer.strip()}", flush=True)
+    except HttpFailed as exc:
+        progress(f"asking {question!r} failed: {exc}")

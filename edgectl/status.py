@@ -159,9 +159,21 @@ def status(name: str | None, environ: Mapping[str, str]) -> StatusReport:
 def logs(name: str, environ: Mapping[str, str], follow: bool, lines: int) -> int:
     validate_name(name)
     layout = Layout.of(name, environ)
+    deployed = layout.unit_path.exists() or layout.config_dir.exists()
+    if not deployed and not systemd_running():
+        raise EdgectlError(f"no deployment named {name!r}, and systemd is not running on this machine: "
+                           "`edgectl serve` prints its log in the foreground")
     sd = Systemd(layout.unit_dir)
     if follow:
+        if not deployed:
+            raise EdgectlError(f"no deployment named {name!r} (no {layout.unit_path}, no {layout.config_dir}): "
+                               "see `edgectl status`")
         return sd.follow(layout.unit, lines)
-    for line in sd.journal(layout.unit, lines):
+    journal = sd.journal(layout.unit, lines)
+    if not journal and not deployed:
+        # An undeployed service's journal is still shown; a name never deployed is a mistake.
+        raise EdgectlError(f"no deployment named {name!r} (no {layout.unit_path}, no {layout.config_dir}, "
+                           "nothing in the journal): see `edgectl status`")
+    for line in journal:
         print(line)
     return 0

@@ -9,6 +9,8 @@ from edgectl.planner.service import MIN_WATCHDOG_S
 
 
 def check_request(request: Request) -> None:
+    if not 1 <= request.port <= 65535:
+        raise EdgectlError(f"--port {request.port} is not a TCP port: use 1-65535")
     if request.max_num_seqs < 1:
         raise EdgectlError(f"--max-num-seqs must be at least 1 (got {request.max_num_seqs})")
     if request.group_size is not None and request.group_size not in int4_layout.ALLOWED_GROUP_SIZES:

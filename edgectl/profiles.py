@@ -108,6 +108,10 @@ class Profile:
     compilation: Compilation | None  # the mode the figures were measured in; None: not stated
     bandwidth_gbps: Figure | None
     sources: dict[str, Source] = field(default_factory=dict)
+    # Recorded with the ISA held down on a bigger CPU (e.g. "x86_64-avx2 emulated on x86_64-amx:
+    # ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"): the code paths are the class's, the memory
+    # system and the clock are not. None: measured on the class itself.
+    emulated: str | None = None
 
     @property
     def reason_source(self) -> ReasonSource:
@@ -273,7 +277,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         raw, "",
         {"schema": str, "name": str, "device_class": str, "kind": str, "match": dict, "sources": dict},
         {"description": str, "formats": dict, "runtime": dict, "threads": dict, "compilation": str,
-         "bandwidth_gbps": dict, "notes": str},
+         "bandwidth_gbps": dict, "notes": str, "emulated": str},
     )
     if not top:
         return None, c.errors
@@ -369,7 +373,10 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         compilation=Compilation(compilation) if compilation in set(Compilation) else None,
         bandwidth_gbps=figure(top.get("bandwidth_gbps"), "bandwidth_gbps"),
         sources=sources,
+        emulated=top.get("emulated") or None,
     )
+    if profile.emulated and profile.kind is not ProfileKind.MEASURED:
+        c.err("emulated", "only a measured profile can be emulated (it says how the ISA was held down)")
     if profile.kind is ProfileKind.FALLBACK and (profile.match.isa_all or profile.match.arch != "any"):
         c.err("match", "a fallback profile must match any host (arch: any, no ISA rules)")
     return (profile if not c.errors else None), c.errors
@@ -415,6 +422,8 @@ def load_profiles(dirs: list[Path]) -> list[Profile]:
 def select_profile(profiles: list[Profile], facts: Any) -> tuple[Profile, list[str]]:
     """The most specific matching measured/external profile, else the fallback for the arch.
 
+    A profile measured on the class itself beats one recorded on an emulated ISA.
+
     Returns the profile and one line per profile considered (why it did or did not match).
     """
     considered: list[str] = []
@@ -427,8 +436,8 @@ def select_profile(profiles: list[Profile], facts: Any) -> tuple[Profile, list[s
             continue
         (fallbacks if p.kind is ProfileKind.FALLBACK else candidates).append(p)
     # Prefer profiles for exactly the probed class, then the most specific rules.
-    def rank(p: Profile) -> tuple[int, int]:
-        return (int(p.device_class == facts.device_class), p.specificity())
+    def rank(p: Profile) -> tuple[int, int, int]:
+        return (int(p.device_class == facts.device_class), int(not p.emulated), p.specificity())
 
     if candidates:
         return max(candidates, key=rank), considered

@@ -65,7 +65,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.value.rope_cap))
     why.take(ledger.memory_limit(fit.memory, costs))
     predicted = predict(profile, fit.weight_format, fit.weights_bytes)
-    timeouts = why.take(choose_timeouts(request, profile, predicted, batched))
+    timeouts = why.take(choose_timeouts(request, profile, fit.weight_format, fit.weights_bytes, batched))
 
     return Plan(
         model=ModelRef(model.name, model.path, model.architecture, checkpoint_format(model)),

@@ -17,6 +17,8 @@ def choose_profile(profiles: Sequence[Profile], facts: HostFacts) -> Decided[Pro
     """The most specific profile that matches the host (``profiles.select_profile``)."""
     profile, _considered = select_profile(list(profiles), facts)
     detail = f"{profile.kind} profile for {profile.device_class}"
+    if profile.emulated:
+        detail += f", recorded on an emulated ISA ({profile.emulated})"
     if profile.kind == "fallback":
         detail += "; nobody has measured this class: figures are conservative guesses"
     if profile.kind == "external" and profile.sources:

@@ -14,9 +14,18 @@ if TYPE_CHECKING:
     from edgectl.profiles import Figure, Profile
 
 STOP_S = 30
-MIN_WATCHDOG_S = 5
+MIN_WATCHDOG_S = 5  # the shortest --watchdog-sec accepted
 MAX_WATCHDOG_S = 600
 MIN_START_S, MAX_START_S = 180, 1800
+# The watchdog is pinged per engine step and while the engine is idle (runtime/edgectl_runtime/
+# inproc.py), so WatchdogSec only has to outlast the longest single step the plan allows: one
+# prefill chunk of max_num_batched_tokens. It is that step at the slowest measured prefill rate,
+# times WATCHDOG_MARGIN (the last chunk of a full context attends to every earlier token; a shared
+# core), plus WATCHDOG_SLACK_S, and never under WATCHDOG_FLOOR_S: pauses outside a step (the
+# scheduler, a garbage collection, a busy neighbour on a 2-core box) are not measured by anyone.
+WATCHDOG_MARGIN = 3
+WATCHDOG_SLACK_S = 10
+WATCHDOG_FLOOR_S = 30
 # Without a measured prefill rate, the longest engine step is taken as this long.
 UNMEASURED_STEP_S = 120.0
 # Without a measured time to ready, start-up is taken as this long.
@@ -33,22 +42,76 @@ def predict(profile: Profile, weight_format: WeightFormat, weights_bytes: int) -
     return Predicted(decode_tok_s=decode, prefill_tok_s=prefill, ready_s=ready)
 
 
-def choose_timeouts(request: Request, profile: Profile, predicted: Predicted, batched_tokens: int) -> Decided[Timeouts]:
-    """Watchdog > 3 × the longest engine step; start > 3 × the time to ready."""
-    step_s = batched_tokens / predicted.prefill_tok_s if predicted.prefill_tok_s else UNMEASURED_STEP_S
-    watchdog_s = int(min(MAX_WATCHDOG_S, max(30, math.ceil(step_s * 3 + 10))))
-    if request.watchdog_s is not None:
-        watchdog_s = request.watchdog_s
-    start_s = int(min(MAX_START_S, max(MIN_START_S, math.ceil((predicted.ready_s or UNMEASURED_READY_S) * 3 + 60))))
+def longest_step_s(batched_tokens: int, slowest_prefill_tok_s: float | None) -> float:
+    """The longest engine step the plan allows: one chunk of ``batched_tokens`` prefill tokens."""
+    if not slowest_prefill_tok_s:
+        return UNMEASURED_STEP_S
+    return batched_tokens / slowest_prefill_tok_s
+
+
+def watchdog_for_step(step_s: float) -> int:
+    """WatchdogSec for a longest step of ``step_s`` (the rule above; pure)."""
+    return int(min(MAX_WATCHDOG_S, max(WATCHDOG_FLOOR_S, math.ceil(step_s * WATCHDOG_MARGIN + WATCHDOG_SLACK_S))))
+
+
+def start_for_ready(ready_s: float | None) -> int:
+    """TimeoutStartSec: more than 3 × the time to ready, one minute more, within the bounds."""
+    return int(min(MAX_START_S, max(MIN_START_S, math.ceil((ready_s or UNMEASURED_READY_S) * 3 + 60))))
+
+
+def choose_timeouts(request: Request, profile: Profile, weight_format: WeightFormat, weights_bytes: int,
+                    batched_tokens: int) -> Decided[Timeouts]:
+    """The watchdog from the longest single engine step, the start timeout from the time to ready.
+
+    Each figure is the profile's, named with its provenance in the reason: measured by edgectl,
+    external (published elsewhere), or a fallback guess when nobody measured it.
+    """
+    figures = profile.formats.get(weight_format)
+    prefill = figures.prefill_tok_s if figures else None
+    # The slowest pass, not the median: a step must fit even on the worst measured run.
+    slowest = _scale_value(prefill.min if prefill.min is not None else prefill.median, prefill, weights_bytes) \
+        if prefill else None
+    step_s = longest_step_s(batched_tokens, slowest)
+    watchdog_s = request.watchdog_s if request.watchdog_s is not None else watchdog_for_step(step_s)
+    start_s = start_for_ready(profile.ready_s.median if profile.ready_s else None)
     timeouts = Timeouts(start_s=start_s, watchdog_s=watchdog_s, stop_s=STOP_S)
-    source = (Source.FLAG if request.watchdog_s is not None
-              else profile.reason_source if predicted.prefill_tok_s else Source.FALLBACK)
-    detail = (("watchdog asked with --watchdog-sec; " if request.watchdog_s is not None else
-               f"watchdog > 3 × the longest engine step ({batched_tokens} tokens at the predicted prefill rate"
-               + ("" if predicted.prefill_tok_s else f", {UNMEASURED_STEP_S:.0f} s when not measured") + "); ")
-              + f"start > 3 × the measured time to ready ({UNMEASURED_READY_S} s when not measured)")
+
+    if request.watchdog_s is not None:
+        watchdog_why = "watchdog asked with --watchdog-sec"
+    else:
+        rule = (f"watchdog = max({WATCHDOG_FLOOR_S} s, {WATCHDOG_MARGIN} × the longest engine step + "
+                f"{WATCHDOG_SLACK_S} s); the worker pings per step and while idle, so the longest step is "
+                f"one prefill chunk of {batched_tokens} tokens")
+        if prefill:
+            watchdog_why = (f"{rule}: {step_s:.1f} s at the slowest prefill rate {slowest:.0f} tok/s "
+                            f"({_figure_provenance(profile, prefill, 'tok/s', weights_bytes)})")
+        else:
+            watchdog_why = (f"{rule}: taken as {UNMEASURED_STEP_S:.0f} s, because {profile.name} has no prefill "
+                            f"figure for {weight_format}")
+    if profile.ready_s:
+        start_why = (f"start = 3 × the time to ready + 60 s (at least {MIN_START_S} s): ready in "
+                     f"{_figure_provenance(profile, profile.ready_s, 's')}")
+    else:
+        start_why = (f"start = 3 × the time to ready + 60 s: taken as {UNMEASURED_READY_S} s, because "
+                     f"{profile.name} has no measured time to ready")
+    source = Source.FLAG if request.watchdog_s is not None else profile.reason_source if prefill else Source.FALLBACK
     return Decided(timeouts, Reason("timeouts", {"start_s": start_s, "watchdog_s": watchdog_s, "stop_s": STOP_S},
-                                    source, detail))
+                                    source, f"{watchdog_why}; {start_why}"))
+
+
+def _figure_provenance(profile: Profile, fig: Figure, unit: str, weights_bytes: int | None = None) -> str:
+    """How a figure was obtained, in words: measured by edgectl here, emulated, or external."""
+    src = fig.source
+    scaled = ""
+    if weights_bytes and src.model_weights_bytes and src.model_weights_bytes != weights_bytes:
+        scaled = f", scaled from {src.model or 'another model'} by weight bytes"
+    if src.external:
+        where = f"an external figure, not measured with edgectl: {src.reference or src.command}"
+    else:
+        where = f"measured with edgectl bench on {src.cpu_model}, {src.cores} CPUs, {src.date}"
+    if profile.emulated:
+        where += f", on an emulated ISA ({profile.emulated})"
+    return f"{fig.describe(unit)}, {where}{scaled}"
 
 
 def worker_environment(cpus: list[int], threads: int, topology: Topology, reserve_frontend_core: bool) -> dict[str, str]:
@@ -67,7 +130,11 @@ def worker_environment(cpus: list[int], threads: int, topology: Topology, reserv
 
 def _scale(fig: Figure, weights_bytes: int) -> float:
     """A throughput measured on one model, scaled to this one by resident weight bytes."""
+    return _scale_value(fig.median, fig, weights_bytes)
+
+
+def _scale_value(value: float, fig: Figure, weights_bytes: int) -> float:
     ref = fig.source.model_weights_bytes
     if ref:
-        return fig.median * ref / max(weights_bytes, 1)
-    return fig.median
+        return value * ref / max(weights_bytes, 1)
+    return value

@@ -8,17 +8,23 @@ a pass invalid). The fields it compares:
 
     kv_cache_bytes         bytes of the KV tensors actually allocated
     rope_rows              {module: rows of its cos/sin table}
-    linear_formats         {layer: "cpu_int4/g32" | "bf16" | ...}, the output head included
+    linear_formats         {layer: "cpu_int4/g32" | "bf16" | ...}, the output head included; each int4
+                           layer's group is what the plan's group size gives its width
+    linear_in_features     {layer: in_features}, for that rule
     lm_head_format         the output head's format
     threads                torch's intra-op threads in the engine
-    processes              processes in the server's tree (itself included)
+    processes              processes in the server's tree (itself included): 1 in the single-process
+                           topology, more in vLLM's own
     max_model_len, max_num_seqs
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from edgectl.contract import int4_layout
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Plan
@@ -69,6 +75,7 @@ def mismatches(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
             elif not_int4:
                 out.append(f"{len(not_int4)} linear layers are not 4-bit although the plan quantizes them "
                            f"(e.g. {not_int4[0]}: {formats[not_int4[0]]})")
+            out += _group_mismatches(plan, body, effective.get("linear_in_features"))
         head = effective.get("lm_head_format", formats.get("lm_head"))
         if plan.quantize_lm_head and not is_int4(head):
             out.append(f"the output head is {head}, the plan quantizes it")
@@ -78,4 +85,30 @@ def mismatches(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
     processes = effective.get("processes")
     if plan.topology == "single-process" and processes != 1:
         out.append(f"{processes} processes serve, the plan's single-process topology has 1")
+    if plan.topology == "stock" and not (isinstance(processes, int) and processes > 1):
+        out.append(f"{processes} process(es) serve, vLLM's own topology has an API server and an engine")
     return out
+
+
+def _group_mismatches(plan: Plan, formats: Mapping[str, str], in_features: Any) -> list[str]:
+    """Each int4 layer's group against the one the plan's rule gives its input width
+    (``int4_layout.choose_group_size``: the plan's group where it divides K, else the nearest)."""
+    if not isinstance(in_features, Mapping):
+        return ["the int4 layers' input widths could not be read back (their group sizes cannot be checked)"]
+    wrong = []
+    for name, fmt in formats.items():
+        group, k = group_size_of(fmt), in_features.get(name)
+        if group is None:
+            continue
+        expected = int4_layout.choose_group_size(k, plan.group_size) if isinstance(k, int) else None
+        if group != expected:
+            wrong.append(f"{name} uses groups of {group}, the plan's group size {plan.group_size} gives {expected}")
+    return [f"{len(wrong)} int4 layer(s) differ in group size (e.g. {wrong[0]})"] if wrong else []
+
+
+def group_size_of(fmt: str | None) -> int | None:
+    """The int4 group of a read-back layer format (``cpu_int4/g32`` → 32; a tied copy → None)."""
+    if not fmt or not is_int4(fmt) or "tied" in fmt:
+        return None
+    match = re.search(r"/g(\d+)", fmt)
+    return int(match.group(1)) if match else None

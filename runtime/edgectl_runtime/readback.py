@@ -231,6 +231,7 @@ def collect_worker_facts(worker) -> dict[str, Any]:
     kv = getattr(runner, "kv_caches", None)
     described = describe_model(runner.model)
     formats: dict[str, str] = {}
+    in_features: dict[str, int] = {}
     lm_head = None
     for entry in described.get("layers", []):
         if entry.get("kind") == "lm_head":
@@ -238,11 +239,13 @@ def collect_worker_facts(worker) -> dict[str, Any]:
             formats["lm_head"] = entry["format"]
         elif entry.get("kind") == "linear":
             formats[entry["name"]] = entry["format"]
+            in_features[entry["name"]] = entry["in_features"]
     return {
         "worker_pid": os.getpid(),
         "kv_cache_bytes": _unique_storage_bytes(kv) if kv is not None else None,
         "rope_rows": {r["name"]: r["rows"] for r in described.get("rope", [])},
         "linear_formats": formats,
+        "linear_in_features": in_features,
         "linear_format_counts": described.get("formats", {}),
         "lm_head_format": lm_head,
         "resident": described.get("resident"),

@@ -1,0 +1,103 @@
+"""mismatches(): the one comparison of a plan with what the engine read back (edgectl/contract/effective.py).
+
+The plans are the fixtures an earlier edgectl wrote (tests/fixtures/plans/); the read-backs are
+what a SmolLM2 engine reports (30 layers: qkv_proj, o_proj and gate_up_proj have K = 576,
+down_proj K = 1536), written out here so each field can be made wrong on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from edgectl.contract.effective import group_size_of, mismatches
+from edgectl.contract.plan import Plan
+
+PLANS = Path(__file__).parent / "fixtures" / "plans"
+WIDTHS = {"self_attn.qkv_proj": 576, "self_attn.o_proj": 576, "mlp.gate_up_proj": 576, "mlp.down_proj": 1536}
+
+
+def plan(name: str = "deployed-w4a16.json", **changes) -> Plan:
+    return dataclasses.replace(Plan.load(PLANS / name), **changes)
+
+
+def read_back(p: Plan, group_of=lambda k, g: g if k % g == 0 else 64) -> dict:
+    """What an engine that followed ``p`` reports."""
+    formats, widths = {}, {}
+    for layer in range(30):
+        for kind, k in WIDTHS.items():
+            name = f"model.layers.{layer}.{kind}"
+            formats[name] = f"cpu_int4/g{group_of(k, p.group_size)}" if p.weight_format.is_int4 else "bf16"
+            widths[name] = k
+    head = "cpu_int4/g32" if p.quantize_lm_head else "bf16-tied-embedding"
+    formats["lm_head"] = head
+    return {"max_model_len": p.max_model_len, "max_num_seqs": p.max_num_seqs, "kv_cache_bytes": p.kv_cache_bytes,
+            "threads": p.threads, "rope_rows": {"model.rotary_emb": p.rope_rows}, "linear_formats": formats,
+            "linear_in_features": widths, "lm_head_format": head,
+            "processes": 1 if p.topology == "single-process" else 3}
+
+
+@pytest.mark.parametrize("name", ["deployed-w4a16.json", "bf16-1024.json", "stock-topology.json"])
+def test_an_engine_that_followed_the_plan_matches(name):
+    p = plan(name)
+    assert mismatches(p, read_back(p)) == []
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("max_model_len", 2048, "max_model_len is 2048, the plan says 4096"),
+    ("max_num_seqs", 4, "max_num_seqs is 4"),
+    ("kv_cache_bytes", 1, "KV cache bytes is 1"),
+    ("threads", 1, "threads is 1, the plan says 2"),
+    ("rope_rows", {"model.rotary_emb": 8192}, "RoPE table model.rotary_emb has 8192 rows"),
+    ("rope_rows", {}, "RoPE table rows could not be read back"),
+    ("linear_formats", {}, "linear layer formats could not be read back"),
+    ("lm_head_format", "cpu_int4/g32", "the output head is cpu_int4/g32, the plan keeps it unquantized"),
+    ("processes", 3, "3 processes serve, the plan's single-process topology has 1"),
+    ("linear_in_features", None, "input widths could not be read back"),
+])
+def test_each_difference_is_named(field, value, says):
+    p = plan()
+    got = {**read_back(p), field: value}
+    problems = mismatches(p, got)
+    assert len(problems) == 1 and says in problems[0], problems
+
+
+def test_a_layer_left_dense_is_named():
+    p = plan()
+    got = read_back(p)
+    got["linear_formats"]["model.layers.3.mlp.down_proj"] = "bf16"
+    assert mismatches(p, got) == ["1 linear layers are not 4-bit although the plan quantizes them "
+                                  "(e.g. model.layers.3.mlp.down_proj: bf16)"]
+
+
+def test_the_group_size_is_checked_per_layer_by_the_plans_rule():
+    p = plan(group_size=128)
+    # the plan's rule: 576 is not a multiple of 128 → 64; 1536 is → 128
+    assert mismatches(p, read_back(p)) == []
+    everywhere_128 = read_back(p, group_of=lambda k, g: 128)
+    problems = mismatches(p, everywhere_128)
+    assert len(problems) == 1 and problems[0].startswith("90 int4 layer(s) differ in group size"), problems
+    default_instead = read_back(plan(), group_of=lambda k, g: 128)  # the plan asked for 32
+    assert any("differ in group size" in m for m in mismatches(plan(), default_instead))
+
+
+def test_bf16_plan_with_int4_layers():
+    p = plan("bf16-1024.json")
+    got = read_back(plan())  # an int4 engine
+    got.update(max_model_len=p.max_model_len, kv_cache_bytes=p.kv_cache_bytes, threads=p.threads,
+               rope_rows={"model.rotary_emb": p.rope_rows}, max_num_seqs=p.max_num_seqs)
+    assert any("linear layers are 4-bit, the plan says bf16" in m for m in mismatches(p, got))
+
+
+def test_vllms_topology_with_one_process_is_named():
+    p = plan("stock-topology.json")
+    problems = mismatches(p, {**read_back(p), "processes": 1})
+    assert problems == ["1 process(es) serve, vLLM's own topology has an API server and an engine"]
+
+
+@pytest.mark.parametrize("fmt, group", [("cpu_int4/g32", 32), ("cpu_int4/g128", 128), ("bf16", None),
+                                        ("cpu_int4/g32-tied-embedding", None), (None, None)])
+def test_group_size_of(fmt, group):
+    assert group_size_of(fmt) == group

@@ -101,3 +101,9 @@ def test_vllms_topology_with_one_process_is_named():
                                         ("cpu_int4/g32-tied-embedding", None), (None, None)])
 def test_group_size_of(fmt, group):
     assert group_size_of(fmt) == group
+
+
+def test_a_4bit_checkpoint_keeps_its_own_groups():
+    p = plan(group_size=32)
+    p = dataclasses.replace(p, model=dataclasses.replace(p.model, checkpoint_format="gptq"))
+    assert mismatches(p, read_back(p, group_of=lambda k, g: 128 if k % 128 == 0 else 64)) == []

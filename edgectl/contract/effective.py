@@ -9,7 +9,8 @@ a pass invalid). The fields it compares:
     kv_cache_bytes         bytes of the KV tensors actually allocated
     rope_rows              {module: rows of its cos/sin table}
     linear_formats         {layer: "cpu_int4/g32" | "bf16" | ...}, the output head included; each int4
-                           layer's group is what the plan's group size gives its width
+                           layer's group is what the plan's group size gives its width (for
+                           weights quantized at load; a 4-bit checkpoint keeps its own groups)
     linear_in_features     {layer: in_features}, for that rule
     lm_head_format         the output head's format
     threads                torch's intra-op threads in the engine
@@ -75,7 +76,8 @@ def mismatches(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
             elif not_int4:
                 out.append(f"{len(not_int4)} linear layers are not 4-bit although the plan quantizes them "
                            f"(e.g. {not_int4[0]}: {formats[not_int4[0]]})")
-            out += _group_mismatches(plan, body, effective.get("linear_in_features"))
+            if plan.model.checkpoint_format == "bf16":  # quantized at load by the plan's rule
+                out += _group_mismatches(plan, body, effective.get("linear_in_features"))
         head = effective.get("lm_head_format", formats.get("lm_head"))
         if plan.quantize_lm_head and not is_int4(head):
             out.append(f"the output head is {head}, the plan quantizes it")

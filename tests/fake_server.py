@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from edgectl.contract import worker
+from edgectl.contract import int4_layout, worker
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
 from edgectl.contract.plan import Plan
 
@@ -93,13 +93,19 @@ class State:
         assert p is not None
         kv = p.kv_cache_bytes // 2 if self.ns.sabotage == "kv" else p.kv_cache_bytes
         int4 = p.weight_format.is_int4
-        layers = {f"model.layers.{i}.{n}": ("cpu_int4/g64" if int4 else "bf16")
-                  for i in range(2) for n in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.down_proj")}
+        c = json.loads((Path(p.model.path) / "config.json").read_text())
+        widths = {f"model.layers.{i}.{n}": k for i in range(2) for n, k in (
+            ("self_attn.qkv_proj", c["hidden_size"]), ("self_attn.o_proj", c["hidden_size"]),
+            ("mlp.down_proj", c["intermediate_size"]))}
+        # each layer's group by the plan's rule, as edgectl's runtime quantizes at load
+        layers = {name: (f"cpu_int4/g{int4_layout.choose_group_size(k, p.group_size)}" if int4 else "bf16")
+                  for name, k in widths.items()}
         head = "cpu_int4/g64-tied-embedding" if p.quantize_lm_head else "bf16-tied-embedding"
         return {"schema": EFFECTIVE_SCHEMA, "max_model_len": p.max_model_len,
                 "max_num_seqs": p.max_num_seqs, "kv_cache_bytes": kv, "threads": p.threads,
                 "rope_rows": {"model.layers.0.self_attn.rotary_emb": p.rope_rows},
                 "linear_formats": {**layers, "lm_head": head}, "lm_head_format": head,
+                "linear_in_features": widths,
                 "processes": self.processes(), "resident": {"parameters_bytes": p.memory.weights_bytes,
                                                             "outside_parameters_bytes": 0},
                 "phase": worker.SERVING if self.ready() else "loading"}
@@ -131,7 +137,16 @@ class State:
                 "formats": {"bf16": 2, "bf16-tied-embedding": 1},
                 "rope": [{"name": "model.layers.0.self_attn.rotary_emb", "rows": rows}],
                 "resident": {"parameters_bytes": 1000, "outside_parameters_bytes": 2000},
-                "kernel": {"torch_threads": 1}}
+                "kernel": {"torch_threads": _vllm_threads()}}
+
+
+def _vllm_threads() -> int:
+    """Unmodified vLLM's OpenMP threads: the bound CPUs when VLLM_CPU_OMP_THREADS_BIND lists them;
+    on its own ("auto") on a 2-core host it keeps a core for the front end, so 1."""
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    if bind == "auto":
+        return 1
+    return sum(len(range(int(a), int(b or a) + 1)) for a, _, b in (part.partition("-") for part in bind.split(",")))
 
 
 STATE: State
@@ -256,6 +271,8 @@ def main(argv: list[str]) -> int:
     STATE = State(ns, mode, rest if mode == "worker" else rest[1:])
     if ns.alloc_mb:
         BALLAST = b"\x01" * (ns.alloc_mb << 20)  # held by the server process itself
+    if STATE.plan is not None and STATE.plan.topology == "stock" and not ns.child_alloc_mb:
+        ns.child_alloc_mb = 1  # vLLM's own topology: the engine runs in a child process
     if ns.child_alloc_mb:
         # The child fills its memory (b"\x01" * n touches every page) and says so before the parent serves.
         CHILD = subprocess.Popen([sys.executable, "-c",

@@ -315,3 +315,15 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path) -> None:
         assert lines[-1].startswith("error: ") and message in lines[-1], (args, done.stderr)
         assert "Traceback" not in done.stderr
     assert not out.exists() and not (tmp_path / "profiles").exists()
+
+
+def test_the_stock_arm_with_the_plans_threads(tmp_path, model_dir, facts) -> None:
+    """`stock` runs vLLM's own threading (one OpenMP thread on 2 cores); `stock-threads` the plan's."""
+    a = bench(tmp_path, model_dir, facts, "stock,stock-threads,planned").to_dict()
+    planned = a["arms"]["planned"]["plan"]["threads"]
+    assert planned == 2
+    assert [p["effective"]["threads"] for p in a["arms"]["stock"]["passes"]] == [1] * 3
+    arm = a["arms"]["stock-threads"]
+    assert [p["status"] for p in arm["passes"]] == ["ok"] * 3
+    assert [p["effective"]["threads"] for p in arm["passes"]] == [planned] * 3
+    assert arm["plan"]["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"

@@ -40,6 +40,8 @@ from edgectl.contract.vllm_args import READBACK_EXTENSION, server_args
 from edgectl.errors import EdgectlError
 
 CONTROL = "stock"
+# The variables by which a plan sets vLLM's threading (edgectl/planner/service.py).
+THREADING = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class ArmSpec:
 ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("stock", "vllm", {}, "unmodified vLLM OpenAI server, bf16, the plan's context, concurrency and KV bytes, "
                                  "vLLM's default compilation and threading (the control)"),
+    ArmSpec("stock-threads", "vllm", {"reserve_frontend_core": False},
+            "unmodified vLLM as `stock`, but with the plan's OpenMP threads on the plan's CPUs (vLLM keeps no "
+            "core for its front end)"),
     ArmSpec("stock-defaults", "vllm-defaults", {}, "unmodified vLLM given only the model and --max-model-len"),
     ArmSpec("planned", "worker", {}, "edgectl's plan"),
     ArmSpec("rope-cap-off", "worker", {"rope_cap": False}, "the plan with the RoPE table uncapped"),
@@ -290,7 +295,12 @@ class VllmArm(PreparedArm):
     def env(self) -> dict[str, str]:
         # VLLM_PLUGINS lists every general plugin but edgectl's: stock vLLM runs without it.
         # VLLM_SERVER_DEV_MODE=1 only adds the dev routes (/collective_rpc) the read-back uses.
-        return {**self.ctx.child_env, "VLLM_PLUGINS": self.ctx.stock_plugins, "VLLM_SERVER_DEV_MODE": "1"}
+        env = {**self.ctx.child_env, "VLLM_PLUGINS": self.ctx.stock_plugins, "VLLM_SERVER_DEV_MODE": "1"}
+        if "reserve_frontend_core" in self.spec.overrides:
+            # vLLM's own threading otherwise: on a 2-core host it keeps a core for the front end and
+            # runs one OpenMP thread (vllm/platforms/cpu.py, VLLM_CPU_NUM_OF_RESERVED_CPU).
+            env.update({k: v for k, v in self.plan.env.items() if k in THREADING})
+        return env
 
     def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
         eff: dict[str, Any] = {"schema": EFFECTIVE_SCHEMA, "readback_via": (
@@ -337,6 +347,8 @@ class VllmArm(PreparedArm):
 
         differ("max_model_len", plan.max_model_len, effective.get("max_model_len"))
         differ("KV cache bytes", plan.kv_cache_bytes, effective.get("kv_cache_bytes"))
+        if "reserve_frontend_core" in self.spec.overrides:
+            differ("threads", plan.threads, effective.get("threads"))
         out += self._check_model(effective)
         return out
 

@@ -12,7 +12,7 @@ import typer
 from edgectl.errors import EdgectlError
 from edgectl.output import emit, progress
 
-ARMS_HELP = ("Comma list of arms (default stock,planned,llama.cpp; `all` for every one): stock, stock-defaults, "
+ARMS_HELP = ("Comma list of arms (default stock,planned,llama.cpp; `all` for every one): stock, stock-threads, stock-defaults, "
              "planned, rope-cap-off, layerwise-off, topology-stock, reserve-core-on, reserve-core-off, "
              "lm-head-int4, bf16, compiled, llama.cpp.")
 

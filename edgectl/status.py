@@ -63,6 +63,7 @@ class DeploymentStatus:
     memory: TreeMem | None
     metrics: dict[str, float] | None
     load_peak: dict[str, Any] | None = None
+    warmup: dict[str, Any] | None = None  # the worker's warm-up answer and, if it looks broken, why
 
     def to_dict(self) -> dict[str, Any]:
         planned = self.plan.memory if self.plan else None
@@ -82,7 +83,7 @@ class DeploymentStatus:
                 "status_text": self.status_text, "restarts": self.restarts, "uptime_s": self.uptime_s,
                 "endpoint": self.endpoint, "model": self.plan.model.name if self.plan else None,
                 "weight_format": str(self.plan.weight_format) if self.plan else None, "memory": mem,
-                "served": self.metrics}
+                "served": self.metrics, "warmup": self.warmup}
 
     def render_text(self) -> str:
         up = f", up {self.uptime_s:.0f} s" if self.uptime_s is not None else ""
@@ -103,6 +104,9 @@ class DeploymentStatus:
                              f"{d['load_peak_vs_steady']:.2f}× steady")
             for p in self.memory.processes:
                 lines.append(f"    pid {p.pid:<7} {p.name:<16} PSS {mib(p.pss_bytes):>9}  anon {mib(p.pss_anon_bytes):>9}  file {mib(p.pss_file_bytes):>9}")
+        if self.warmup and self.warmup.get("suspect"):
+            lines.append(f"  warning: {self.warmup['suspect']}: the model may be broken (a wrong conversion "
+                         "or quantization); check its answers")
         if self.metrics:
             m = self.metrics
             lines.append(f"  served: {m['requests']:.0f} requests, {m['prompt_tokens']:.0f} prompt + "
@@ -143,7 +147,7 @@ def status_of(name: str, environ: Mapping[str, str]) -> DeploymentStatus:
         report = client.worker_state()
     return DeploymentStatus(name, layout.unit, state.active or "unknown", state.sub, state.status_text,
                             state.restarts, uptime, worker.endpoint(plan.serve) if plan else None, plan, memory, metrics,
-                            (report or {}).get("load_peak") or None)
+                            (report or {}).get("load_peak") or None, (report or {}).get("warmup"))
 
 
 def status(name: str | None, environ: Mapping[str, str]) -> StatusReport:

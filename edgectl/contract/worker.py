@@ -72,3 +72,23 @@ def _bracketed(host: str) -> str:
         return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
     except ValueError:
         return f"[{host}]" if ":" in host else host
+
+
+# -- the warm-up's answer --------------------------------------------------------------------------
+
+
+def degenerate_answer(text: str) -> str | None:
+    """Why a warm-up answer looks like a broken model, or None.
+
+    A model whose weights were converted wrongly still generates, but its first answer is
+    nothing, or one short piece repeated ("енененен"): the worker logs it and ``status`` shows
+    it. A flag, not a refusal: a tiny model can answer oddly and still be what the user wants.
+    """
+    body = text.strip()
+    if not body:
+        return "the warm-up answer is empty"
+    for period in range(1, 2 * len(body) // 5 + 1):  # at least two and a half repeats
+        unit = body[:period]
+        if (unit * (len(body) // period + 1))[:len(body)] == body:
+            return f"the warm-up answer is {unit!r} repeated ({body!r})"
+    return None

@@ -86,6 +86,7 @@ class Service:
         self.ready_s: float | None = None
         self.stall_limit_s = max(5.0, float(plan.timeouts.watchdog_s) / 2)
         self.load_peak: dict[str, int] = {}
+        self.warmup: dict[str, Any] | None = None  # the warm-up's answer, and why it looks broken (or None)
 
     def sample_load_peak(self, interval_s: float = 0.25) -> None:
         """Until serving: the peak PSS of this process tree (the load's high-water mark).
@@ -257,6 +258,11 @@ async def serve(plan: Plan, service: Service) -> None:
             service.ready_s = time.monotonic() - service.started_monotonic
             service.phase = contract.SERVING
             log.info("warm-up answered %r", text)
+            suspect = contract.degenerate_answer(text)
+            service.warmup = {"answer": text, "suspect": suspect}
+            if suspect:
+                log.warning("%s: the model may be broken (a wrong conversion or quantization); check its "
+                            "answers before relying on it", suspect)
             notifier.ready(f"serving {plan.model.name} on {listen_address} "
                            f"({plan.weight_format}, {plan.max_model_len} tokens; ready in {service.ready_s:.0f} s)")
 
@@ -304,6 +310,7 @@ def _add_edgectl_routes(app, service: Service) -> None:
     async def effective() -> JSONResponse:
         body = dict(service.effective or {})
         body.update({"phase": service.phase, "ready_s": service.ready_s, "load_peak": service.load_peak,
+                     "warmup": service.warmup,
                      "plan_kv_cache_bytes": service.plan.kv_cache_bytes})
         return JSONResponse(body)
 

@@ -94,6 +94,9 @@ _VARS = [
         "_weight_int4pack_mm_for_cpu, every ISA; the plan's w4a16) or vllm (vLLM's cpu_gemm_wna16, only where "
         "its C library registers it; the plan's w4a16-vllm). The tied embedding / LM head always uses torch's",
         "torch", ("torch", "vllm")),
+    Var("EDGECTL_COMPILE_CACHE", Role.OWN, "1: in vLLM's compiled mode, load the graph a previous start saved "
+        "(edgectl works around vLLM 0.32 discarding it, runtime/edgectl_runtime/compile_cache.py); 0: unmodified "
+        "vLLM, which compiles again at every start", "0", _BOOL),
     # -- third parties' variables edgectl sets ------------------------------------------------------
     Var("VLLM_CPU_OMP_THREADS_BIND", Role.SET, "plan env: the CPUs vLLM binds its OpenMP threads to, one "
         "per thread (vllm/v1/worker/cpu_worker.py)"),
@@ -196,7 +199,7 @@ def runtime_python(environ: Mapping[str, str]) -> str:
 # -- the plan's side of the runtime's variables -----------------------------------------------------
 
 _RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_LAYERWISE_REPACK", "EDGECTL_INT4_LM_HEAD",
-                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL")
+                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_COMPILE_CACHE")
 # weight format → the cpu_int4 plugin's kernel (EDGECTL_INT4_KERNEL)
 _KERNEL = {"w4a16": "torch", "w4a16-vllm": "vllm"}
 
@@ -213,6 +216,9 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
         "EDGECTL_LAYERWISE_REPACK": "1" if plan.levers.layerwise_repack else "0",
         "EDGECTL_INT4_LM_HEAD": "1" if plan.quantize_lm_head else "0",
         "EDGECTL_INT4_GROUP_SIZE": str(plan.group_size),
+        # edgectl's worker always loads what an earlier start compiled (a no-op in eager mode);
+        # the unmodified-vLLM comparison is the bench's stock arm, without edgectl's plugin.
+        "EDGECTL_COMPILE_CACHE": "1",
     }
     kernel = _KERNEL.get(str(plan.weight_format))
     if kernel:

@@ -8,7 +8,10 @@ worker: ``vllm/plugins/__init__.py`` ``load_general_plugins``), before any model
   everywhere, which the entry point guarantees);
 - installs the RoPE cap if ``EDGECTL_ROPE_CAP=1`` (off by default: the plugin is loaded by
   every vLLM process in the venv, including a benchmark's unmodified "stock" arm);
-- asks Linux for permission to use AMX tiles where the CPU has them (:func:`request_amx`).
+- asks Linux for permission to use AMX tiles where the CPU has them (:func:`request_amx`);
+- adds edgectl's settings to vLLM's compile-cache key and records whether the compiled graph
+  was loaded or compiled; with ``EDGECTL_COMPILE_CACHE=1`` makes the saved graph load
+  (``edgectl_runtime/compile_cache.py``).
 
 ``VLLM_PLUGINS`` (a comma list of entry-point names) can exclude it entirely.
 """
@@ -27,6 +30,9 @@ def register() -> None:
 
     request_amx()
     capped = rope.install(os.environ)
+    from edgectl_runtime import compile_cache
+
+    compile_cache.install(os.environ)
     logger.debug("edgectl plugin: %s registered, RoPE cap %s", cpu_int4.NAME, "on" if capped else "off")
 
 

@@ -227,6 +227,8 @@ def collect_worker_facts(worker) -> dict[str, Any]:
     server's own process; otherwise vLLM's worker process, through :class:`ReadbackExtension`), so
     what it reports is what the forward pass really uses, not what a config object says.
     """
+    from edgectl_runtime import compile_cache
+
     runner = worker.model_runner
     kv = getattr(runner, "kv_caches", None)
     described = describe_model(runner.model)
@@ -252,6 +254,7 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         "quantization_readback": described.get("quantization"),
         "levers": described.get("levers"),
         "kernel": described.get("kernel"),
+        "compile": compile_cache.facts(getattr(worker, "vllm_config", None)),
         "threads": torch.get_num_threads(),
         "omp_cpus": sorted(os.sched_getaffinity(0)),
     }

@@ -1,0 +1,100 @@
+"""The compile cache's key and load-failure read-back (``edgectl_runtime/compile_cache.py``), without an
+engine: every runtime setting that can change the graph changes the key; the rest does not; a
+swallowed load failure keeps its traceback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from edgectl.contract import environment  # noqa: E402
+from edgectl_runtime import compile_cache  # noqa: E402
+
+
+def _digest(environ) -> str:
+    return compile_cache.key_digest(compile_cache.key_factors(environ))
+
+
+def _other_value(var: environment.Var) -> str:
+    if var.choices:
+        return next(c for c in var.choices if c != var.default)
+    return var.default + "1"
+
+
+# The runtime's levers: what the plugin reads in the process that builds the graph.
+RUNTIME_LEVERS = sorted(environment.snapshot({}))
+GRAPH_SETTINGS = [environment.REGISTRY[n] for n in RUNTIME_LEVERS if n not in compile_cache._NOT_IN_KEY]
+
+
+@pytest.mark.parametrize("var", GRAPH_SETTINGS, ids=lambda v: v.name)
+def test_every_runtime_setting_changes_the_key(var):
+    """A variable added to the registry later (a kernel choice, say) is in the key unless it is
+    declared not to change the graph: a stale graph is never reused after a settings change."""
+    assert _digest({}) != _digest({var.name: _other_value(var)})
+
+
+@pytest.mark.parametrize("name", sorted(compile_cache._NOT_IN_KEY))
+def test_settings_that_change_no_graph_keep_the_key(name):
+    assert name in RUNTIME_LEVERS  # a lever the plugin reads, not a stale name
+    var = environment.REGISTRY[name]
+    assert _digest({}) == _digest({name: _other_value(var)})
+
+
+@pytest.mark.parametrize("name", compile_cache._ISA_ENV)
+def test_the_isa_the_code_was_generated_for_is_in_the_key(name):
+    assert _digest({}) != _digest({name: "avx2"})
+
+
+def test_the_key_is_stable():
+    env = {"EDGECTL_INT4_GROUP_SIZE": "64", "ATEN_CPU_CAPABILITY": "avx2"}
+    assert _digest(env) == _digest(dict(env))
+
+
+def test_a_swallowed_load_failure_keeps_its_traceback():
+    """vLLM logs only ``str(e)`` inside its ``except`` (decorators.py:333-338); the filter adds
+    the exception being handled, so the journal shows where the load failed."""
+    logger = logging.getLogger("test.compile_cache.decorators")
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger.addFilter(compile_cache._LoadFailureFilter())
+    logger.addHandler(Keep())
+    logger.propagate = False
+    saved = dict(compile_cache._state)
+    try:
+        try:
+            raise AttributeError("'function' object has no attribute 'finalize_loading'")
+        except Exception as e:
+            logger.warning("%sCompiling model again due to a load failure from %s, reason: %s", "", "/x", e)
+        logger.warning("unrelated")
+        assert records[0].exc_info is not None and records[0].exc_info[0] is AttributeError
+        assert records[1].exc_info is None
+        assert compile_cache._state["load_failure"] == \
+            "AttributeError: 'function' object has no attribute 'finalize_loading'"
+    finally:
+        compile_cache._state.clear()
+        compile_cache._state.update(saved)
+
+
+def test_the_load_fix_goes_only_where_the_method_is_missing():
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
+
+    before = vars(Bundled).get("finalize_loading")
+    if before is not None:
+        del Bundled.finalize_loading
+    try:
+        assert compile_cache.install_load_fix() is True
+        assert Bundled.finalize_loading(object(), None) is None
+        assert compile_cache.install_load_fix() is False  # already there: left alone
+    finally:
+        if "finalize_loading" in vars(Bundled):
+            del Bundled.finalize_loading
+        if before is not None:
+            Bundled.finalize_loading = before

@@ -106,9 +106,38 @@ class Service:
             self.load_peak["samples"] = samples
             time.sleep(interval_s)
 
+    def on_compile_event(self, event: str, state: dict[str, Any]) -> None:
+        """The compiled graph's progress (``edgectl_runtime.compile_cache``) as phase and STATUS=.
+
+        Compiling takes minutes on a small box: while it runs, STATUS= shows the seconds so far,
+        so ``edgectl deploy`` (which prints every new STATUS=) shows progress.
+        """
+        if event == "loading":
+            self.phase = "loading the compiled graph"
+            self.notifier.status("loading the compiled graph from the cache")
+        elif event == "compiling":
+            self.phase = "compiling"
+            why = ("the cached graph failed to load" if state.get("load_failure")
+                   else "first start with these settings; later starts load it from the cache")
+            started = time.monotonic()
+
+            def tick() -> None:
+                while self.phase == "compiling":
+                    self.notifier.status(f"compiling the graph: {time.monotonic() - started:.0f} s ({why})")
+                    time.sleep(5)
+
+            import threading
+
+            threading.Thread(target=tick, name="edgectl-compile-progress", daemon=True).start()
+        elif event in ("loaded", "compiled"):
+            self.phase = "loading"
+            took = state.get("load_s") if event == "loaded" else state.get("compile_s")
+            self.notifier.status(f"graph {'loaded from the cache' if event == 'loaded' else 'compiled and cached'} "
+                                 f"in {took:.0f} s; allocating the KV cache and warming up")
+
     def health(self) -> tuple[bool, str]:
         """Whether the watchdog may ping: the engine and the front end both make progress."""
-        if self.phase in ("starting", "loading", "checking", "warming up"):
+        if self.phase in ("starting", "loading", "compiling", "loading the compiled graph", "checking", "warming up"):
             return True, self.phase  # TimeoutStartSec guards start-up
         if self.phase == "stopping":
             return True, self.phase  # TimeoutStopSec guards the drain
@@ -395,9 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=service.sample_load_peak, name="edgectl-load-peak", daemon=True).start()
 
     if plan.topology is Topology.SINGLE_PROCESS:
-        from edgectl_runtime import inproc
+        from edgectl_runtime import compile_cache, inproc
 
         inproc.install()
+        compile_cache.listeners.append(service.on_compile_event)  # the model is in this process
     import uvloop
 
     try:

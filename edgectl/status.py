@@ -2,7 +2,9 @@
 
 For each deployment: its systemd state, restarts, uptime and endpoint; the measured memory
 ledger from the service's cgroup (PSS of every process in it, anonymous vs file-backed)
-against the plan's prediction and limit; and the requests and tokens served, from vLLM's
+against the plan's prediction and limit; in compiled mode, whether the running worker loaded its
+graph from the cache or compiled it at this start (the worker's read-back,
+``runtime/edgectl_runtime/compile_cache.py``); and the requests and tokens served, from vLLM's
 ``/metrics``.
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 
 from edgectl.client import Client
 from edgectl.contract import worker
-from edgectl.contract.plan import Plan
+from edgectl.contract.plan import Compilation, Plan
 from edgectl.contract.procmem import TreeMem
 from edgectl.deployment import Layout, deployment_names, service_memory
 from edgectl.errors import EdgectlError
@@ -64,6 +66,7 @@ class DeploymentStatus:
     metrics: dict[str, float] | None
     load_peak: dict[str, Any] | None = None
     warmup: dict[str, Any] | None = None  # the worker's warm-up answer and, if it looks broken, why
+    compile: dict[str, Any] | None = None  # the worker's read-back of its compiled graph (None: not known)
 
     def to_dict(self) -> dict[str, Any]:
         planned = self.plan.memory if self.plan else None
@@ -83,7 +86,16 @@ class DeploymentStatus:
                 "status_text": self.status_text, "restarts": self.restarts, "uptime_s": self.uptime_s,
                 "endpoint": self.endpoint, "model": self.plan.model.name if self.plan else None,
                 "weight_format": str(self.plan.weight_format) if self.plan else None, "memory": mem,
-                "served": self.metrics, "warmup": self.warmup}
+                "compiled_graph": self.compiled_graph(), "served": self.metrics, "warmup": self.warmup}
+
+    def compiled_graph(self) -> dict[str, Any] | None:
+        """Where the running worker's compiled graph came from: ``cache`` (loaded, with the seconds
+        it took) or ``compiled`` (this start compiled it); None for an eager plan or when unknown."""
+        if self.plan is None or self.plan.compilation is Compilation.EAGER or not self.compile:
+            return None
+        c = self.compile
+        return {"source": c.get("source"), "load_s": c.get("load_s"), "compile_s": c.get("compile_s"),
+                "artifact": c.get("artifact"), "load_failure": c.get("load_failure")}
 
     def render_text(self) -> str:
         up = f", up {self.uptime_s:.0f} s" if self.uptime_s is not None else ""
@@ -92,6 +104,14 @@ class DeploymentStatus:
             lines.append(f"  status: {self.status_text}")
         if self.endpoint:
             lines.append(f"  endpoint: {self.endpoint}/v1   model {self.to_dict()['model']} ({self.to_dict()['weight_format']})")
+        graph = self.compiled_graph()
+        if graph and graph["source"] == "cache":
+            lines.append(f"  compiled graph: loaded from the cache in {graph['load_s']:.1f} s")
+        elif graph and graph["source"] == "compiled":
+            why = (f"the cached one failed to load: {graph['load_failure']}" if graph["load_failure"]
+                   else "none was cached for these settings")
+            lines.append(f"  compiled graph: compiled at this start in {graph['compile_s']:.0f} s ({why}); "
+                         "the next start loads it")
         d = self.to_dict()["memory"]
         if d and self.memory and self.memory.processes:
             lines.append(f"  memory (PSS of the service's cgroup): {mib(d['pss_bytes'])} "
@@ -147,7 +167,8 @@ def status_of(name: str, environ: Mapping[str, str]) -> DeploymentStatus:
         report = client.worker_state()
     return DeploymentStatus(name, layout.unit, state.active or "unknown", state.sub, state.status_text,
                             state.restarts, uptime, worker.endpoint(plan.serve) if plan else None, plan, memory, metrics,
-                            (report or {}).get("load_peak") or None, (report or {}).get("warmup"))
+                            (report or {}).get("load_peak") or None, (report or {}).get("warmup"),
+                            (report or {}).get("compile") or None)
 
 
 def status(name: str | None, environ: Mapping[str, str]) -> StatusReport:

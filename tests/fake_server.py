@@ -12,7 +12,8 @@ OPTIONS make it misbehave the ways real engines have: ``--sabotage kv`` reports 
 asked KV bytes (a setting that did not take effect), ``--crash-on-start N --state FILE`` exits
 before ready on its N-th start, ``--child-alloc-mb M`` starts a child process that holds M MB
 (memory that only a whole-tree measurement sees), ``--alloc-mb M`` holds M MB itself,
-``--ready-delay S`` answers 503 at first.
+``--ready-delay S`` answers 503 at first; ``--sabotage recompile`` compiles its "graph" at every
+start instead of loading the one it left in ``VLLM_CACHE_ROOT`` (a compile cache that does not load).
 Standard library only, plus edgectl's plan type (it reads its plan file as the worker does);
 the bench's tests start it as a real process on a real port.
 """
@@ -61,10 +62,17 @@ class State:
         self.started = time.monotonic()
         self.plan: Plan | None = None
         self.args: dict[str, str] = {}
+        self.graph: dict[str, Any] = {"source": None}
         if mode == "worker":
             self.plan = Plan.load(rest[rest.index("--plan") + 1])
             self.port = self.plan.serve.port
             self.name = self.plan.model.name
+            if str(self.plan.compilation) == "default":  # the compile cache, as the worker reads it back
+                marker = Path(os.environ["VLLM_CACHE_ROOT"]) / "fake-graph"
+                cached = marker.exists() and ns.sabotage != "recompile"
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text("graph")
+                self.graph = {"source": "cache", "load_s": 0.1} if cached else {"source": "compiled", "compile_s": 1.0}
         else:
             i = 0
             while i < len(rest):  # "--flag value" pairs; a flag followed by another flag has no value
@@ -108,7 +116,7 @@ class State:
                 "linear_in_features": widths,
                 "processes": self.processes(), "resident": {"parameters_bytes": p.memory.weights_bytes,
                                                             "outside_parameters_bytes": 0},
-                "phase": worker.SERVING if self.ready() else "loading"}
+                "compile": self.graph, "phase": worker.SERVING if self.ready() else "loading"}
 
     def vllm_config(self) -> dict[str, Any]:
         return json.loads((Path(self.args["--model"]) / "config.json").read_text())
@@ -248,7 +256,7 @@ def main(argv: list[str]) -> int:
         return 2
     cut = argv.index("--")
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sabotage", choices=["kv"])
+    parser.add_argument("--sabotage", choices=["kv", "recompile"])
     parser.add_argument("--crash-on-start", type=int)
     parser.add_argument("--state")
     parser.add_argument("--child-alloc-mb", type=int, default=0)

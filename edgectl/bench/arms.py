@@ -35,7 +35,7 @@ from edgectl.bench.server import ServerProcess
 from edgectl.contract import worker
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
 from edgectl.contract.effective import is_int4, mismatches
-from edgectl.contract.plan import Plan, Topology
+from edgectl.contract.plan import Compilation, Plan, Topology
 from edgectl.contract.vllm_args import READBACK_EXTENSION, server_args
 from edgectl.errors import EdgectlError
 
@@ -130,6 +130,8 @@ class PreparedArm:
 
     launcher = "?"
     fidelity = "vllm"  # how fidelity is collected: vllm (prompt_logprobs) | llama | None
+    # Started twice per pass, on an empty compile cache and then on the one it left (runner.py).
+    cold_and_warm = False
 
     def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
         self.spec = spec
@@ -230,6 +232,8 @@ class WorkerArm(PreparedArm):
     def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
         super().__init__(spec, ctx)
         self.plan = ctx.planned if spec.name == "planned" else ctx.planner(_same_shape(ctx, spec.overrides))
+        # edgectl's worker in compiled mode loads what an earlier start compiled: a cold and a warm start.
+        self.cold_and_warm = self.plan.compilation is Compilation.DEFAULT
 
     def prepare_files(self, port: int, pass_dir: Path) -> None:
         assert self.plan is not None

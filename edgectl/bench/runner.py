@@ -11,11 +11,22 @@ A pass ends in one of three states:
 The memory figures are the PSS of the server's whole process tree (``procmem.tree_mem``):
 ``pss_peak_bytes`` sampled every 0.2 s from launch until ready, ``pss_steady_bytes`` after
 the pass's requests (warm-up, decode, prefill, fidelity) have run.
+
+Every pass starts with empty compile caches of its own (``VLLM_CACHE_ROOT``,
+``TORCHINDUCTOR_CACHE_DIR`` under the pass's directory, removed after it), so no pass starts
+from what an earlier pass or run compiled. An arm in vLLM's compiled mode served by edgectl's
+worker (``PreparedArm.cold_and_warm``) starts twice per pass: a *cold* start on the empty cache
+(it compiles and saves the graph; ready, decode and prefill are kept under ``cold``) and a
+*warm* start on the cache the cold one left (the pass's main figures). ``ready_cold_s`` and
+``ready_warm_s`` are both reported, so neither hides the other. The worker's read-back says
+where each start's graph came from; a cold start that did not compile or a warm start that
+did not load from the cache makes the pass invalid.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,18 +69,77 @@ def run_grid(arms: list[PreparedArm], passes: int, ctx: BenchContext, prompts: P
     return records, raw
 
 
+# What a cold start keeps in a compiled arm's pass record (under "cold").
+COLD_FIELDS = ("ready_s", "decode_tok_s", "prefill_tok_s", "pss_peak_bytes", "pss_steady_bytes", "started_at",
+               "ended_at", "log", "exit_code")
+
+
+def compile_caches(pass_dir: Path) -> dict[str, str]:
+    """The pass's own compile caches (empty at its first start), as the servers' environment."""
+    root = pass_dir / "compile-cache"
+    return {"VLLM_CACHE_ROOT": str(root / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor")}
+
+
+def graph_source(rec: dict[str, Any]) -> str | None:
+    """Where a start's compiled graph came from, as the worker read it back: cache | compiled | None."""
+    return ((rec.get("effective") or {}).get("compile") or {}).get("source")
+
+
 def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, prompts: PromptSet, seed: int,
              *, with_fidelity: bool = True) -> tuple[dict[str, Any], Any]:
+    pass_dir = ctx.logs_dir / f"{order:03d}-{arm.name}-p{pass_index + 1}"
+    caches = compile_caches(pass_dir)
+    try:
+        if not arm.cold_and_warm:
+            return _one_start(arm, pass_index, order, ctx, prompts, seed, pass_dir, caches,
+                              with_fidelity=with_fidelity)
+        cold, _ = _one_start(arm, pass_index, order, ctx, prompts, seed, pass_dir / "cold", caches,
+                             with_fidelity=False)
+        if cold["status"] != OK:
+            cold["problems"] = [f"cold start: {p}" for p in cold.get("problems") or []]
+            cold["error"] = cold["error"] and f"cold start: {cold['error']}"
+            return cold, None
+        rec, raw = _one_start(arm, pass_index, order, ctx, prompts, seed, pass_dir, caches,
+                              with_fidelity=with_fidelity)
+        rec["cold"] = {**{k: cold.get(k) for k in COLD_FIELDS}, "graph": graph_source(cold)}
+        rec["started_at"] = cold["started_at"]
+        if rec["status"] != OK:
+            return rec, None
+        rec.update(ready_cold_s=cold["ready_s"], ready_warm_s=rec["ready_s"],
+                   decode_cold_tok_s=cold.get("decode_tok_s"), prefill_cold_tok_s=cold.get("prefill_tok_s"))
+        problems = []
+        if graph_source(cold) != "compiled":
+            problems.append(f"the cold start's graph came from {graph_source(cold)!r}, not a compile: "
+                            "its cache was not empty, or the read-back is missing")
+        if graph_source(rec) != "cache":
+            failure = ((rec.get("effective") or {}).get("compile") or {}).get("load_failure")
+            problems.append(f"the warm start's graph came from {graph_source(rec)!r}, not the cache the cold "
+                            f"start left" + (f" (load failure: {failure})" if failure else ""))
+        if problems:
+            rec.update(status=INVALID, problems=problems)
+            for key in (*_MEASURED, "ready_cold_s", "ready_warm_s", "decode_cold_tok_s", "prefill_cold_tok_s"):
+                rec.pop(key, None)
+        return rec, raw if rec["status"] == OK else None
+    finally:
+        shutil.rmtree(Path(caches["VLLM_CACHE_ROOT"]).parent, ignore_errors=True)
+
+
+# Numbers a pass that did not complete as specified does not keep: nothing to quote.
+_MEASURED = ("decode_tok_s", "prefill_tok_s", "pss_steady_bytes", "load_peak_ratio")
+
+
+def _one_start(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, prompts: PromptSet, seed: int,
+               pass_dir: Path, caches: dict[str, str], *, with_fidelity: bool) -> tuple[dict[str, Any], Any]:
+    """One server start and its measurements: the record of a pass (or of a compiled arm's cold start)."""
     rec: dict[str, Any] = {
         "arm": arm.name, "pass": pass_index, "order": order, "status": None, "problems": [], "error": None,
         "started_at": utc_now(), "loadavg_start": _loadavg(),
     }
-    pass_dir = ctx.logs_dir / f"{order:03d}-{arm.name}-p{pass_index + 1}"
     port = free_port()
     argv = arm.command(port, pass_dir)
     rec.update(command=argv, port=port, log=str(pass_dir / "server.log"))
     try:
-        server = ServerProcess(argv, arm.env(), pass_dir / "server.log")
+        server = ServerProcess(argv, {**arm.env(), **caches}, pass_dir / "server.log")
     except OSError as exc:
         rec.update(status=CRASHED, error=f"cannot start {argv[0]}: {exc.strerror or exc}", ended_at=utc_now())
         return rec, None
@@ -140,8 +210,7 @@ def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, p
         rec["loadavg_end"] = _loadavg()
         if rec["status"] != OK:
             rec["log_tail"] = server.log_tail(12)
-            # numbers of a pass that did not complete as specified are not kept: nothing to quote
-            for key in ("decode_tok_s", "prefill_tok_s", "pss_steady_bytes", "load_peak_ratio"):
+            for key in _MEASURED:
                 rec.pop(key, None)
     return rec, fidelity_raw
 
@@ -150,7 +219,11 @@ def pass_line(rec: dict[str, Any]) -> str:
     if rec["status"] != OK:
         why = "; ".join(rec.get("problems") or []) or rec.get("error") or ""
         return f"{rec['status'].upper()}: {why}"
-    parts = [f"ready {rec['ready_s']:.1f} s", f"decode {_f(rec.get('decode_tok_s'))} tok/s",
+    ready = f"ready {rec['ready_s']:.1f} s"
+    if rec.get("ready_cold_s") is not None:
+        ready = (f"ready cold {rec['ready_cold_s']:.1f} s (compiled; decode {_f(rec.get('decode_cold_tok_s'))} tok/s), "
+                 f"warm {rec['ready_s']:.1f} s (graph from the cache)")
+    parts = [ready, f"decode {_f(rec.get('decode_tok_s'))} tok/s",
              f"prefill {_f(rec.get('prefill_tok_s'))} tok/s",
              f"PSS {_gb(rec.get('pss_steady_bytes'))} (peak {_gb(rec.get('pss_peak_bytes'))})",
              f"{rec.get('processes')} process(es)"]

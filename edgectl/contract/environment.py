@@ -115,8 +115,10 @@ _VARS = [
     Var("HOME", Role.SET, "unit: the service's state directory (StateDirectory=edgectl/NAME)"),
     Var("XDG_CACHE_HOME", Role.SET, "unit: the service's cache directory (CacheDirectory=edgectl/NAME); "
         "also read for the default EDGECTL_MODEL_CACHE of a non-root user"),
-    Var("VLLM_CACHE_ROOT", Role.SET, "unit: vLLM's caches, under the service's cache directory"),
-    Var("TORCHINDUCTOR_CACHE_DIR", Role.SET, "unit: torch inductor's compiled kernels (compiled mode)"),
+    Var("VLLM_CACHE_ROOT", Role.SET, "unit: vLLM's caches (the compiled graph among them), under the service's "
+        "cache directory; bench servers: each pass's own, empty at its first start"),
+    Var("TORCHINDUCTOR_CACHE_DIR", Role.SET, "unit: torch inductor's compiled kernels (compiled mode); bench "
+        "servers: each pass's own, empty at its first start"),
     Var("TRITON_CACHE_DIR", Role.SET, "unit: triton's cache, should anything import it"),
     Var("PYTHONUNBUFFERED", Role.SET, "unit: log lines reach the journal as they are written"),
     Var("PYTHONPATH", Role.SET, "edgectl quantize from a checkout: the checkout's runtime, never an older "

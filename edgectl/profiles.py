@@ -3,8 +3,10 @@
 A profile is a YAML file (schema ``edgectl.profile/1``) that says which hosts it
 matches (rules on the probe) and what was *measured* there: for each weight format
 whether its kernel runs and how fast it decodes and prefills, the runtime's fixed
-memory per process, the per-token workspace, and whether reserving a core for the
-HTTP front end helped. Every figure names its source, and every source carries the
+memory per process, the per-token workspace, whether reserving a core for the
+HTTP front end helped, and (``compiled``) the same format in vLLM's compiled mode: speeds,
+the first start that compiles and a later one that loads the saved graph, the memory it adds.
+Every figure names its source, and every source carries the
 CPU, cores, RAM, date, edgectl commit, vLLM and torch versions and the command.
 
 Validation is strict: an unknown key is an error, and every problem is reported as
@@ -79,6 +81,20 @@ class FormatFigures:
 
 
 @dataclass(frozen=True)
+class CompiledFigures:
+    """The same weight format in vLLM's compiled mode (the bench's ``compiled`` arm, same run as
+    the eager figures): speeds, the first start (it compiles: ``ready_cold_s``), a later start (it
+    loads the graph the first one saved: ``ready_warm_s``), and the steady PSS it adds over eager."""
+
+    weight_format: WeightFormat
+    decode_tok_s: Figure | None
+    prefill_tok_s: Figure | None
+    ready_cold_s: Figure | None
+    ready_warm_s: Figure | None
+    extra_bytes: Figure | None
+
+
+@dataclass(frozen=True)
 class Match:
     arch: str
     isa_all: tuple[str, ...]
@@ -112,6 +128,7 @@ class Profile:
     # ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"): the code paths are the class's, the memory
     # system and the clock are not. None: measured on the class itself.
     emulated: str | None = None
+    compiled: CompiledFigures | None = None  # measured in compiled mode too (the planner chooses with it)
 
     @property
     def reason_source(self) -> ReasonSource:
@@ -277,7 +294,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         raw, "",
         {"schema": str, "name": str, "device_class": str, "kind": str, "match": dict, "sources": dict},
         {"description": str, "formats": dict, "runtime": dict, "threads": dict, "compilation": str,
-         "bandwidth_gbps": dict, "notes": str, "emulated": str},
+         "compiled": dict, "bandwidth_gbps": dict, "notes": str, "emulated": str},
     )
     if not top:
         return None, c.errors
@@ -359,6 +376,19 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
     if isinstance(compilation, str):
         c.one_of(compilation, "compilation", tuple(Compilation))
 
+    compiled = None
+    if isinstance(top.get("compiled"), dict):
+        cd = c.mapping(top["compiled"], "compiled", {"weight_format": str},
+                       {k: dict for k in ("decode_tok_s", "prefill_tok_s", "ready_cold_s", "ready_warm_s", "extra_bytes")})
+        fmt = cd.get("weight_format")
+        if isinstance(fmt, str):
+            c.one_of(fmt, "compiled.weight_format", tuple(WeightFormat))
+        if fmt in set(WeightFormat):
+            compiled = CompiledFigures(
+                weight_format=WeightFormat(fmt),
+                **{k: figure(cd.get(k), f"compiled.{k}")
+                   for k in ("decode_tok_s", "prefill_tok_s", "ready_cold_s", "ready_warm_s", "extra_bytes")})
+
     profile = Profile(
         name=top.get("name", ""), file=file, device_class=top.get("device_class", ""),
         kind=ProfileKind(top["kind"]) if top.get("kind") in set(ProfileKind) else top.get("kind", ""),
@@ -374,6 +404,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         bandwidth_gbps=figure(top.get("bandwidth_gbps"), "bandwidth_gbps"),
         sources=sources,
         emulated=top.get("emulated") or None,
+        compiled=compiled,
     )
     if profile.emulated and profile.kind is not ProfileKind.MEASURED:
         c.err("emulated", "only a measured profile can be emulated (it says how the ISA was held down)")

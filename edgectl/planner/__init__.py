@@ -51,7 +51,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     topology = why.take(choose_topology(request))
     compilation = why.take(choose_compilation(request, profile))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
-    costs = why.take(ledger.fixed_costs(model, profile, topology))
+    costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request))
     group_size, levers = choose_group_size(request), choose_levers(request)
     fit = why.take(fit_weights_and_context(
@@ -64,8 +64,8 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     why.take(ledger.kv_cache(model, request, fit.memory, fit.max_model_len))
     rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.value.rope_cap))
     why.take(ledger.memory_limit(fit.memory, costs))
-    predicted = predict(profile, fit.weight_format, fit.weights_bytes)
-    timeouts = why.take(choose_timeouts(request, profile, fit.weight_format, fit.weights_bytes, batched))
+    predicted = predict(profile, fit.weight_format, fit.weights_bytes, compilation)
+    timeouts = why.take(choose_timeouts(request, profile, fit.weight_format, fit.weights_bytes, batched, compilation))
 
     return Plan(
         model=ModelRef(model.name, model.path, model.architecture, checkpoint_format(model)),

@@ -30,20 +30,58 @@ def choose_topology(request: Request) -> Decided[Topology]:
 
 
 def choose_compilation(request: Request, profile: Profile) -> Decided[Compilation]:
-    measured_in = profile.compilation or Compilation.EAGER  # the mode the profile's figures are for
+    """Eager or vLLM's compiled mode: asked, else from the profile's figures for both modes.
+
+    With both measured (``compiled`` beside the eager figures of the same weight format),
+    compiled mode is chosen when every compiled pass decoded faster than every eager pass (the
+    medians when a figure has no spread). Its cold start (the compile) is paid once, at deploy;
+    the bench records a warm start only when it loaded the saved graph, so a recorded
+    ``ready_warm_s`` is what every later start costs.
+    """
+    measured_in = profile.compilation or Compilation.EAGER  # the mode the profile's format figures are for
+    compared = _compare_modes(profile)
     if request.compilation:
         mode, source = Compilation(request.compilation), Source.FLAG
+        detail = "asked with --compilation" + (f" ({compared[1]})" if compared else "")
+    elif compared is not None:
+        faster, evidence = compared
+        mode, source = (Compilation.DEFAULT if faster else Compilation.EAGER), profile.reason_source
+        detail = (("compiled: it decodes faster on this device class: " if faster else
+                   "eager: compiled mode does not decode faster beyond the spread on this device class: ") + evidence)
     elif profile.compilation is not None:
         mode, source = profile.compilation, profile.reason_source
+        detail = _plain_detail(mode)
     else:
         mode, source = Compilation.EAGER, Source.DEFAULT
-    detail = ("eager: no torch.compile start-up cost (vLLM's default mode took 260 s to start on 2 cores, "
-              "eager 56 s: docs/facts.md)" if mode is Compilation.EAGER
-              else "vLLM's default CPU compilation (DYNAMO_TRACE_ONCE + inductor)")
-    if mode != measured_in:
+        detail = _plain_detail(mode)
+    if compared is None and mode != measured_in:
         detail += (f"; the profile's figures were measured in {measured_in} mode, so the memory "
                    "and speed predictions are for that mode")
     return Decided(mode, Reason("compilation", mode, source, detail))
+
+
+def _plain_detail(mode: Compilation) -> str:
+    return ("eager: no torch.compile start-up cost (vLLM's default mode took 260 s to start on 2 cores, "
+            "eager 56 s: docs/facts.md)" if mode is Compilation.EAGER
+            else "vLLM's default CPU compilation (DYNAMO_TRACE_ONCE + inductor)")
+
+
+def _compare_modes(profile: Profile) -> tuple[bool, str] | None:
+    """(compiled decodes faster, the evidence) when the profile measured both modes, else None."""
+    compiled = profile.compiled
+    if profile.compilation not in (None, Compilation.EAGER) or compiled is None:
+        return None
+    eager = profile.formats.get(compiled.weight_format)
+    if compiled.decode_tok_s is None or compiled.ready_warm_s is None or eager is None or eager.decode_tok_s is None:
+        return None
+    c, e = compiled.decode_tok_s, eager.decode_tok_s
+    lo = c.min if c.min is not None else c.median
+    hi = e.max if e.max is not None else e.median
+    evidence = (f"{compiled.weight_format} decodes at {c.describe('tok/s')} compiled vs {e.describe('tok/s')} eager; "
+                + (f"the first start compiles ({compiled.ready_cold_s.describe('s')} to ready), " if compiled.ready_cold_s
+                   else "")
+                + f"later starts load the saved graph ({compiled.ready_warm_s.describe('s')} to ready)")
+    return lo > hi, evidence
 
 
 @dataclass(frozen=True)

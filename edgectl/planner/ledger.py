@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgectl.contract import int4_layout
-from edgectl.contract.plan import Memory, Reason, Source, Topology, WeightFormat
+from edgectl.contract.plan import Compilation, Memory, Reason, Source, Topology, WeightFormat
 from edgectl.output import MiB
 from edgectl.planner.decided import Decided
 
@@ -154,8 +154,10 @@ class Costs:
     workspace_bytes_per_token: float
 
 
-def fixed_costs(model: ModelFacts, profile: Profile, topology: Topology) -> Decided[Costs]:
-    """The runtime's memory per process, the processes of the topology, the load peak, the workspace."""
+def fixed_costs(model: ModelFacts, profile: Profile, topology: Topology,
+                compilation: Compilation = Compilation.EAGER) -> Decided[Costs]:
+    """The runtime's memory per process, the processes of the topology, the load peak, the workspace;
+    in compiled mode, plus what the profile measured it to add over eager (the compiled graph)."""
     processes = profile.processes.get(str(topology), 1 if topology is Topology.SINGLE_PROCESS else 4)
     if profile.process_bytes is not None:
         per_process = int(profile.process_bytes.median)
@@ -164,6 +166,13 @@ def fixed_costs(model: ModelFacts, profile: Profile, topology: Topology) -> Deci
         per_process = FALLBACK_PROCESS_BYTES
         source, detail = Source.FALLBACK, f"{FALLBACK_PROCESS_BYTES // MiB} MiB per process (not measured here)"
     runtime_bytes = per_process * processes
+    detail = f"{processes} process(es) × {detail}"
+    extra = profile.compiled.extra_bytes if profile.compiled else None
+    if compilation is Compilation.DEFAULT and extra is not None and extra.median > 0:
+        runtime_bytes += int(extra.median)
+        detail += f" + {extra.describe('bytes')} measured over eager in compiled mode"
+    elif compilation is Compilation.DEFAULT:
+        detail += " (compiled mode's own memory is not measured here)"
     if profile.load_peak_ratio is not None:
         peak_ratio, peak_source = profile.load_peak_ratio.median, profile.reason_source
     else:
@@ -174,7 +183,7 @@ def fixed_costs(model: ModelFacts, profile: Profile, topology: Topology) -> Deci
         intermediate = model.intermediate_size or 4 * model.hidden_size
         per_token = FALLBACK_WORKSPACE_FACTOR * (8 * model.hidden_size + 4 * intermediate)
     costs = Costs(runtime_bytes, peak_ratio, peak_source, per_token)
-    return Decided(costs, Reason("runtime_bytes", runtime_bytes, source, f"{processes} process(es) × {detail}"))
+    return Decided(costs, Reason("runtime_bytes", runtime_bytes, source, detail))
 
 
 # -- the ledger of one weight format, at any context ------------------------------------------------

@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from edgectl.contract import environment
-from edgectl.contract.plan import Predicted, Reason, Request, Source, Timeouts, Topology, WeightFormat
+from edgectl.contract.plan import Compilation, Predicted, Reason, Request, Source, Timeouts, Topology, WeightFormat
 from edgectl.planner.decided import Decided
 from edgectl.probe.formats import format_cpu_list
 
@@ -32,13 +32,24 @@ UNMEASURED_STEP_S = 120.0
 UNMEASURED_READY_S = 300
 
 
-def predict(profile: Profile, weight_format: WeightFormat, weights_bytes: int) -> Predicted:
+def predict(profile: Profile, weight_format: WeightFormat, weights_bytes: int,
+            compilation: Compilation = Compilation.EAGER) -> Predicted:
     """Speeds and time to ready from the profile's figures (decode is bandwidth-bound: a figure
-    measured on another model is scaled by the bytes read per token)."""
+    measured on another model is scaled by the bytes read per token). In compiled mode, the
+    compiled figures of the same format where the profile has them, and a start that loads the
+    saved graph (``ready_warm_s``)."""
     figures = profile.formats.get(weight_format)
-    decode = round(_scale(figures.decode_tok_s, weights_bytes), 2) if figures and figures.decode_tok_s else None
-    prefill = round(_scale(figures.prefill_tok_s, weights_bytes), 2) if figures and figures.prefill_tok_s else None
-    ready = round(profile.ready_s.median, 1) if profile.ready_s else None
+    decode_fig = figures.decode_tok_s if figures else None
+    prefill_fig = figures.prefill_tok_s if figures else None
+    ready_fig = profile.ready_s
+    compiled = profile.compiled
+    if compilation is Compilation.DEFAULT and compiled is not None and compiled.weight_format is weight_format:
+        decode_fig = compiled.decode_tok_s or decode_fig
+        prefill_fig = compiled.prefill_tok_s or prefill_fig
+        ready_fig = compiled.ready_warm_s or ready_fig
+    decode = round(_scale(decode_fig, weights_bytes), 2) if decode_fig else None
+    prefill = round(_scale(prefill_fig, weights_bytes), 2) if prefill_fig else None
+    ready = round(ready_fig.median, 1) if ready_fig else None
     return Predicted(decode_tok_s=decode, prefill_tok_s=prefill, ready_s=ready)
 
 
@@ -60,7 +71,7 @@ def start_for_ready(ready_s: float | None) -> int:
 
 
 def choose_timeouts(request: Request, profile: Profile, weight_format: WeightFormat, weights_bytes: int,
-                    batched_tokens: int) -> Decided[Timeouts]:
+                    batched_tokens: int, compilation: Compilation = Compilation.EAGER) -> Decided[Timeouts]:
     """The watchdog from the longest single engine step, the start timeout from the time to ready.
 
     Each figure is the profile's, named with its provenance in the reason: measured by edgectl,
@@ -73,7 +84,10 @@ def choose_timeouts(request: Request, profile: Profile, weight_format: WeightFor
         if prefill else None
     step_s = longest_step_s(batched_tokens, slowest)
     watchdog_s = request.watchdog_s if request.watchdog_s is not None else watchdog_for_step(step_s)
-    start_s = start_for_ready(profile.ready_s.median if profile.ready_s else None)
+    # In compiled mode the first start compiles: the start timeout is sized from that start.
+    cold = profile.compiled.ready_cold_s if profile.compiled else None
+    start_fig = profile.ready_s if compilation is Compilation.EAGER else cold
+    start_s = start_for_ready(start_fig.median if start_fig else None)
     timeouts = Timeouts(start_s=start_s, watchdog_s=watchdog_s, stop_s=STOP_S)
 
     if request.watchdog_s is not None:
@@ -88,7 +102,13 @@ def choose_timeouts(request: Request, profile: Profile, weight_format: WeightFor
         else:
             watchdog_why = (f"{rule}: taken as {UNMEASURED_STEP_S:.0f} s, because {profile.name} has no prefill "
                             f"figure for {weight_format}")
-    if profile.ready_s:
+    if compilation is not Compilation.EAGER and cold:
+        start_why = (f"start = 3 × the time to ready + 60 s (at least {MIN_START_S} s): the first start in compiled "
+                     f"mode compiles, ready in {_figure_provenance(profile, cold, 's')}")
+    elif compilation is not Compilation.EAGER:
+        start_why = (f"start = 3 × the time to ready + 60 s: taken as {UNMEASURED_READY_S} s, because "
+                     f"{profile.name} has no measured first start in compiled mode (it compiles)")
+    elif profile.ready_s:
         start_why = (f"start = 3 × the time to ready + 60 s (at least {MIN_START_S} s): ready in "
                      f"{_figure_provenance(profile, profile.ready_s, 's')}")
     else:

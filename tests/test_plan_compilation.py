@@ -1,0 +1,77 @@
+"""Eager or compiled, chosen per device class from the profile's figures for both modes; the flag
+still overrides; in compiled mode the predictions, the start timeout and the memory are compiled
+mode's own. Profiles are written by the test (never the shipped ones, which may be re-recorded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from plan_helpers import SMOLLM2, host_facts, make_plan, profile_from_yaml, profile_yaml, reasons_by_decision, shape
+from edgectl.planner.service import MIN_START_S, UNMEASURED_READY_S
+
+EAGER = ("  w4a16:\n    runs: true\n"
+         "    decode_tok_s: {median: 50.0, min: 49.0, max: 52.0, passes: 3}\n"
+         "    prefill_tok_s: {median: 500.0, min: 490.0, max: 510.0, passes: 3}\n")
+RUNTIME = ("runtime:\n  ready_s: {median: 11.0, min: 10.0, max: 12.0, passes: 3}\n"
+           "  process_bytes: {median: 800000000, min: 790000000, max: 810000000, passes: 3}\n")
+
+
+def compiled_block(decode_min: float, decode_median: float, *, cold: float = 120.0, extra: int = 150_000_000) -> str:
+    return ("compiled:\n  weight_format: w4a16\n"
+            f"  decode_tok_s: {{median: {decode_median}, min: {decode_min}, max: {decode_median + 2}, passes: 3}}\n"
+            "  prefill_tok_s: {median: 600.0, min: 590.0, max: 610.0, passes: 3}\n"
+            f"  ready_cold_s: {{median: {cold}, min: {cold - 5}, max: {cold + 5}, passes: 3}}\n"
+            "  ready_warm_s: {median: 9.0, min: 8.5, max: 9.5, passes: 3}\n"
+            f"  extra_bytes: {{median: {extra}, min: {extra}, max: {extra}, passes: 3}}\n")
+
+
+def _plan(tmp_path: Path, compiled: str = "", **request):
+    prof = profile_from_yaml(tmp_path, profile_yaml(formats=EAGER, extra="compilation: eager\n" + RUNTIME + compiled))
+    return make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof], **request)
+
+
+def test_compiled_is_chosen_where_every_compiled_pass_decodes_faster(tmp_path: Path):
+    p = _plan(tmp_path, compiled_block(decode_min=80.0, decode_median=84.0))
+    assert str(p.compilation) == "default"
+    why = reasons_by_decision(p)["compilation"][0]
+    assert why["source"] == "profile"
+    # the reason cites the figures: both decodes, the cold and the warm start
+    for cited in ("84 tok/s", "50 tok/s", "120 s", "9 s", "later starts load the saved graph"):
+        assert cited in why["detail"], (cited, why["detail"])
+    # compiled mode's own predictions: its decode, its warm start
+    assert p.predicted.ready_s == 9.0
+    assert p.predicted.decode_tok_s > 60
+    # the first start compiles: the start timeout covers 3 × the cold figure
+    assert p.timeouts.start_s >= 3 * 120
+    # and its memory: the eager ledger plus what compiled mode measured over it
+    eager = _plan(tmp_path, compiled_block(decode_min=80.0, decode_median=84.0), compilation="eager")
+    assert p.memory.runtime_bytes - eager.memory.runtime_bytes == 150_000_000
+    assert "measured over eager in compiled mode" in reasons_by_decision(p)["runtime_bytes"][0]["detail"]
+
+
+def test_eager_stays_where_compiled_is_not_faster_beyond_the_spread(tmp_path: Path):
+    # compiled's slowest pass (51) is within eager's range (49-52): not faster beyond the spread
+    p = _plan(tmp_path, compiled_block(decode_min=51.0, decode_median=60.0))
+    assert str(p.compilation) == "eager"
+    why = reasons_by_decision(p)["compilation"][0]
+    assert why["source"] == "profile" and why["detail"].startswith("eager: compiled mode does not decode faster")
+    assert p.predicted.ready_s == 11.0
+
+
+def test_the_flag_overrides_the_measured_choice(tmp_path: Path):
+    block = compiled_block(decode_min=80.0, decode_median=84.0)
+    eager = _plan(tmp_path, block, compilation="eager")
+    assert str(eager.compilation) == "eager"
+    why = reasons_by_decision(eager)["compilation"][0]
+    assert why["source"] == "flag" and "84 tok/s" in why["detail"]
+    slow = compiled_block(decode_min=40.0, decode_median=45.0)
+    assert str(_plan(tmp_path, slow, compilation="default").compilation) == "default"
+
+
+def test_without_compiled_figures_compiled_mode_gets_the_unmeasured_start(tmp_path: Path):
+    p = _plan(tmp_path, compilation="default")
+    assert str(p.compilation) == "default"
+    assert p.timeouts.start_s == max(MIN_START_S, UNMEASURED_READY_S * 3 + 60)
+    assert "compiled mode's own memory is not measured here" in reasons_by_decision(p)["runtime_bytes"][0]["detail"]
+    # and the eager plan from the same profile is unchanged by any of this
+    assert str(_plan(tmp_path).compilation) == "eager"

@@ -10,6 +10,7 @@ import yaml
 
 from edgectl.bench import stats
 from edgectl.contract.plan import ProfileKind, ProfileRef, Request
+from edgectl.errors import EdgectlError
 from edgectl.inputs import make_plan
 from edgectl.probe import probe
 from edgectl.profiles import load_profile, parse_profile
@@ -90,3 +91,47 @@ def test_no_profile_is_recorded_from_an_incomplete_grid(tmp_path, model_dir) -> 
     assert not result.to_dict()["complete"]
     assert any("not recorded" in m for m in result.messages)
     assert not (tmp_path / "profiles" / "x86_64-avx512.yaml").exists()
+
+
+def test_compiled_mode_is_recorded_beside_eager_and_the_planner_chooses_from_both(tmp_path, model_dir) -> None:
+    facts = probe(str(HOSTS / "kvm-xeon-avx512-2c"), environ={})
+    result = bench(tmp_path, model_dir, facts, "planned,compiled", passes=3, record_profile=True)
+    a = result.to_dict()
+    assert a["complete"], a["incomplete_reasons"]
+    path = tmp_path / "profiles" / "x86_64-avx512.yaml"
+    profile = load_profile(path)
+    planned, compiled = a["arms"]["planned"], a["arms"]["compiled"]
+    c = profile.compiled
+    assert c is not None and c.weight_format == planned["plan"]["weight_format"]
+    assert profile.compilation == "eager"  # the format figures are eager mode's
+    assert profile.formats[c.weight_format].decode_tok_s.median == pytest.approx(planned["median"]["decode_tok_s"], abs=0.01)
+    for figure, metric in ((c.decode_tok_s, "decode_tok_s"), (c.ready_cold_s, "ready_cold_s"),
+                           (c.ready_warm_s, "ready_warm_s")):
+        assert figure.median == pytest.approx(compiled["median"][metric], abs=0.06) and figure.passes == 3
+    extra = [cp["pss_steady_bytes"] - ep["pss_steady_bytes"] for cp, ep in zip(compiled["passes"], planned["passes"])]
+    assert c.extra_bytes.median == stats.median(extra)
+    assert c.decode_tok_s.source.artifact == result.path.name
+
+    # the planner chooses by the rule, from these figures
+    env = environ(tmp_path)
+    replan = make_plan(Request(model=str(model_dir), max_model_len=1024), env, facts=facts).plan
+    faster = c.decode_tok_s.min > profile.formats[c.weight_format].decode_tok_s.max
+    assert str(replan.compilation) == ("default" if faster else "eager")
+
+    # a profile where compiled decodes faster: the plan is compiled, and recording again needs
+    # the eager arm (the profile's format figures are eager mode's)
+    raw = yaml.safe_load(path.read_text())
+    raw["compiled"]["decode_tok_s"].update(median=1e6, min=1e6, max=1e6)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert str(make_plan(Request(model=str(model_dir), max_model_len=1024), env, facts=facts).plan.compilation) == "default"
+    # refused before anything runs
+    with pytest.raises(EdgectlError, match="add the `eager` arm"):
+        bench(tmp_path, model_dir, facts, "planned", passes=3, record_profile=True)
+    third = bench(tmp_path, model_dir, facts, "planned,eager", passes=3, record_profile=True)
+    t = third.to_dict()
+    assert t["complete"], t["incomplete_reasons"]
+    recorded = load_profile(path)
+    assert recorded.compilation == "eager"
+    assert recorded.formats[c.weight_format].decode_tok_s.median == pytest.approx(
+        t["arms"]["eager"]["median"]["decode_tok_s"], abs=0.01)
+    assert recorded.compiled.ready_warm_s.median == pytest.approx(t["arms"]["planned"]["median"]["ready_warm_s"], abs=0.06)

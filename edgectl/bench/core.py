@@ -88,6 +88,9 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     if plan.max_model_len <= PREFILL_TOKENS:
         raise EdgectlError(f"a context of {plan.max_model_len} tokens has no room for the {PREFILL_TOKENS}-token "
                            f"prefill prompt and its answer: use --max-model-len {PREFILL_TOKENS * 2} or more")
+    if opts.record_profile and str(plan.compilation) != "eager" and "eager" not in names:
+        raise EdgectlError("--record-profile: the plan is in compiled mode and a profile's figures are eager mode's "
+                           "(compiled mode's are recorded beside them): add the `eager` arm to --arms")
     base_request = {"model": opts.model}
 
     def planner(overrides: dict[str, Any]) -> Plan:

@@ -14,7 +14,12 @@ each naming a source that carries the run's provenance:
 - ``runtime.load_peak_ratio`` (peak PSS launch→ready / steady PSS, at least 1) and ``runtime.ready_s``;
 - ``threads.reserve_frontend_core`` from the ``reserve-core-on``/``-off`` pair: reserved only
   if its decode range lies entirely above the other's, with the numbers as evidence;
-- ``bandwidth_gbps`` from the probe.
+- ``bandwidth_gbps`` from the probe;
+- ``compiled``: with a ``compiled`` arm (or a plan in compiled mode), that format in vLLM's
+  compiled mode: decode, prefill, ``ready_cold_s`` (the first start, on an empty compile cache),
+  ``ready_warm_s`` (a start that loaded the saved graph) and ``extra_bytes`` (its steady PSS
+  minus the eager arm's, pass by pass). The rest of the profile is eager mode's: a plan in
+  compiled mode needs the ``eager`` arm beside it.
 
 The document is validated with ``parse_profile``, re-planned to check the ±10% match, and
 written atomically to ``<dir>/<device class>.yaml`` (a local profile of the same name
@@ -30,7 +35,7 @@ from typing import Any
 import yaml
 
 from edgectl.atomic import write_text_atomic
-from edgectl.contract.plan import Plan, Request, Topology
+from edgectl.contract.plan import Compilation, Plan, Request, Topology
 from edgectl.errors import EdgectlError
 from edgectl.planner import plan as make_plan
 from edgectl.probe.facts import AVX512_CORE
@@ -74,13 +79,21 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
     arms = artifact["arms"]
     if "planned" not in arms or not arms["planned"].get("median"):
         raise EdgectlError("--record-profile: the planned arm has no complete set of passes")
+    # The profile's format figures and ledger are eager mode's; compiled mode's go under `compiled`.
+    planned_plan = _plan_of(arms["planned"])
+    base_name = "planned"
+    if planned_plan.compilation is not Compilation.EAGER:
+        if "eager" not in arms or not arms["eager"].get("median"):
+            raise EdgectlError("--record-profile: the plan is in compiled mode and a profile's figures are eager "
+                               "mode's (compiled mode's are recorded beside them): add the `eager` arm to --arms")
+        base_name = "eager"
     prov = artifact["provenance"]
     device_class = str(facts.device_class)
     name = device_class
     existing_profiles = {p.name: p for p in load_profiles([*profile_dirs(environ), profiles_dir])}
     existing_raw = _raw_profile(existing_profiles.get(name))
     date = prov["started_at"][:10]
-    planned = arms["planned"]
+    planned = arms[base_name]
     plan = _plan_of(planned)
     fmt = str(plan.weight_format)  # plain text: it becomes a YAML key
 
@@ -113,7 +126,7 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
             entry["weights_bytes_ratio"] = _figure_values(ratios, key, digits=4)
         formats[arm_fmt] = entry
 
-    add_format("planned", fmt)
+    add_format(base_name, fmt)
     if fmt != "bf16" and "bf16" in arms and arms["bf16"].get("median"):
         add_format("bf16", "bf16")
     planned_key = f"bench-{date}-{fmt}"
@@ -146,6 +159,12 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
         "runtime": runtime,
         "compilation": str(plan.compilation),
     }
+    compiled = _compiled(arms, planned, planned_plan, fmt, base_source, sources, date)
+    if compiled is None and (existing_raw.get("compiled") or {}).get("weight_format") == fmt:
+        compiled = {"weight_format": fmt, **_carry({k: v for k, v in existing_raw["compiled"].items()
+                                                    if k != "weight_format"}, existing_raw, sources)}
+    if compiled is not None:
+        doc["compiled"] = compiled
     threads = _reserve_core(arms, artifact_path.name) or existing_raw.get("threads")
     if threads:
         doc["threads"] = threads
@@ -153,7 +172,8 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
         doc["bandwidth_gbps"] = {"median": round(float(facts.bandwidth_gbps), 2), "passes": 1, "source": planned_key}
 
     # -- runtime.process_bytes: the planner's ledger for the planned request = the measured steady PSS
-    request = replace(plan.request, weight_format=fmt)
+    # eager mode's ledger: the request names the mode, or a profile with compiled figures could pick the other
+    request = replace(plan.request, weight_format=fmt, compilation=str(plan.compilation))
     steady = [p["pss_steady_bytes"] for p in planned["passes"]]
     n, rest = _ledger_parts(doc, facts, model, request, existing_profiles, planned_key)
     per_pass = [(s - rest) / n for s in steady]
@@ -237,7 +257,8 @@ def _ledger_parts(doc: dict[str, Any], facts: Any, model: Any, request: Request,
 
 def _stock_processes(doc: dict[str, Any], facts: Any, model: Any, arm: dict[str, Any], existing: dict[str, Any]) -> int:
     arm_plan = _plan_of(arm)
-    request = replace(arm_plan.request, weight_format=str(arm_plan.weight_format))
+    request = replace(arm_plan.request, weight_format=str(arm_plan.weight_format),
+                      compilation=str(arm_plan.compilation))
     measured = arm["median"]["pss_steady_bytes"]
     best, best_err = 1, None
     for k in range(1, 9):
@@ -247,6 +268,31 @@ def _stock_processes(doc: dict[str, Any], facts: Any, model: Any, arm: dict[str,
         if best_err is None or err < best_err:
             best, best_err = k, err
     return best
+
+
+def _compiled(arms: dict[str, Any], eager: dict[str, Any], planned_plan: Plan, fmt: str,
+              base_source: dict[str, Any], sources: dict[str, Any], date: str) -> dict[str, Any] | None:
+    """The ``compiled`` section from the run's compiled arm (``compiled``, or ``planned`` when the
+    plan is in compiled mode), for the same weight format as the eager figures; None without one."""
+    name = "compiled" if arms.get("compiled", {}).get("median") else \
+        "planned" if planned_plan.compilation is Compilation.DEFAULT else None
+    if name is None:
+        return None
+    arm = arms[name]
+    arm_plan = _plan_of(arm)
+    if str(arm_plan.weight_format) != fmt or arm_plan.compilation is not Compilation.DEFAULT:
+        return None
+    key = f"bench-{date}-{fmt}-compiled"
+    sources[key] = {**base_source, "model_weights_bytes": arm_plan.memory.weights_bytes,
+                    "notes": f"arm `{name}` ({arm['description']}) in vLLM's compiled mode: per pass a cold start "
+                             "(empty compile cache) and a warm start (the graph it saved, loaded)"}
+    out: dict[str, Any] = {"weight_format": fmt}
+    for metric, digits in (("decode_tok_s", 2), ("prefill_tok_s", 2), ("ready_cold_s", 1), ("ready_warm_s", 1)):
+        if all(p.get(metric) is not None for p in arm["passes"]):
+            out[metric] = _figure(arm, metric, key, digits)
+    extra = [c["pss_steady_bytes"] - e["pss_steady_bytes"] for c, e in zip(arm["passes"], eager["passes"])]
+    out["extra_bytes"] = _figure_values(extra, key, digits=0)
+    return out
 
 
 def _reserve_core(arms: dict[str, Any], artifact_name: str) -> dict[str, Any] | None:

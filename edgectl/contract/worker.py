@@ -40,8 +40,8 @@ EFFECTIVE_ROUTE = "/edgectl/effective"
 # not draining; 503 otherwise, with the reason.
 LIVE_ROUTE = "/edgectl/live"
 READY_ROUTE = "/edgectl/ready"
-# The phase it reports once its warm-up answered (before: starting, loading, checking, warming up;
-# after: stopping).
+# The phase it reports once its warm-up answered (before: starting, loading, in compiled mode
+# compiling or loading the compiled graph, checking, warming up; after: stopping).
 SERVING = "serving"
 
 

@@ -94,3 +94,7 @@ def test_time_ops_measures_every_kernel_present():
     for r in rows:
         assert r["bf16_linear_us"] > 0 and r["int4_torch_g32_us"] > 0 and r["int4_torch_g128_us"] > 0
         assert ("int4_vllm_g32_us" in r) == hasattr(torch.ops._C, "cpu_gemm_wna16")
+        # oneDNN's bf16 matmul is timed exactly where oneDNN does bf16 (x86: AVX-512 core or newer; on
+        # AVX2, real or ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, creating it raises, and
+        # time_ops must not): asked of the platform, not assumed
+        assert ("bf16_onednn_us" in r) == kernels.onednn_bf16_supported()

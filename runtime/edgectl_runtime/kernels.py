@@ -351,10 +351,35 @@ def _median_us(fn, reps: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def onednn_bf16_supported() -> bool:
+    """Whether oneDNN does bf16 matmuls on this CPU, as PyTorch asks it (AVX-512 core or newer on
+    x86: ``torch.ops.mkldnn._is_mkldnn_bf16_supported``). Without it (an AVX2 CPU) vLLM's bf16
+    ``create_onednn_mm`` raises "could not create a primitive descriptor for the matmul primitive"
+    and vLLM's loader falls back to torch's linear."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # an op this torch build lacks: not supported
+        return False
+
+
+def _onednn_bf16_handler(ops, w: torch.Tensor):
+    """vLLM's oneDNN bf16 matmul handler for ``w``, or None where oneDNN has no bf16 matmul here
+    (asked first; a primitive oneDNN still cannot create is None too, as vLLM's loader treats it)."""
+    if not getattr(ops, "_supports_onednn", False) or not onednn_bf16_supported():
+        return None
+    try:
+        return ops.create_onednn_mm(w.t(), 32)
+    except RuntimeError:
+        return None
+
+
 def time_ops(shapes=SMOLLM2_SHAPES, ms=(1, 16, 128), groups=(32, 128), threads: int | None = None,
              reps: int = 20) -> list[dict]:
     """Median microseconds of one matmul ``[M, K] x [N, K]^T`` per kernel: torch bf16 ``F.linear``,
-    vLLM's oneDNN bf16 path (what stock vLLM runs on CPU), torch int4 per group size, and vLLM's
+    vLLM's oneDNN bf16 path (what stock vLLM runs on CPU, where oneDNN has bf16:
+    :func:`onednn_bf16_supported`), torch int4 per group size, and vLLM's
     ``cpu_gemm_wna16`` (with the zero term) where registered. A measurement, not a test."""
     import vllm._custom_ops as ops
 
@@ -367,7 +392,7 @@ def time_ops(shapes=SMOLLM2_SHAPES, ms=(1, 16, 128), groups=(32, 128), threads: 
     for name, n, k in shapes:
         gen = torch.Generator().manual_seed(0)
         w = (torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16)
-        handler = ops.create_onednn_mm(w.t(), 32) if ops._supports_onednn else None
+        handler = _onednn_bf16_handler(ops, w)
         packed = {}
         for g in groups:
             if k % g:

@@ -63,6 +63,16 @@ if [ "$want" != "$have" ]; then
   echo "$want" > "$STAMP"
 fi
 
+# edgectl's kernel library (runtime/edgectl_runtime/ops): compiled with the system g++ against
+# the torch installed above, one object per ISA level, into the checkout, so that the install
+# below carries it and a checkout run with PYTHONPATH finds the same file. Skipped in a second
+# when nothing changed (a stamp of sources, flags, compiler and torch).
+if ! command -v g++ >/dev/null 2>&1; then
+  echo "error: g++ is missing: edgectl's kernels are compiled at set-up (apt-get install g++)" >&2
+  exit 2
+fi
+"$PY" "$REPO/runtime/edgectl_runtime/ops/build.py" || { echo "error: edgectl's kernels did not build; see above" >&2; exit 1; }
+
 # Built in the checkout (no build isolation: setuptools is in the venv); a stale build/ would
 # carry files deleted since into the install.
 rm -rf "$REPO/build" "$REPO"/*.egg-info

@@ -97,6 +97,10 @@ _VARS = [
     Var("EDGECTL_COMPILE_CACHE", Role.OWN, "1: in vLLM's compiled mode, load the graph a previous start saved "
         "(edgectl works around vLLM 0.32 discarding it, runtime/edgectl_runtime/compile_cache.py); 0: unmodified "
         "vLLM, which compiles again at every start", "0", _BOOL),
+    Var("EDGECTL_KERNEL_ISA", Role.OWN, "the ISA level of edgectl's own kernels (runtime/edgectl_runtime/ops): "
+        "auto = the best level the CPU and the OS support (cpuid + XCR0); scalar, avx2 or avx512vnni force one "
+        "(tests; the AVX2 path on an AVX-512 box), refused if this CPU cannot run it", "auto",
+        ("auto", "scalar", "avx2", "avx512vnni")),
     # -- third parties' variables edgectl sets ------------------------------------------------------
     Var("VLLM_CPU_OMP_THREADS_BIND", Role.SET, "plan env: the CPUs vLLM binds its OpenMP threads to, one "
         "per thread (vllm/v1/worker/cpu_worker.py)"),

@@ -1,0 +1,6 @@
+"""Weight layouts and converters: pure arithmetic on tensors, no kernel calls, no vLLM.
+
+- :mod:`.blocks`  — edgectl's own formats, blocks of 32 along K: W4 (GGUF Q4_1 arithmetic,
+  ``w = d * q + m``) and W8 (GGUF Q8_0, ``w = d * q``), quantized, packed into the tiled records
+  the op library reads (``ops/csrc/kernels.h``), and unpacked again.
+"""

@@ -1,0 +1,169 @@
+"""edgectl's CPU kernel library: PyTorch custom ops ``torch.ops.edgectl.*`` (C++ in ``csrc/``).
+
+:func:`load` loads ``_edgectl_kernels.so`` (built by ``build.py``, which ``scripts/setup.sh``
+runs), registers the fake implementations that let ``torch.compile`` keep every op as one
+opaque call, and selects the ISA level: ``EDGECTL_KERNEL_ISA`` (``auto`` = the best level the
+CPU and the OS support; ``scalar``, ``avx2`` or ``avx512vnni`` to force one — refused with the
+levels this machine can run if it cannot run the one asked).
+
+Ops (all functional; ``n``/``k`` are the real sizes of the weight, the packed tensor's shape
+follows from them, see ``formats/blocks.py``):
+
+- ``linear_w4a8(x, w, n, k) -> y``: ``x [..., k]`` (fp32/bf16/fp16) times a packed W4 weight,
+  activations quantized to int8 per block of 32 inside the call; ``y [..., n]`` in x's dtype.
+- ``linear_w8a8(x, w, n, k) -> y``: the same with a packed W8 weight.
+- ``embedding_w4 / embedding_w8(ids, w, n, k, dtype) -> rows``: rows of a packed matrix,
+  dequantized (the tied embedding of an int8 / int4 LM head, stored once).
+- ``add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)`` and
+  ``rms_norm(x, weight, eps) -> normed``: vLLM's fused_add_rms_norm / rms_norm in one pass.
+- ``quantize_activations(x) -> (q, d, s)``: the activation quantizer alone (for tests).
+- ``kernel_isa()``, ``supported_isas()``, ``set_kernel_isa(level)``.
+
+:mod:`.reference` holds the same semantics in plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+LIBRARY = Path(__file__).with_name("_edgectl_kernels.so")
+STAMP = Path(__file__).with_name("_edgectl_kernels.json")
+LEVELS = ("scalar", "avx2", "avx512vnni")  # lowest to highest
+BUILD_COMMAND = "python -m edgectl_runtime.ops.build (scripts/setup.sh runs it)"
+
+
+class KernelLibraryError(RuntimeError):
+    """The library is missing, stale, or cannot run the level asked for."""
+
+
+def choose_level(requested: str, supported: list[str]) -> str:
+    """The level to run for ``EDGECTL_KERNEL_ISA=requested`` on a machine that supports
+    ``supported`` (what the library's cpuid/XCR0 check reports)."""
+    if requested == "auto":
+        return max(supported, key=LEVELS.index)
+    if requested not in LEVELS:
+        raise KernelLibraryError(f"EDGECTL_KERNEL_ISA={requested!r} is not a level: use auto, {', '.join(LEVELS)}")
+    if requested not in supported:
+        raise KernelLibraryError(f"EDGECTL_KERNEL_ISA={requested} asks for kernels this CPU cannot run: its cpuid "
+                                 f"and XCR0 allow {', '.join(supported)} (use one of those, or auto)")
+    return requested
+
+
+def _check_stamp() -> None:
+    if not LIBRARY.is_file():
+        raise KernelLibraryError(f"edgectl's kernel library is not built ({LIBRARY} is missing): run {BUILD_COMMAND}")
+    try:
+        from edgectl_runtime.ops.build import source_hash
+
+        stamp = json.loads(STAMP.read_text())
+        fresh = stamp.get("sources_sha256") == source_hash()
+    except (OSError, ValueError):
+        fresh = False
+    if not fresh:
+        raise KernelLibraryError(f"edgectl's kernel library {LIBRARY} was built from other sources than the ones "
+                                 f"beside it: run {BUILD_COMMAND}")
+
+
+@functools.cache
+def _loaded() -> None:
+    import torch
+
+    _check_stamp()
+    torch.ops.load_library(str(LIBRARY))
+    _register_fakes()
+
+
+def load(environ: Mapping[str, str] | None = None) -> str:
+    """Load the library (once per process) and select the level ``EDGECTL_KERNEL_ISA`` asks for;
+    returns the active level. Raises :class:`KernelLibraryError` with the fix."""
+    import torch
+
+    from edgectl.contract import environment as runtime_env
+
+    _loaded()
+    requested = runtime_env.read("EDGECTL_KERNEL_ISA", os.environ if environ is None else environ)
+    level = choose_level(requested, list(torch.ops.edgectl.supported_isas()))
+    return str(torch.ops.edgectl.set_kernel_isa(level))
+
+
+def available() -> tuple[bool, str]:
+    """Whether the library loads here, and why not (for the kernel report and the plugin)."""
+    try:
+        _loaded()
+    except (KernelLibraryError, OSError, RuntimeError) as exc:
+        return False, str(exc).splitlines()[0]
+    return True, "loaded"
+
+
+def active_level() -> str:
+    import torch
+
+    _loaded()
+    return str(torch.ops.edgectl.kernel_isa())
+
+
+def supported_levels() -> list[str]:
+    import torch
+
+    _loaded()
+    return list(torch.ops.edgectl.supported_isas())
+
+
+@contextlib.contextmanager
+def use_level(level: str) -> Iterator[str]:
+    """Run the ops at ``level`` inside the block (tests, the micro-benchmark), then restore."""
+    import torch
+
+    _loaded()
+    before = active_level()
+    torch.ops.edgectl.set_kernel_isa(choose_level(level, supported_levels()))
+    try:
+        yield level
+    finally:
+        torch.ops.edgectl.set_kernel_isa(before)
+
+
+def _register_fakes() -> None:
+    """Shapes and dtypes without computing: what torch.compile traces instead of the op."""
+    import torch
+
+    def out_shape(x: torch.Tensor, n: int) -> tuple[int, ...]:
+        return (*x.shape[:-1], n)
+
+    @torch.library.register_fake("edgectl::linear_w4a8")
+    def _linear_w4a8(x, w, n, k):
+        return x.new_empty(out_shape(x, n))
+
+    @torch.library.register_fake("edgectl::linear_w8a8")
+    def _linear_w8a8(x, w, n, k):
+        return x.new_empty(out_shape(x, n))
+
+    @torch.library.register_fake("edgectl::embedding_w4")
+    def _embedding_w4(ids, w, n, k, dtype):
+        return w.new_empty((*ids.shape, k), dtype=dtype)
+
+    @torch.library.register_fake("edgectl::embedding_w8")
+    def _embedding_w8(ids, w, n, k, dtype):
+        return w.new_empty((*ids.shape, k), dtype=dtype)
+
+    @torch.library.register_fake("edgectl::add_rms_norm")
+    def _add_rms_norm(x, residual, weight, eps):
+        return torch.empty_like(x, memory_format=torch.contiguous_format), \
+            torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("edgectl::rms_norm")
+    def _rms_norm(x, weight, eps):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("edgectl::quantize_activations")
+    def _quantize_activations(x):
+        k = x.shape[-1]
+        m = x.numel() // k
+        kb = -(-k // 32)
+        return (x.new_empty((m, kb, 32), dtype=torch.int8), x.new_empty((m, kb), dtype=torch.float32),
+                x.new_empty((m, kb), dtype=torch.float32))

@@ -1,0 +1,312 @@
+// The op library's front: PyTorch registration (TORCH_LIBRARY(edgectl, m)), input checks, and
+// the choice of one ISA level per process. Built with no ISA flags (only the baseline of the
+// target, x86-64 = SSE2), so the library loads and this code runs on any CPU of the family;
+// the vector code is reached only through the table of a level the CPU and the OS support.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include "kernels.h"
+
+namespace edgectl {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// What this CPU and OS can run. The same checks as edgectl's probe (edgectl/probe/cpuid.py):
+// cpuid says the instructions exist, XCR0 (xgetbv) says the OS saves the registers they use.
+
+struct Levels {
+  bool avx2 = false;
+  bool avx512vnni = false;
+};
+
+#if defined(__x86_64__)
+uint64_t read_xcr0() {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));  // only after CPUID.1:ECX.OSXSAVE
+  return ((uint64_t)edx << 32) | eax;
+}
+
+Levels detect_levels() {
+  Levels out;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return out;
+  const bool fma = c >> 12 & 1, osxsave = c >> 27 & 1, avx = c >> 28 & 1, f16c = c >> 29 & 1;
+  if (!osxsave || !avx) return out;
+  const uint64_t xcr0 = read_xcr0();
+  // Intel SDM vol. 1, 13.1: bit 1 SSE, 2 AVX (YMM upper halves), 5 opmask, 6 ZMM_Hi256, 7 Hi16_ZMM.
+  const bool os_avx = (xcr0 & 0x6) == 0x6;
+  const bool os_avx512 = (xcr0 & 0xE6) == 0xE6;
+  if (__get_cpuid_max(0, nullptr) < 7) return out;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx2 = b >> 5 & 1, avx512f = b >> 16 & 1, avx512bw = b >> 30 & 1, avx512vl = b >> 31 & 1;
+  const bool vnni = c >> 11 & 1;
+  out.avx2 = os_avx && avx2 && fma && f16c;
+  out.avx512vnni = out.avx2 && os_avx512 && avx512f && avx512bw && avx512vl && vnni;
+  return out;
+}
+#else
+Levels detect_levels() { return Levels{}; }
+#endif
+
+const Levels& levels() {
+  static const Levels l = detect_levels();
+  return l;
+}
+
+std::vector<std::string> supported_names() {
+  std::vector<std::string> out{"scalar"};
+#if defined(__x86_64__)
+  if (levels().avx2) out.push_back("avx2");
+  if (levels().avx512vnni) out.push_back("avx512vnni");
+#endif
+  return out;
+}
+
+const KernelTable* table_named(const std::string& name) {
+  if (name == "scalar") return &kernel_table_scalar();
+#if defined(__x86_64__)
+  if (name == "avx2" && levels().avx2) return &kernel_table_avx2();
+  if (name == "avx512vnni" && levels().avx512vnni) return &kernel_table_avx512vnni();
+#endif
+  return nullptr;
+}
+
+std::atomic<const KernelTable*> g_active{nullptr};
+
+const KernelTable& active() {
+  const KernelTable* t = g_active.load(std::memory_order_acquire);
+  if (t == nullptr) {  // never selected explicitly: the best level this machine runs
+    t = table_named(supported_names().back());
+    g_active.store(t, std::memory_order_release);
+  }
+  return *t;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// "auto" = the best supported level. Anything else must be a level this CPU and OS can run.
+std::string set_kernel_isa(const std::string& level) {
+  const auto names = supported_names();
+  const std::string want = level == "auto" ? names.back() : level;
+  const KernelTable* t = table_named(want);
+  TORCH_CHECK(want == "scalar" || want == "avx2" || want == "avx512vnni",
+              "edgectl kernels: unknown ISA level '", level, "' (use auto, scalar, avx2 or avx512vnni)");
+  TORCH_CHECK(t != nullptr, "edgectl kernels: this CPU cannot run the ", want,
+              " kernels (cpuid and XCR0 allow: ", join(names), ")");
+  g_active.store(t, std::memory_order_release);
+  return want;
+}
+
+std::string kernel_isa() { return active().name; }
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks and tensor plumbing
+
+DType dtype_of(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kF32;
+    case at::kBFloat16: return kBF16;
+    case at::kHalf: return kF16;
+    default:
+      TORCH_CHECK(false, "edgectl kernels: ", what, " must be float32, bfloat16 or float16, got ",
+                  t.scalar_type());
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void check_packed(const at::Tensor& w, int64_t n, int64_t k, int64_t record, const char* op) {
+  TORCH_CHECK(w.device().is_cpu(), op, ": the packed weight must be on the CPU");
+  TORCH_CHECK(w.scalar_type() == at::kByte, op, ": the packed weight must be uint8, got ", w.scalar_type());
+  TORCH_CHECK(n > 0 && k > 0, op, ": n and k must be positive, got n=", n, " k=", k);
+  TORCH_CHECK(w.dim() == 3 && w.size(0) == ceil_div(n, kTileRows) && w.size(1) == ceil_div(k, kBlock) &&
+                  w.size(2) == record,
+              op, ": the packed weight for n=", n, " k=", k, " must have shape [", ceil_div(n, kTileRows),
+              ", ", ceil_div(k, kBlock), ", ", record, "], got ", w.sizes());
+  TORCH_CHECK(w.is_contiguous(), op, ": the packed weight must be contiguous");
+}
+
+// x [..., k] -> a 2-D view [m, k] whose rows may be strided but whose columns are contiguous.
+at::Tensor rows_of(const at::Tensor& x, int64_t k, const char* op) {
+  TORCH_CHECK(x.device().is_cpu(), op, ": x must be on the CPU");
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, op, ": x must have ", k, " columns (the weight's k), got shape ",
+              x.sizes());
+  at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, k});
+  if (x2.stride(1) != 1 || (x2.size(0) > 1 && x2.stride(0) < k)) x2 = x2.contiguous();
+  return x2;
+}
+
+struct ActBuffers {
+  at::Tensor storage;  // keeps q, d, s alive
+  QuantizedActs acts;
+};
+
+ActBuffers quantize(const at::Tensor& x2, int64_t k) {
+  const int64_t m = x2.size(0), kb = ceil_div(k, kBlock);
+  ActBuffers out;
+  // One allocation: q [m][kb * 32] int8, then d and s [m][kb] fp32 (4-byte aligned: kb * 32 is).
+  out.storage = at::empty({m * kb * kBlock + 2 * m * kb * 4}, x2.options().dtype(at::kByte));
+  auto* base = out.storage.data_ptr<uint8_t>();
+  auto* q = reinterpret_cast<int8_t*>(base);
+  auto* d = reinterpret_cast<float*>(base + m * kb * kBlock);
+  float* s = d + m * kb;
+  if (m > 0) active().quantize_activations(x2.data_ptr(), dtype_of(x2, "x"), m, k, x2.stride(0), q, d, s);
+  out.acts = QuantizedActs{q, d, s, m, kb};
+  return out;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k, bool w4, const char* op) {
+  check_packed(w, n, k, w4 ? kW4Record : kW8Record, op);
+  const at::Tensor x2 = rows_of(x, k, op);
+  const DType dt = dtype_of(x2, "x");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor y = at::empty({x2.size(0), n}, x2.options());
+  if (x2.size(0) > 0) {
+    const ActBuffers a = quantize(x2, k);
+    const KernelTable& t = active();
+    (w4 ? t.linear_w4 : t.linear_w8)(a.acts, w.data_ptr<uint8_t>(), w.size(0), n, y.data_ptr(), dt, n);
+  }
+  return y.view(shape);
+}
+
+at::Tensor linear_w4a8(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k) {
+  return linear(x, w, n, k, true, "edgectl::linear_w4a8");
+}
+
+at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k) {
+  return linear(x, w, n, k, false, "edgectl::linear_w8a8");
+}
+
+at::Tensor embedding(const at::Tensor& ids, const at::Tensor& w, int64_t n, int64_t k, at::ScalarType dtype,
+                     bool w4, const char* op) {
+  check_packed(w, n, k, w4 ? kW4Record : kW8Record, op);
+  TORCH_CHECK(ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt, op,
+              ": ids must be int64 or int32, got ", ids.scalar_type());
+  const at::Tensor flat = ids.reshape({-1}).to(at::kLong).contiguous();
+  if (flat.numel() > 0) {
+    const int64_t lo = flat.min().item<int64_t>(), hi = flat.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi < n, op, ": ids must be in [0, ", n, "), got values in [", lo, ", ", hi, "]");
+  }
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(k);
+  at::Tensor out = at::empty({flat.numel(), k}, w.options().dtype(dtype));
+  const DType dt = dtype_of(out, "dtype");
+  (w4 ? gather_rows_w4 : gather_rows_w8)(w.data_ptr<uint8_t>(), w.size(1), flat.data_ptr<int64_t>(),
+                                         flat.numel(), k, out.data_ptr(), dt);
+  return out.view(shape);
+}
+
+at::Tensor embedding_w4(const at::Tensor& ids, const at::Tensor& w, int64_t n, int64_t k, at::ScalarType dtype) {
+  return embedding(ids, w, n, k, dtype, true, "edgectl::embedding_w4");
+}
+
+at::Tensor embedding_w8(const at::Tensor& ids, const at::Tensor& w, int64_t n, int64_t k, at::ScalarType dtype) {
+  return embedding(ids, w, n, k, dtype, false, "edgectl::embedding_w8");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1, "edgectl::quantize_activations: x must have at least one dimension");
+  const int64_t k = x.size(-1);
+  TORCH_CHECK(k > 0, "edgectl::quantize_activations: x has no columns");
+  const at::Tensor x2 = rows_of(x, k, "edgectl::quantize_activations");
+  const ActBuffers a = quantize(x2, k);
+  const int64_t m = x2.size(0), kb = ceil_div(k, kBlock);
+  const auto i8 = x2.options().dtype(at::kChar), f32 = x2.options().dtype(at::kFloat);
+  at::Tensor q = at::empty({m, kb, kBlock}, i8), d = at::empty({m, kb}, f32), s = at::empty({m, kb}, f32);
+  if (m > 0) {
+    std::memcpy(q.data_ptr(), a.acts.q, m * kb * kBlock);
+    std::memcpy(d.data_ptr(), a.acts.d, m * kb * 4);
+    std::memcpy(s.data_ptr(), a.acts.s, m * kb * 4);
+  }
+  return {q, d, s};
+}
+
+void check_norm(const at::Tensor& x, const at::Tensor& weight, const char* op) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), op, ": tensors must be on the CPU");
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1), op,
+              ": weight must be [hidden] with hidden = x's last size; got x ", x.sizes(), " and weight ",
+              weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), op, ": weight must have x's dtype (", x.scalar_type(),
+              "), got ", weight.scalar_type());
+  dtype_of(x, "x");
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+  const char* op = "edgectl::add_rms_norm";
+  check_norm(x, weight, op);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(), op,
+              ": residual must match x (", x.sizes(), " ", x.scalar_type(), "), got ", residual.sizes(), " ",
+              residual.scalar_type());
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor res = residual.clone(at::MemoryFormat::Contiguous);  // becomes x + residual
+  at::Tensor out = at::empty_like(xc);
+  const int64_t hidden = x.size(-1), rows = hidden ? x.numel() / hidden : 0;
+  if (rows > 0)
+    active().add_rms_norm(xc.data_ptr(), res.data_ptr(), wc.data_ptr(), out.data_ptr(), dtype_of(xc, "x"), rows,
+                          hidden, (float)eps);
+  return {out, res};
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_norm(x, weight, "edgectl::rms_norm");
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  const int64_t hidden = x.size(-1), rows = hidden ? x.numel() / hidden : 0;
+  if (rows > 0)
+    active().add_rms_norm(xc.data_ptr(), nullptr, wc.data_ptr(), out.data_ptr(), dtype_of(xc, "x"), rows, hidden,
+                          (float)eps);
+  return out;
+}
+
+std::vector<std::string> supported_isas() { return supported_names(); }
+
+}  // namespace
+}  // namespace edgectl
+
+// Schemas: every op is functional (returns new tensors), so torch.compile can treat each call as
+// one opaque node once the fake implementations (ops/_library.py) are registered.
+TORCH_LIBRARY(edgectl, m) {
+  m.def("kernel_isa() -> str");
+  m.def("supported_isas() -> str[]");
+  m.def("set_kernel_isa(str level) -> str");
+  m.def("quantize_activations(Tensor x) -> (Tensor, Tensor, Tensor)");
+  m.def("linear_w4a8(Tensor x, Tensor w, int n, int k) -> Tensor");
+  m.def("linear_w8a8(Tensor x, Tensor w, int n, int k) -> Tensor");
+  m.def("embedding_w4(Tensor ids, Tensor w, int n, int k, ScalarType dtype) -> Tensor");
+  m.def("embedding_w8(Tensor ids, Tensor w, int n, int k, ScalarType dtype) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(edgectl, CPU, m) {
+  m.impl("quantize_activations", edgectl::quantize_activations);
+  m.impl("linear_w4a8", edgectl::linear_w4a8);
+  m.impl("linear_w8a8", edgectl::linear_w8a8);
+  m.impl("embedding_w4", edgectl::embedding_w4);
+  m.impl("embedding_w8", edgectl::embedding_w8);
+  m.impl("add_rms_norm", edgectl::add_rms_norm);
+  m.impl("rms_norm", edgectl::rms_norm);
+}
+
+// Ops without tensor arguments have no dispatch key: registered as CompositeExplicitAutograd
+// (backend-independent).
+TORCH_LIBRARY_IMPL(edgectl, CompositeExplicitAutograd, m) {
+  m.impl("kernel_isa", edgectl::kernel_isa);
+  m.impl("supported_isas", edgectl::supported_isas);
+  m.impl("set_kernel_isa", edgectl::set_kernel_isa);
+}

@@ -1,0 +1,294 @@
+// The AVX2 level (Intel Haswell+, AMD Zen, Intel N100/N305...): built with -mavx2 -mfma -mf16c.
+// Integer dot products with vpmaddubsw (u8 weights x s8 activations -> s16 pairs) and vpmaddwd
+// against ones (-> s32), as llama.cpp's Q4_1 x Q8_1 (ggml/src/ggml-cpu/arch/x86/quants.c,
+// mul_sum_us8_pairs_float); here the lanes are 8 rows of the tile instead of one row's columns
+// (kernels.h). A tile of 16 rows is two halves of 8.
+#include <immintrin.h>
+
+#include "common_inl.h"
+
+namespace edgectl {
+namespace {
+
+// Activation rows handled together: each weight register is reused MB times. Four
+// accumulators per half keep the 16 ymm registers from spilling in the W4 loop.
+constexpr int kMB = 4;
+// Activation rows per pass over the weights: their int8 copy (64 x K bytes) stays in L2 while
+// the weights stream by once per pass.
+constexpr int64_t kRowsPerPass = 64;
+
+inline __m256 load8(const void* x, DType t, int64_t i) {
+  switch (t) {
+    case kF32: return _mm256_loadu_ps((const float*)x + i);
+    case kBF16: {
+      const __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)x + i));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    default: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)x + i)));
+  }
+}
+
+// bfloat16 rounding (nearest even) of 8 floats, kept as floats; NaN stays NaN.
+inline __m256 round_bf16(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+  r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000u));
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x400000))), nan);
+}
+
+inline __m256 round_to8(DType t, __m256 v) {
+  switch (t) {
+    case kF32: return v;
+    case kBF16: return round_bf16(v);
+    default: return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+
+inline void store8(void* p, DType t, int64_t i, __m256 v) {
+  switch (t) {
+    case kF32: _mm256_storeu_ps((float*)p + i, v); return;
+    case kBF16: {
+      const __m256i b = _mm256_srli_epi32(_mm256_castps_si256(round_bf16(v)), 16);
+      // 8 x u32 -> 8 x u16: pack within 128-bit lanes, then gather the two lanes' low halves.
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0x08);
+      _mm_storeu_si128((__m128i*)((uint16_t*)p + i), _mm256_castsi256_si128(packed));
+      return;
+    }
+    default: _mm_storeu_si128((__m128i*)((uint16_t*)p + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); return;
+  }
+}
+
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// One block of 32 floats -> 32 int8, its scale and the sum of its int8 values (the rule of
+// kernels.h; the same IEEE operations as quantize_block_scalar, so the same bytes).
+inline void quantize_block(const __m256 v[4], int8_t* q, float* d, float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 amax = _mm256_andnot_ps(sign, v[0]);
+  for (int j = 1; j < 4; ++j) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+  const float m = hmax8(amax);
+  const __m256 inv = _mm256_set1_ps(m > 0.f ? 127.f / m : 0.f);
+  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+  __m256i i[4];
+  for (int j = 0; j < 4; ++j)  // vcvtps2dq rounds to nearest even (MXCSR default)
+    i[j] = _mm256_max_epi32(nlim, _mm256_min_epi32(lim, _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv))));
+  *s = (float)hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+  *d = m / 127.f;
+  // s32 -> s8; the packs work per 128-bit lane, the permute puts the 4-byte groups back in order.
+  const __m256i p16a = _mm256_packs_epi32(i[0], i[1]), p16b = _mm256_packs_epi32(i[2], i[3]);
+  const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+  _mm256_storeu_si256((__m256i*)q, _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+void quantize_activations(const void* x, DType dtype, int64_t m, int64_t k, int64_t ldx, int8_t* q, float* d,
+                          float* s) {
+  const int64_t kb = (k + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (m * k >= (1 << 16))
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < kb; ++b) {
+      __m256 v[4];
+      const int64_t col = b * kBlock;
+      if (col + kBlock <= k) {
+        for (int j = 0; j < 4; ++j) v[j] = load8(x, dtype, i * ldx + col + 8 * j);
+      } else {  // the last, partial block: zero padding
+        float tmp[kBlock];
+        for (int j = 0; j < kBlock; ++j) tmp[j] = col + j < k ? load_as_float(x, dtype, i * ldx + col + j) : 0.f;
+        for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(tmp + 8 * j);
+      }
+      quantize_block(v, q + (i * kb + b) * kBlock, d + i * kb + b, s + i * kb + b);
+    }
+  }
+}
+
+struct ActBlock {  // one activation row's view of block b
+  const int8_t* q;
+  __m256 d;   // dx broadcast
+  __m256 ds;  // dx * sum(qx) broadcast (the W4 minimum's term)
+  int32_t sum;
+};
+
+template <int MB>
+inline void load_acts(const QuantizedActs& a, int64_t i0, int64_t b, ActBlock act[MB]) {
+  for (int mi = 0; mi < MB; ++mi) {
+    const int64_t j = (i0 + mi) * a.kblocks + b;
+    act[mi].q = a.q + j * kBlock;
+    act[mi].d = _mm256_set1_ps(a.d[j]);
+    act[mi].ds = _mm256_set1_ps(a.d[j] * a.s[j]);
+    act[mi].sum = (int32_t)a.s[j];
+  }
+}
+
+// MB activation rows x one 16-row W4 tile -> out[MB][16] (fp32).
+template <int MB>
+void tile_w4(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0, float* out) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[MB][2];
+  for (int mi = 0; mi < MB; ++mi) acc[mi][0] = acc[mi][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    const uint8_t* rec = recs + b * kW4Record;
+    ActBlock act[MB];
+    load_acts<MB>(a, i0, b, act);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + kW4ScaleOffset + 16 * h)));
+      const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + kW4MinOffset + 16 * h)));
+      __m256i lo[4], hi[4];
+      for (int quad = 0; quad < 4; ++quad) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i*)(rec + quad * 64 + h * 32));
+        lo[quad] = _mm256_and_si256(raw, low4);
+        hi[quad] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      }
+      for (int mi = 0; mi < MB; ++mi) {
+        // Eight u4 x s8 products summed in s16: at most 8 * 2 * 15 * 127 = 30480, no saturation.
+        __m256i s16 = _mm256_setzero_si256();
+        for (int quad = 0; quad < 4; ++quad) {
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[quad], _mm256_set1_epi32(load_i32(act[mi].q + 4 * quad))));
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[quad], _mm256_set1_epi32(load_i32(act[mi].q + 16 + 4 * quad))));
+        }
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));
+        acc[mi][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, act[mi].d), acc[mi][h]);
+        acc[mi][h] = _mm256_fmadd_ps(mw, act[mi].ds, acc[mi][h]);
+      }
+    }
+  }
+  for (int mi = 0; mi < MB; ++mi)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + mi * kTileRows + 8 * h, acc[mi][h]);
+}
+
+// MB activation rows x one 16-row W8 tile. s8 x s8 through vpmaddubsw needs an unsigned side:
+// |w| and sign(w) * x (vpsignb), llama.cpp's mul_sum_i8_pairs_float. Pairs reach 2 * 127 * 127
+// = 32258, so each vpmaddubsw result goes to s32 at once.
+template <int MB>
+void tile_w8(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0, float* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MB][2];
+  for (int mi = 0; mi < MB; ++mi) acc[mi][0] = acc[mi][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    const uint8_t* rec = recs + b * kW8Record;
+    ActBlock act[MB];
+    load_acts<MB>(a, i0, b, act);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + kW8ScaleOffset + 16 * h)));
+      for (int mi = 0; mi < MB; ++mi) {
+        __m256i s32 = _mm256_setzero_si256();
+        for (int quad = 0; quad < 8; ++quad) {
+          const __m256i w = _mm256_loadu_si256((const __m256i*)(rec + quad * 64 + h * 32));
+          const __m256i x = _mm256_set1_epi32(load_i32(act[mi].q + 4 * quad));
+          const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+          s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(p, ones));
+        }
+        acc[mi][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(dw, act[mi].d), acc[mi][h]);
+      }
+    }
+  }
+  for (int mi = 0; mi < MB; ++mi)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + mi * kTileRows + 8 * h, acc[mi][h]);
+}
+
+using TileFn = void (*)(const uint8_t*, int64_t, const QuantizedActs&, int64_t, float*);
+
+template <bool kW4>
+void linear(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
+  static const TileFn w4[kMB + 1] = {nullptr, tile_w4<1>, tile_w4<2>, tile_w4<3>, tile_w4<4>};
+  static const TileFn w8[kMB + 1] = {nullptr, tile_w8<1>, tile_w8<2>, tile_w8<3>, tile_w8<4>};
+  const TileFn* fns = kW4 ? w4 : w8;
+  const int64_t record = kW4 ? kW4Record : kW8Record, kb = a.kblocks;
+#pragma omp parallel num_threads(threads_for(tiles * kb * record))
+  {
+    int64_t t0, t1;
+    split_range(tiles, omp_get_thread_num(), omp_get_num_threads(), &t0, &t1);
+    float out[kMB * kTileRows];
+    for (int64_t p0 = 0; p0 < a.m; p0 += kRowsPerPass) {
+      const int64_t p1 = p0 + kRowsPerPass < a.m ? p0 + kRowsPerPass : a.m;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t rows = n - t * kTileRows < kTileRows ? n - t * kTileRows : kTileRows;
+        for (int64_t i0 = p0; i0 < p1; i0 += kMB) {
+          const int mb = (int)(p1 - i0 < kMB ? p1 - i0 : kMB);
+          fns[mb](w + t * kb * record, kb, a, i0, out);
+          for (int mi = 0; mi < mb; ++mi)
+            for (int64_t r = 0; r < rows; ++r)
+              store_from_float(y, yd, (i0 + mi) * ldy + t * kTileRows + r, out[mi * kTileRows + r]);
+        }
+      }
+    }
+  }
+}
+
+void linear_w4(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
+  linear<true>(a, w, tiles, n, y, yd, ldy);
+}
+
+void linear_w8(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
+  linear<false>(a, w, tiles, n, y, yd, ldy);
+}
+
+// See add_rms_norm in isa_scalar.cpp for the semantics; here 8 columns at a time.
+void add_rms_norm(const void* x, void* residual, const void* weight, void* out, DType dt, int64_t rows,
+                  int64_t hidden, float eps) {
+#pragma omp parallel if (rows * hidden >= (1 << 16))
+  {
+    float* sum = (float*)malloc(sizeof(float) * (hidden + 8));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t base = i * hidden, vec = hidden & ~(int64_t)7;
+      __m256 sq = _mm256_setzero_ps();
+      float sqtail = 0.f;
+      for (int64_t j = 0; j < vec; j += 8) {
+        __m256 v = load8(x, dt, base + j);
+        if (residual) {
+          v = _mm256_add_ps(v, load8(residual, dt, base + j));
+          store8(residual, dt, base + j, v);
+        }
+        _mm256_storeu_ps(sum + j, v);
+        sq = _mm256_fmadd_ps(v, v, sq);
+      }
+      for (int64_t j = vec; j < hidden; ++j) {
+        float v = load_as_float(x, dt, base + j);
+        if (residual) {
+          v += load_as_float(residual, dt, base + j);
+          store_from_float(residual, dt, base + j, v);
+        }
+        sum[j] = v;
+        sqtail += v * v;
+      }
+      const float inv = 1.f / sqrtf((hsum8(sq) + sqtail) / (float)hidden + eps);
+      const __m256 vinv = _mm256_set1_ps(inv);
+      for (int64_t j = 0; j < vec; j += 8) {
+        const __m256 normed = round_to8(dt, _mm256_mul_ps(_mm256_loadu_ps(sum + j), vinv));
+        store8(out, dt, base + j, _mm256_mul_ps(normed, load8(weight, dt, j)));
+      }
+      for (int64_t j = vec; j < hidden; ++j)
+        store_from_float(out, dt, base + j, round_to(dt, sum[j] * inv) * load_as_float(weight, dt, j));
+    }
+    free(sum);
+  }
+}
+
+}  // namespace
+
+const KernelTable& kernel_table_avx2() {
+  static const KernelTable table = {"avx2", quantize_activations, linear_w4, linear_w8, add_rms_norm};
+  return table;
+}
+
+}  // namespace edgectl

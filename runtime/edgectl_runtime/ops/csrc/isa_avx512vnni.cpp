@@ -1,0 +1,266 @@
+// The AVX-512 VNNI level (Intel Ice Lake / Sapphire Rapids and later, AMD Zen 4+): built with
+// -mavx512f -mavx512bw -mavx512vl -mavx512vnni (+ AVX2/FMA/F16C). One zmm register holds the 16
+// rows of a tile (kernels.h), and vpdpbusd (_mm512_dpbusd_epi32: u8 x s8, four products summed
+// straight into s32, no intermediate saturation) replaces AVX2's vpmaddubsw + vpmaddwd pair, as
+// in llama.cpp's VNNI path of mul_sum_us8_pairs_float (ggml/src/ggml-cpu/arch/x86/quants.c).
+#include <immintrin.h>
+
+#include "common_inl.h"
+
+namespace edgectl {
+namespace {
+
+constexpr int kMB = 4;                  // activation rows per weight-register reuse (see isa_avx2.cpp)
+constexpr int64_t kRowsPerPass = 64;    // activation rows per pass over the weights
+
+inline __m512 load16(const void* x, DType t, int64_t i) {
+  switch (t) {
+    case kF32: return _mm512_loadu_ps((const float*)x + i);
+    case kBF16: {
+      const __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)x + i));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    default: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)x + i)));
+  }
+}
+
+// bfloat16 rounding (nearest even) of 16 floats, kept as floats; NaN stays NaN.
+inline __m512 round_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan,
+                            _mm512_castsi512_ps(_mm512_or_si512(bits, _mm512_set1_epi32(0x400000))));
+}
+
+inline __m512 round_to16(DType t, __m512 v) {
+  switch (t) {
+    case kF32: return v;
+    case kBF16: return round_bf16(v);
+    default: return _mm512_cvtph_ps(_mm512_maskz_cvtps_ph(0xFFFF, v, _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+
+inline void store16(void* p, DType t, int64_t i, __m512 v) {
+  switch (t) {
+    case kF32: _mm512_storeu_ps((float*)p + i, v); return;
+    case kBF16: {
+      const __m512i b = _mm512_srli_epi32(_mm512_castps_si512(round_bf16(v)), 16);
+      _mm256_storeu_si256((__m256i*)((uint16_t*)p + i), _mm512_cvtepi32_epi16(b));
+      return;
+    }
+    default: _mm256_storeu_si256((__m256i*)((uint16_t*)p + i), _mm512_maskz_cvtps_ph(0xFFFF, v, _MM_FROUND_TO_NEAREST_INT)); return;
+  }
+}
+
+// The rule of kernels.h on one block of 32 floats (two registers); same IEEE operations as
+// quantize_block_scalar, so the same bytes.
+inline void quantize_block(__m512 v0, __m512 v1, int8_t* q, float* d, float* s) {
+  const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const __m512 inv = _mm512_set1_ps(m > 0.f ? 127.f / m : 0.f);
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+  // vcvtps2dq rounds to nearest even (MXCSR default), like nearbyintf.
+  const __m512i i0 = _mm512_max_epi32(nlim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
+  const __m512i i1 = _mm512_max_epi32(nlim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+  *s = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+  *d = m / 127.f;
+  _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(i0));
+  _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(i1));
+}
+
+void quantize_activations(const void* x, DType dtype, int64_t m, int64_t k, int64_t ldx, int8_t* q, float* d,
+                          float* s) {
+  const int64_t kb = (k + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (m * k >= (1 << 16))
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < kb; ++b) {
+      const int64_t col = b * kBlock;
+      __m512 v0, v1;
+      if (col + kBlock <= k) {
+        v0 = load16(x, dtype, i * ldx + col);
+        v1 = load16(x, dtype, i * ldx + col + 16);
+      } else {  // the last, partial block: zero padding
+        float tmp[kBlock];
+        for (int j = 0; j < kBlock; ++j) tmp[j] = col + j < k ? load_as_float(x, dtype, i * ldx + col + j) : 0.f;
+        v0 = _mm512_loadu_ps(tmp);
+        v1 = _mm512_loadu_ps(tmp + 16);
+      }
+      quantize_block(v0, v1, q + (i * kb + b) * kBlock, d + i * kb + b, s + i * kb + b);
+    }
+  }
+}
+
+struct ActBlock {
+  const int8_t* q;
+  __m512 d;   // dx
+  __m512 ds;  // dx * sum(qx): the W4 minimum's term
+  __m512i offset;  // 128 * sum(qx): the W8 unsigned shift's term
+};
+
+template <int MB>
+inline void load_acts(const QuantizedActs& a, int64_t i0, int64_t b, ActBlock act[MB]) {
+  for (int mi = 0; mi < MB; ++mi) {
+    const int64_t j = (i0 + mi) * a.kblocks + b;
+    act[mi].q = a.q + j * kBlock;
+    act[mi].d = _mm512_set1_ps(a.d[j]);
+    act[mi].ds = _mm512_set1_ps(a.d[j] * a.s[j]);
+    act[mi].offset = _mm512_set1_epi32(128 * (int32_t)a.s[j]);
+  }
+}
+
+inline __m512i bcast4(const int8_t* p) { return _mm512_set1_epi32(load_i32(p)); }
+
+// MB activation rows x one 16-row W4 tile -> out[MB][16] (fp32).
+template <int MB>
+void tile_w4(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0, float* out) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[MB];
+  for (int mi = 0; mi < MB; ++mi) acc[mi] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    const uint8_t* rec = recs + b * kW4Record;
+    ActBlock act[MB];
+    load_acts<MB>(a, i0, b, act);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + kW4ScaleOffset)));
+    const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + kW4MinOffset)));
+    __m512i lo[4], hi[4];
+    for (int quad = 0; quad < 4; ++quad) {
+      const __m512i raw = _mm512_loadu_si512((const void*)(rec + quad * 64));
+      lo[quad] = _mm512_and_si512(raw, low4);
+      hi[quad] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    }
+    for (int mi = 0; mi < MB; ++mi) {
+      // Two independent chains (low and high nibbles) halve the vpdpbusd latency chain.
+      __m512i sl = _mm512_setzero_si512(), sh = _mm512_setzero_si512();
+      for (int quad = 0; quad < 4; ++quad) {
+        sl = _mm512_dpbusd_epi32(sl, lo[quad], bcast4(act[mi].q + 4 * quad));
+        sh = _mm512_dpbusd_epi32(sh, hi[quad], bcast4(act[mi].q + 16 + 4 * quad));
+      }
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(sl, sh));
+      acc[mi] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, act[mi].d), acc[mi]);
+      acc[mi] = _mm512_fmadd_ps(mw, act[mi].ds, acc[mi]);
+    }
+  }
+  for (int mi = 0; mi < MB; ++mi) _mm512_storeu_ps(out + mi * kTileRows, acc[mi]);
+}
+
+// MB activation rows x one 16-row W8 tile. vpdpbusd wants unsigned weights: w ^ 0x80 = w + 128
+// as u8, and the extra 128 * sum(qx) per block is subtracted from the s32 sum.
+template <int MB>
+void tile_w8(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0, float* out) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  __m512 acc[MB];
+  for (int mi = 0; mi < MB; ++mi) acc[mi] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    const uint8_t* rec = recs + b * kW8Record;
+    ActBlock act[MB];
+    load_acts<MB>(a, i0, b, act);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + kW8ScaleOffset)));
+    __m512i u[8];
+    for (int quad = 0; quad < 8; ++quad)
+      u[quad] = _mm512_xor_si512(_mm512_loadu_si512((const void*)(rec + quad * 64)), flip);
+    for (int mi = 0; mi < MB; ++mi) {
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int quad = 0; quad < 8; quad += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, u[quad], bcast4(act[mi].q + 4 * quad));
+        s1 = _mm512_dpbusd_epi32(s1, u[quad + 1], bcast4(act[mi].q + 4 * quad + 4));
+      }
+      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), act[mi].offset);
+      acc[mi] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, act[mi].d), acc[mi]);
+    }
+  }
+  for (int mi = 0; mi < MB; ++mi) _mm512_storeu_ps(out + mi * kTileRows, acc[mi]);
+}
+
+using TileFn = void (*)(const uint8_t*, int64_t, const QuantizedActs&, int64_t, float*);
+
+template <bool kW4>
+void linear(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
+  static const TileFn w4[kMB + 1] = {nullptr, tile_w4<1>, tile_w4<2>, tile_w4<3>, tile_w4<4>};
+  static const TileFn w8[kMB + 1] = {nullptr, tile_w8<1>, tile_w8<2>, tile_w8<3>, tile_w8<4>};
+  const TileFn* fns = kW4 ? w4 : w8;
+  const int64_t record = kW4 ? kW4Record : kW8Record, kb = a.kblocks;
+#pragma omp parallel num_threads(threads_for(tiles * kb * record))
+  {
+    int64_t t0, t1;
+    split_range(tiles, omp_get_thread_num(), omp_get_num_threads(), &t0, &t1);
+    float out[kMB * kTileRows];
+    for (int64_t p0 = 0; p0 < a.m; p0 += kRowsPerPass) {
+      const int64_t p1 = p0 + kRowsPerPass < a.m ? p0 + kRowsPerPass : a.m;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t rows = n - t * kTileRows < kTileRows ? n - t * kTileRows : kTileRows;
+        for (int64_t i0 = p0; i0 < p1; i0 += kMB) {
+          const int mb = (int)(p1 - i0 < kMB ? p1 - i0 : kMB);
+          fns[mb](w + t * kb * record, kb, a, i0, out);
+          if (rows == kTileRows) {
+            for (int mi = 0; mi < mb; ++mi) store16(y, yd, (i0 + mi) * ldy + t * kTileRows, _mm512_loadu_ps(out + mi * kTileRows));
+          } else {
+            for (int mi = 0; mi < mb; ++mi)
+              for (int64_t r = 0; r < rows; ++r)
+                store_from_float(y, yd, (i0 + mi) * ldy + t * kTileRows + r, out[mi * kTileRows + r]);
+          }
+        }
+      }
+    }
+  }
+}
+
+void linear_w4(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
+  linear<true>(a, w, tiles, n, y, yd, ldy);
+}
+
+void linear_w8(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
+  linear<false>(a, w, tiles, n, y, yd, ldy);
+}
+
+// See add_rms_norm in isa_scalar.cpp for the semantics; here 16 columns at a time.
+void add_rms_norm(const void* x, void* residual, const void* weight, void* out, DType dt, int64_t rows,
+                  int64_t hidden, float eps) {
+#pragma omp parallel if (rows * hidden >= (1 << 16))
+  {
+    float* sum = (float*)malloc(sizeof(float) * (hidden + 16));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t base = i * hidden, vec = hidden & ~(int64_t)15;
+      __m512 sq = _mm512_setzero_ps();
+      float sqtail = 0.f;
+      for (int64_t j = 0; j < vec; j += 16) {
+        __m512 v = load16(x, dt, base + j);
+        if (residual) {
+          v = _mm512_add_ps(v, load16(residual, dt, base + j));
+          store16(residual, dt, base + j, v);
+        }
+        _mm512_storeu_ps(sum + j, v);
+        sq = _mm512_fmadd_ps(v, v, sq);
+      }
+      for (int64_t j = vec; j < hidden; ++j) {
+        float v = load_as_float(x, dt, base + j);
+        if (residual) {
+          v += load_as_float(residual, dt, base + j);
+          store_from_float(residual, dt, base + j, v);
+        }
+        sum[j] = v;
+        sqtail += v * v;
+      }
+      const float inv = 1.f / sqrtf((_mm512_reduce_add_ps(sq) + sqtail) / (float)hidden + eps);
+      const __m512 vinv = _mm512_set1_ps(inv);
+      for (int64_t j = 0; j < vec; j += 16) {
+        const __m512 normed = round_to16(dt, _mm512_mul_ps(_mm512_loadu_ps(sum + j), vinv));
+        store16(out, dt, base + j, _mm512_mul_ps(normed, load16(weight, dt, j)));
+      }
+      for (int64_t j = vec; j < hidden; ++j)
+        store_from_float(out, dt, base + j, round_to(dt, sum[j] * inv) * load_as_float(weight, dt, j));
+    }
+    free(sum);
+  }
+}
+
+}  // namespace
+
+const KernelTable& kernel_table_avx512vnni() {
+  static const KernelTable table = {"avx512vnni", quantize_activations, linear_w4, linear_w8, add_rms_norm};
+  return table;
+}
+
+}  // namespace edgectl

@@ -1,0 +1,173 @@
+// The scalar level: plain C++ for every CPU (x86-64 without AVX2, ARM, ...), built with no ISA
+// flags. It is also the readable statement of the layout in kernels.h: the vector files compute
+// exactly this, 8 or 16 rows at a time.
+#include "common_inl.h"
+
+namespace edgectl {
+namespace {
+
+void quantize_activations(const void* x, DType dtype, int64_t m, int64_t k, int64_t ldx, int8_t* q,
+                          float* d, float* s) {
+  const int64_t kblocks = (k + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (m * k >= (1 << 16))
+  for (int64_t i = 0; i < m; ++i) {
+    float v[kBlock];
+    for (int64_t b = 0; b < kblocks; ++b) {
+      for (int j = 0; j < kBlock; ++j) {
+        const int64_t col = b * kBlock + j;
+        v[j] = col < k ? load_as_float(x, dtype, i * ldx + col) : 0.f;
+      }
+      quantize_block_scalar(v, q + (i * kblocks + b) * kBlock, d + i * kblocks + b, s + i * kblocks + b);
+    }
+  }
+}
+
+// Integer dot product of row `r` of a W4 record with one quantized activation block.
+int32_t dot_w4(const uint8_t* rec, int r, const int8_t* xq) {
+  int32_t acc = 0;
+  for (int quad = 0; quad < 4; ++quad) {
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t byte = rec[quad * 64 + r * 4 + j];
+      acc += (int32_t)(byte & 0x0F) * xq[4 * quad + j];
+      acc += (int32_t)(byte >> 4) * xq[16 + 4 * quad + j];
+    }
+  }
+  return acc;
+}
+
+int32_t dot_w8(const uint8_t* rec, int r, const int8_t* xq) {
+  int32_t acc = 0;
+  for (int quad = 0; quad < 8; ++quad)
+    for (int j = 0; j < 4; ++j) acc += (int32_t)(int8_t)rec[quad * 64 + r * 4 + j] * xq[4 * quad + j];
+  return acc;
+}
+
+template <bool kW4>
+void linear_rows(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y,
+                 DType ydtype, int64_t ldy) {
+  const int64_t record = kW4 ? kW4Record : kW8Record;
+  const int64_t kb = a.kblocks;
+  const int nthreads = threads_for(tiles * kb * record);
+#pragma omp parallel num_threads(nthreads)
+  {
+    int64_t t0, t1;
+    split_range(tiles, omp_get_thread_num(), omp_get_num_threads(), &t0, &t1);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int rows = (int)((n - t * kTileRows) < kTileRows ? n - t * kTileRows : kTileRows);
+      for (int64_t i = 0; i < a.m; ++i) {
+        float acc[kTileRows] = {0};
+        for (int64_t b = 0; b < kb; ++b) {
+          const uint8_t* rec = w + (t * kb + b) * record;
+          const int8_t* xq = a.q + (i * kb + b) * kBlock;
+          const float dx = a.d[i * kb + b];
+          for (int r = 0; r < rows; ++r) {
+            if (kW4) {
+              const float dw = half_to_float(load_u16(rec + kW4ScaleOffset + 2 * r));
+              const float mw = half_to_float(load_u16(rec + kW4MinOffset + 2 * r));
+              acc[r] += (dw * dx) * (float)dot_w4(rec, r, xq) + mw * (dx * a.s[i * kb + b]);
+            } else {
+              const float dw = half_to_float(load_u16(rec + kW8ScaleOffset + 2 * r));
+              acc[r] += (dw * dx) * (float)dot_w8(rec, r, xq);
+            }
+          }
+        }
+        for (int r = 0; r < rows; ++r) store_from_float(y, ydtype, i * ldy + t * kTileRows + r, acc[r]);
+      }
+    }
+  }
+}
+
+void linear_w4(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd,
+               int64_t ldy) {
+  linear_rows<true>(a, w, tiles, n, y, yd, ldy);
+}
+
+void linear_w8(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd,
+               int64_t ldy) {
+  linear_rows<false>(a, w, tiles, n, y, yd, ldy);
+}
+
+// vLLM's fused_add_rms_norm and rms_norm (vllm/ir/ops/layernorm.py), weight in the dtype of x:
+// the sum x + residual in fp32, rounded to the dtype for the new residual; the mean square of
+// the fp32 sum; the normalized value rounded to the dtype, then times the weight, rounded again.
+void add_rms_norm(const void* x, void* residual, const void* weight, void* out, DType dt, int64_t rows,
+                  int64_t hidden, float eps) {
+#pragma omp parallel if (rows * hidden >= (1 << 16))
+  {
+    float* sum = (float*)malloc(sizeof(float) * hidden);  // one fp32 row per thread
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      float sumsq = 0.f;
+      for (int64_t j = 0; j < hidden; ++j) {
+        float v = load_as_float(x, dt, i * hidden + j);
+        if (residual) {
+          v += load_as_float(residual, dt, i * hidden + j);
+          store_from_float(residual, dt, i * hidden + j, v);
+        }
+        sum[j] = v;
+        sumsq += v * v;
+      }
+      const float inv = 1.f / sqrtf(sumsq / (float)hidden + eps);
+      for (int64_t j = 0; j < hidden; ++j) {
+        const float normed = round_to(dt, sum[j] * inv);
+        store_from_float(out, dt, i * hidden + j, normed * load_as_float(weight, dt, j));
+      }
+    }
+    free(sum);
+  }
+}
+
+}  // namespace
+
+const KernelTable& kernel_table_scalar() {
+  static const KernelTable table = {"scalar", quantize_activations, linear_w4, linear_w8, add_rms_norm};
+  return table;
+}
+
+}  // namespace edgectl
+
+// ---------------------------------------------------------------------------------------------
+// Embedding lookups (every ISA uses these: a lookup reads a few rows per token).
+
+namespace edgectl {
+
+void gather_rows_w4(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64_t count, int64_t k,
+                    void* out, DType dtype) {
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t tile = ids[i] / kTileRows;
+    const int r = (int)(ids[i] % kTileRows);
+    for (int64_t b = 0; b < kblocks; ++b) {
+      const uint8_t* rec = w + (tile * kblocks + b) * kW4Record;
+      const float d = half_to_float(load_u16(rec + kW4ScaleOffset + 2 * r));
+      const float m = half_to_float(load_u16(rec + kW4MinOffset + 2 * r));
+      for (int quad = 0; quad < 4; ++quad) {
+        for (int j = 0; j < 4; ++j) {
+          const uint8_t byte = rec[quad * 64 + r * 4 + j];
+          const int64_t lo = b * kBlock + 4 * quad + j, hi = lo + 16;
+          if (lo < k) store_from_float(out, dtype, i * k + lo, d * (float)(byte & 0x0F) + m);
+          if (hi < k) store_from_float(out, dtype, i * k + hi, d * (float)(byte >> 4) + m);
+        }
+      }
+    }
+  }
+}
+
+void gather_rows_w8(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64_t count, int64_t k,
+                    void* out, DType dtype) {
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t tile = ids[i] / kTileRows;
+    const int r = (int)(ids[i] % kTileRows);
+    for (int64_t b = 0; b < kblocks; ++b) {
+      const uint8_t* rec = w + (tile * kblocks + b) * kW8Record;
+      const float d = half_to_float(load_u16(rec + kW8ScaleOffset + 2 * r));
+      for (int quad = 0; quad < 8; ++quad) {
+        for (int j = 0; j < 4; ++j) {
+          const int64_t col = b * kBlock + 4 * quad + j;
+          if (col < k) store_from_float(out, dtype, i * k + col, d * (float)(int8_t)rec[quad * 64 + r * 4 + j]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace edgectl

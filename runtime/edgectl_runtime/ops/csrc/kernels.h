@@ -1,0 +1,96 @@
+// edgectl's CPU kernels: the interface between the dispatcher (dispatch.cpp, built with no ISA
+// flags, the only file that includes PyTorch) and one implementation per ISA level
+// (isa_scalar.cpp, isa_avx2.cpp, isa_avx512vnni.cpp, each built with its own -m flags).
+//
+// This header is plain C++ with no includes beyond <stdint.h> on purpose: an ISA file must not
+// instantiate any inline function it shares with another translation unit (a libstdc++ or
+// PyTorch template compiled with -mavx512f could be the copy the linker keeps for everyone,
+// and an AVX2 CPU would then die with SIGILL outside the kernels). Every helper in an ISA file
+// lives in an anonymous namespace; only its `kernel_table_*()` function is exported.
+//
+// Weight layout (docs/kernels.md has the drawing). A matrix W [N, K] is stored as
+// uint8 [tiles = ceil(N / 16)][kblocks = ceil(K / 32)][record], one record per 16 rows x 32
+// columns, records of a row tile contiguous, so a thread streams its tiles front to back.
+// Rows past N and columns past K are zero padding (their scale and minimum are 0).
+//
+// W4 record (320 bytes), GGUF Q4_1 arithmetic w = d * q + m, q in 0..15:
+//   bytes [0, 256):   nibbles; byte (quad, row, j) at quad * 64 + row * 4 + j (quad 0..3,
+//                     row 0..15, j 0..3) holds q[row][4 quad + j] in its low nibble and
+//                     q[row][16 + 4 quad + j] in its high nibble;
+//   bytes [256, 288): d[16] fp16; bytes [288, 320): m[16] fp16.
+// W8 record (544 bytes), GGUF Q8_0 arithmetic w = d * q, q in -127..127:
+//   bytes [0, 512):   byte (quad, row, j) at quad * 64 + row * 4 + j (quad 0..7) holds q[row][4 quad + j];
+//   bytes [512, 544): d[16] fp16.
+//
+// Why rows interleaved by 4 bytes: one 32-bit lane of a vector register then holds four
+// weights of one row, and a broadcast of four activation bytes multiplies all 16 (AVX-512) or
+// 8 (AVX2) rows at once. Lanes are rows, so the int32 sums need no horizontal reduction and the
+// per-row scales apply as one vector multiply (the same idea as llama.cpp's repacked Q4_0x8
+// layouts, ggml/src/ggml-cpu/repack.cpp; the dot product itself follows the Q4_1 x Q8_1 one of
+// ggml/src/ggml-cpu/arch/x86/quants.c).
+//
+// Activations are quantized once per call (quantize_activations): per row of x and per block
+// of 32 columns, d = max|x| / 127, q = round_half_even(x * (127 / max|x|)) in -127..127 (0 for
+// an all-zero block), s = sum(q). Columns past K are 0. Then
+//   y[i][n] = sum_b dw[n][b] * dx[i][b] * sum_j qw * qx  (+ mw[n][b] * dx[i][b] * s[i][b] for W4)
+// accumulated in fp32. runtime/edgectl_runtime/ops/reference.py is the same in plain PyTorch.
+#pragma once
+#include <stdint.h>
+
+namespace edgectl {
+
+constexpr int64_t kBlock = 32;      // columns per block (one scale, one minimum)
+constexpr int64_t kTileRows = 16;   // rows per tile
+constexpr int64_t kW4Record = 320;  // bytes per (tile, block), 4-bit
+constexpr int64_t kW8Record = 544;  // bytes per (tile, block), 8-bit
+constexpr int64_t kW4ScaleOffset = 256;
+constexpr int64_t kW4MinOffset = 288;
+constexpr int64_t kW8ScaleOffset = 512;
+
+// Element types of activations and outputs (the dispatcher maps torch dtypes to these).
+enum DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// Activations after quantize_activations: q [m][kblocks * 32] int8, d and s [m][kblocks] fp32.
+struct QuantizedActs {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  int64_t m;
+  int64_t kblocks;
+};
+
+// x [m][k] with row stride ldx (elements) -> q, d, s as above (q rows are kblocks * 32 long).
+using QuantizeActsFn = void (*)(const void* x, DType dtype, int64_t m, int64_t k, int64_t ldx,
+                                int8_t* q, float* d, float* s);
+// y [m][n] (row stride ldy, elements) = acts x W^T for a packed W of `tiles` row tiles.
+using LinearFn = void (*)(const QuantizedActs& acts, const uint8_t* w, int64_t tiles, int64_t n,
+                          void* y, DType ydtype, int64_t ldy);
+// Rows `ids` of a packed matrix, dequantized: out [count][k] (row stride k).
+using GatherRowsFn = void (*)(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64_t count,
+                              int64_t k, void* out, DType dtype);
+// out = rms_norm(x + residual) * weight, residual <- x + residual (vLLM's fused_add_rms_norm),
+// or out = rms_norm(x) * weight when residual is null. Rows of `hidden` elements, contiguous.
+using AddRmsNormFn = void (*)(const void* x, void* residual, const void* weight, void* out,
+                              DType dtype, int64_t rows, int64_t hidden, float eps);
+
+struct KernelTable {
+  const char* name;  // "scalar", "avx2", "avx512vnni"
+  QuantizeActsFn quantize_activations;
+  LinearFn linear_w4;
+  LinearFn linear_w8;
+  AddRmsNormFn add_rms_norm;
+};
+
+// One per ISA file. The dispatcher calls only those the CPU and the OS support.
+const KernelTable& kernel_table_scalar();
+// Embedding lookups touch a few rows per token: plain C++ is enough on every CPU (isa_scalar.cpp).
+void gather_rows_w4(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64_t count, int64_t k,
+                    void* out, DType dtype);
+void gather_rows_w8(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64_t count, int64_t k,
+                    void* out, DType dtype);
+#if defined(__x86_64__)
+const KernelTable& kernel_table_avx2();
+const KernelTable& kernel_table_avx512vnni();
+#endif
+
+}  // namespace edgectl

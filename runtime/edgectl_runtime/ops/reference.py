@@ -1,0 +1,87 @@
+"""What every op of edgectl's kernel library computes, in plain PyTorch (float64 where it sums).
+
+Written once; every ISA level of every op is tested against these functions
+(``tests/test_ops_*.py``). The packed layout is not part of the semantics: these take the
+unpacked values of :mod:`edgectl_runtime.formats.blocks` (``quantize_w4`` / ``quantize_w8``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 32
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x [m, k]`` -> ``q`` int8 ``[m, kb, 32]``, ``d`` and ``s`` fp32 ``[m, kb]``.
+
+    Per row and block of 32 columns (zero padded past k): ``d = amax / 127``,
+    ``q = round_half_even(x * (127 / amax))`` (0 for an all-zero block), ``s = sum(q)``.
+    The products and quotients are fp32 operations, as in the kernels, so q is bit-exact.
+    """
+    m, k = x.shape
+    kb = -(-k // BLOCK)
+    v = torch.zeros((m, kb * BLOCK), dtype=torch.float32)
+    v[:, :k] = x.to(torch.float32)
+    v = v.reshape(m, kb, BLOCK)
+    amax = v.abs().amax(-1)
+    inv = torch.where(amax > 0, torch.tensor(127.0, dtype=torch.float32) / amax, torch.zeros_like(amax))
+    q = torch.round(v * inv.unsqueeze(-1)).clamp_(-127, 127)
+    return q.to(torch.int8), amax / 127.0, q.sum(-1)
+
+
+def linear_w4a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``y [m, n]`` for ``x [m, k]`` and a W4 weight (``q [n, kb*32]``, ``d``/``m`` fp16 ``[n, kb]``):
+    ``y = sum_b dw*dx * (qw . qx) + mw * dx * sum(qx)`` in float64, returned in x's dtype."""
+    qx, dx, sx = quantize_activations(x)
+    n = q.shape[0]
+    kb = qx.shape[1]
+    qw = q.to(torch.float64).reshape(n, kb, BLOCK)
+    dots = torch.einsum("mbj,nbj->mnb", qx.to(torch.float64), qw)
+    dx64 = dx.to(torch.float64).unsqueeze(1)  # [m, 1, kb]
+    y = (dots * d.to(torch.float64).unsqueeze(0) * dx64).sum(-1)
+    y += (m.to(torch.float64).unsqueeze(0) * dx64 * sx.to(torch.float64).unsqueeze(1)).sum(-1)
+    return y.to(x.dtype)
+
+
+def linear_w8a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``y = sum_b dw*dx * (qw . qx)`` for a W8 weight (``q`` int8 ``[n, kb*32]``, ``d`` fp16 ``[n, kb]``)."""
+    qx, dx, _ = quantize_activations(x)
+    n = q.shape[0]
+    kb = qx.shape[1]
+    dots = torch.einsum("mbj,nbj->mnb", qx.to(torch.float64), q.to(torch.float64).reshape(n, kb, BLOCK))
+    y = (dots * d.to(torch.float64).unsqueeze(0) * dx.to(torch.float64).unsqueeze(1)).sum(-1)
+    return y.to(x.dtype)
+
+
+def embedding_w4(ids: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, k: int,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``ids`` of the W4 matrix: ``d * q + m`` in fp32, rounded once to ``dtype``."""
+    rows = ids.reshape(-1).long()
+    w = q[rows].to(torch.float32).reshape(len(rows), -1, BLOCK) * d[rows].float().unsqueeze(-1) + m[rows].float().unsqueeze(-1)
+    return w.reshape(len(rows), -1)[:, :k].to(dtype).reshape(*ids.shape, k)
+
+
+def embedding_w8(ids: torch.Tensor, q: torch.Tensor, d: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    rows = ids.reshape(-1).long()
+    w = q[rows].to(torch.float32).reshape(len(rows), -1, BLOCK) * d[rows].float().unsqueeze(-1)
+    return w.reshape(len(rows), -1)[:, :k].to(dtype).reshape(*ids.shape, k)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's ``fused_add_rms_norm`` (vllm/ir/ops/layernorm.py), weight in x's dtype:
+    returns ``(normed, x + residual)``."""
+    orig = x.dtype
+    s = x.to(torch.float32) + residual.to(torch.float32)
+    new_residual = s.to(orig)
+    var = s.pow(2).mean(dim=-1, keepdim=True)
+    out = (s * torch.rsqrt(var + eps)).to(weight.dtype) * weight
+    return out.to(orig), new_residual
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """vLLM's ``rms_norm`` (vllm/ir/ops/layernorm.py), weight in x's dtype."""
+    s = x.to(torch.float32)
+    var = s.pow(2).mean(dim=-1, keepdim=True)
+    return ((s * torch.rsqrt(var + eps)).to(weight.dtype) * weight).to(x.dtype)

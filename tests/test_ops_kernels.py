@@ -27,9 +27,10 @@ def library():
 
 @pytest.fixture(params=ops.LEVELS)
 def level(request):
+    """The integer kernels at each level (the dense large-batch path is tested on its own)."""
     if request.param not in ops.supported_levels():
         pytest.skip(f"this CPU cannot run the {request.param} kernels (it runs {ops.supported_levels()})")
-    with ops.use_level(request.param):
+    with ops.use_level(request.param), ops.dense_from(0):
         assert ops.active_level() == request.param
         yield request.param
 
@@ -85,6 +86,40 @@ def test_linear_w8a8_matches_the_reference(level, dtype, m, n, k):
     y = torch.ops.edgectl.linear_w8a8(x, packed, n, k)
     assert y.shape == (m, n) and y.dtype == dtype
     _close(y, reference.linear_w8a8(x, q, d), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(40, 100), (130, 1536)])
+def test_dequantize_is_exact(level, dtype, n, k):
+    w = _w(n, k, seed=n)
+    q, d, mn = blocks.quantize_w4(w)
+    got = torch.ops.edgectl.dequantize(blocks.pack_w4(q, d, mn), n, k, 4, dtype)
+    assert torch.equal(got, blocks.dequantize_w4(q, d, mn, k).to(dtype))
+    q8, d8 = blocks.quantize_w8(w)
+    got8 = torch.ops.edgectl.dequantize(blocks.pack_w8(q8, d8), n, k, 8, dtype)
+    assert torch.equal(got8, blocks.dequantize_w8(q8, d8, k).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 17, 64])
+def test_large_batches_take_the_dense_path(level, dtype, m):
+    """From dense_from_m rows on: the dequantized weight times PyTorch's GEMM (activations kept
+    in their dtype, so the reference is x @ W^T with the dequantized W)."""
+    n, k = 200, 100  # a scratch chunk boundary is not crossed here; the 1536-column case below is
+    q, d, mn = blocks.quantize_w4(_w(n, k, seed=3))
+    x = _x(m, k, dtype, seed=4)
+    with ops.dense_from(1):
+        y = torch.ops.edgectl.linear_w4a8(x, blocks.pack_w4(q, d, mn), n, k)
+    rtol = {torch.float32: 1e-5, torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}[dtype]
+    ref = reference.linear_dense(x, blocks.dequantize_w4(q, d, mn, k))
+    torch.testing.assert_close(y.float(), ref.float(), rtol=rtol, atol=rtol * float(ref.float().abs().max()))
+    n, k = 3000, 1536  # several scratch chunks
+    q8, d8 = blocks.quantize_w8(_w(n, k, seed=5))
+    x = _x(m, k, dtype, seed=6)
+    with ops.dense_from(1):
+        y = torch.ops.edgectl.linear_w8a8(x, blocks.pack_w8(q8, d8), n, k)
+    ref = reference.linear_dense(x, blocks.dequantize_w8(q8, d8, k))
+    torch.testing.assert_close(y.float(), ref.float(), rtol=rtol, atol=rtol * float(ref.float().abs().max()))
 
 
 def test_linear_accepts_leading_dims_and_strided_rows(level):

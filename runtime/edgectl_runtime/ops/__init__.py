@@ -9,9 +9,15 @@ levels this machine can run if it cannot run the one asked).
 Ops (all functional; ``n``/``k`` are the real sizes of the weight, the packed tensor's shape
 follows from them, see ``formats/blocks.py``):
 
-- ``linear_w4a8(x, w, n, k) -> y``: ``x [..., k]`` (fp32/bf16/fp16) times a packed W4 weight,
-  activations quantized to int8 per block of 32 inside the call; ``y [..., n]`` in x's dtype.
+- ``linear_w4a8(x, w, n, k) -> y``: ``x [..., k]`` (fp32/bf16/fp16) times a packed W4 weight;
+  ``y [..., n]`` in x's dtype. Below ``dense_from_m`` rows of x (decode), activations are
+  quantized to int8 per block of 32 inside the call and multiplied with integer dot products;
+  from there on (prefill), the weight is dequantized a chunk of rows at a time and multiplied by
+  PyTorch's dense GEMM (no activation quantization: W4A16 arithmetic, the faster one at those
+  sizes; the crossover per ISA level is measured, docs/kernels.md).
 - ``linear_w8a8(x, w, n, k) -> y``: the same with a packed W8 weight.
+- ``dequantize(w, n, k, bits, dtype) -> W``: the whole matrix, dequantized.
+- ``set_dense_from_m(m) -> previous``: the crossover (-1 = the level's measured default, 0 = never).
 - ``embedding_w4 / embedding_w8(ids, w, n, k, dtype) -> rows``: rows of a packed matrix,
   dequantized (the tied embedding of an int8 / int4 LM head, stored once).
 - ``add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)`` and
@@ -115,6 +121,20 @@ def supported_levels() -> list[str]:
 
 
 @contextlib.contextmanager
+def dense_from(m: int) -> Iterator[int]:
+    """Use the dense-GEMM path from ``m`` activation rows on inside the block (0: never), then
+    restore the level's default (tests and the micro-benchmark measure each path)."""
+    import torch
+
+    _loaded()
+    torch.ops.edgectl.set_dense_from_m(m)
+    try:
+        yield m
+    finally:
+        torch.ops.edgectl.set_dense_from_m(-1)
+
+
+@contextlib.contextmanager
 def use_level(level: str) -> Iterator[str]:
     """Run the ops at ``level`` inside the block (tests, the micro-benchmark), then restore."""
     import torch
@@ -159,6 +179,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake("edgectl::rms_norm")
     def _rms_norm(x, weight, eps):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("edgectl::dequantize")
+    def _dequantize(w, n, k, bits, dtype):
+        return w.new_empty((n, k), dtype=dtype)
 
     @torch.library.register_fake("edgectl::quantize_activations")
     def _quantize_activations(x):

@@ -44,6 +44,12 @@ def linear_w4a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tens
     return y.to(x.dtype)
 
 
+def linear_dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The large-batch path of ``linear_w4a8`` / ``linear_w8a8``: ``x @ W^T`` with the dequantized
+    weight ``w`` (fp32 ``[n, k]``, e.g. ``formats.blocks.dequantize_w4``), activations not quantized."""
+    return (x.to(torch.float64) @ w.to(torch.float64).t()).to(x.dtype)
+
+
 def linear_w8a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """``y = sum_b dw*dx * (qw . qx)`` for a W8 weight (``q`` int8 ``[n, kb*32]``, ``d`` fp16 ``[n, kb]``)."""
     qx, dx, _ = quantize_activations(x)

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -168,6 +169,71 @@ ActBuffers quantize(const at::Tensor& x2, int64_t k) {
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Large batches (prefill): from `dense_from_m` activation rows on, the weight is dequantized a
+// chunk of rows at a time into a scratch matrix and multiplied by PyTorch's dense GEMM (oneDNN /
+// MKL; AMX or AVX512-BF16 for bf16 where the CPU has them), instead of the integer kernel. The
+// crossover per level is measured (docs/kernels.md); set_dense_from_m overrides it (0 = never).
+
+bool has_bf16_gemm() {  // AVX512-BF16 (CPUID.(7,1):EAX[5]) or AMX-BF16 (CPUID.(7,0):EDX[22])
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool amx_bf16 = d >> 22 & 1;
+  __cpuid_count(7, 1, a, b, c, d);
+  return levels().avx512vnni && (amx_bf16 || (a >> 5 & 1));
+#else
+  return false;
+#endif
+}
+
+int64_t default_dense_from_m(const std::string& level) {
+  if (level == "avx512vnni") return 64;
+  if (level == "avx2") return 64;
+  return 16;  // scalar: the integer kernel is plain C++, a BLAS GEMM wins early
+}
+
+std::atomic<int64_t> g_dense_from_m{-1};  // -1: the active level's default
+
+int64_t dense_from_m() {
+  const int64_t v = g_dense_from_m.load();
+  return v >= 0 ? v : default_dense_from_m(active().name);
+}
+
+int64_t set_dense_from_m(int64_t m) {
+  TORCH_CHECK(m >= -1, "edgectl::set_dense_from_m: m must be -1 (the level's default), 0 (never) or a row count");
+  const int64_t before = dense_from_m();
+  g_dense_from_m.store(m);
+  return before;
+}
+
+// The dtype of the dense GEMM: bf16 where the level has bf16 arithmetic (a bf16 x then needs no
+// conversion), fp32 otherwise (AVX2 has no bf16 arithmetic; MKL's sgemm is its fastest GEMM).
+at::ScalarType dense_dtype(const at::Tensor& x) {
+  if (x.scalar_type() == at::kFloat) return at::kFloat;
+  const bool bf16 = x.scalar_type() == at::kBFloat16 && std::string(active().name) == "avx512vnni" && has_bf16_gemm();
+  return bf16 ? at::kBFloat16 : at::kFloat;
+}
+
+void dense_linear(const at::Tensor& x2, const at::Tensor& w, int64_t n, int64_t k, bool w4, at::Tensor& y) {
+  const at::ScalarType ct = dense_dtype(x2);
+  const at::Tensor xc = x2.scalar_type() == ct ? x2 : x2.to(ct);
+  const int64_t kb = w.size(1), record = w.size(2);
+  // Scratch of ~2 MB (L2-sized): a chunk of whole tiles.
+  const int64_t elem = ct == at::kFloat ? 4 : 2;
+  const int64_t chunk = std::max<int64_t>(kTileRows, ((2 << 20) / (k * elem)) / kTileRows * kTileRows);
+  at::Tensor scratch = at::empty({std::min(chunk, n), k}, xc.options());
+  const DType st = dtype_of(scratch, "scratch");
+  const auto dequantize = w4 ? active().dequantize_w4 : active().dequantize_w8;
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    dequantize(w.data_ptr<uint8_t>() + (r0 / kTileRows) * kb * record, kb, rows, k, scratch.data_ptr(), st);
+    const at::Tensor part = at::mm(xc, scratch.narrow(0, 0, rows).t());  // [m, rows]
+    y.narrow(1, r0, rows).copy_(part);
+  }
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k, bool w4, const char* op) {
   check_packed(w, n, k, w4 ? kW4Record : kW8Record, op);
   const at::Tensor x2 = rows_of(x, k, op);
@@ -175,12 +241,24 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor y = at::empty({x2.size(0), n}, x2.options());
-  if (x2.size(0) > 0) {
+  const int64_t m = x2.size(0), from = dense_from_m();
+  if (m > 0 && from > 0 && m >= from) {
+    dense_linear(x2, w, n, k, w4, y);
+  } else if (m > 0) {
     const ActBuffers a = quantize(x2, k);
     const KernelTable& t = active();
     (w4 ? t.linear_w4 : t.linear_w8)(a.acts, w.data_ptr<uint8_t>(), w.size(0), n, y.data_ptr(), dt, n);
   }
   return y.view(shape);
+}
+
+at::Tensor dequantize(const at::Tensor& w, int64_t n, int64_t k, int64_t bits, at::ScalarType dtype) {
+  TORCH_CHECK(bits == 4 || bits == 8, "edgectl::dequantize: bits must be 4 or 8, got ", bits);
+  check_packed(w, n, k, bits == 4 ? kW4Record : kW8Record, "edgectl::dequantize");
+  at::Tensor out = at::empty({n, k}, w.options().dtype(dtype));
+  (bits == 4 ? active().dequantize_w4 : active().dequantize_w8)(w.data_ptr<uint8_t>(), w.size(1), n, k,
+                                                                out.data_ptr(), dtype_of(out, "dtype"));
+  return out;
 }
 
 at::Tensor linear_w4a8(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k) {
@@ -291,6 +369,8 @@ TORCH_LIBRARY(edgectl, m) {
   m.def("embedding_w8(Tensor ids, Tensor w, int n, int k, ScalarType dtype) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("dequantize(Tensor w, int n, int k, int bits, ScalarType dtype) -> Tensor");
+  m.def("set_dense_from_m(int m) -> int");
 }
 
 TORCH_LIBRARY_IMPL(edgectl, CPU, m) {
@@ -301,6 +381,7 @@ TORCH_LIBRARY_IMPL(edgectl, CPU, m) {
   m.impl("embedding_w8", edgectl::embedding_w8);
   m.impl("add_rms_norm", edgectl::add_rms_norm);
   m.impl("rms_norm", edgectl::rms_norm);
+  m.impl("dequantize", edgectl::dequantize);
 }
 
 // Ops without tensor arguments have no dispatch key: registered as CompositeExplicitAutograd
@@ -309,4 +390,5 @@ TORCH_LIBRARY_IMPL(edgectl, CompositeExplicitAutograd, m) {
   m.impl("kernel_isa", edgectl::kernel_isa);
   m.impl("supported_isas", edgectl::supported_isas);
   m.impl("set_kernel_isa", edgectl::set_kernel_isa);
+  m.impl("set_dense_from_m", edgectl::set_dense_from_m);
 }

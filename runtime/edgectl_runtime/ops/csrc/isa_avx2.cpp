@@ -242,6 +242,63 @@ void linear_w8(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t 
   linear<false>(a, w, tiles, n, y, yd, ldy);
 }
 
+// One row's 16 nibble bytes of a W4 record: four 4-byte groups, one per quad (kernels.h).
+inline __m128i row_bytes(const uint8_t* rec, int r, int quad0) {
+  return _mm_setr_epi32(load_i32(rec + (quad0 + 0) * 64 + r * 4), load_i32(rec + (quad0 + 1) * 64 + r * 4),
+                        load_i32(rec + (quad0 + 2) * 64 + r * 4), load_i32(rec + (quad0 + 3) * 64 + r * 4));
+}
+
+// The low 8 bytes (u8 or s8) of v, as floats.
+inline __m256 bytes_to_ps(__m128i v, bool is_signed) {
+  return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+}
+
+// 32 dequantized values of one row and block (v[0..3] = columns 0-7, 8-15, 16-23, 24-31) -> out.
+inline void store_block(void* out, DType dt, int64_t base, int64_t col, int64_t k, const __m256 v[4]) {
+  if (col + kBlock <= k) {
+    for (int j = 0; j < 4; ++j) store8(out, dt, base + col + 8 * j, v[j]);
+    return;
+  }
+  float tmp[kBlock];
+  for (int j = 0; j < 4; ++j) _mm256_storeu_ps(tmp + 8 * j, v[j]);
+  for (int64_t c = col; c < k; ++c) store_from_float(out, dt, base + c, tmp[c - col]);
+}
+
+void dequantize_w4(const uint8_t* w, int64_t kb, int64_t rows, int64_t k, void* out, DType dt) {
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+#pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
+  for (int64_t i = 0; i < rows; ++i) {
+    const int r = (int)(i % kTileRows);
+    for (int64_t b = 0; b < kb; ++b) {
+      const uint8_t* rec = w + ((i / kTileRows) * kb + b) * kW4Record;
+      const __m256 d = _mm256_set1_ps(half_to_float(load_u16(rec + kW4ScaleOffset + 2 * r)));
+      const __m256 m = _mm256_set1_ps(half_to_float(load_u16(rec + kW4MinOffset + 2 * r)));
+      const __m128i raw = row_bytes(rec, r, 0);
+      const __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+      __m256 v[4] = {bytes_to_ps(lo, false), bytes_to_ps(_mm_srli_si128(lo, 8), false), bytes_to_ps(hi, false),
+                     bytes_to_ps(_mm_srli_si128(hi, 8), false)};
+      for (int j = 0; j < 4; ++j) v[j] = _mm256_add_ps(_mm256_mul_ps(v[j], d), m);  // d*q, then + m: the reference's two roundings
+      store_block(out, dt, i * k, b * kBlock, k, v);
+    }
+  }
+}
+
+void dequantize_w8(const uint8_t* w, int64_t kb, int64_t rows, int64_t k, void* out, DType dt) {
+#pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
+  for (int64_t i = 0; i < rows; ++i) {
+    const int r = (int)(i % kTileRows);
+    for (int64_t b = 0; b < kb; ++b) {
+      const uint8_t* rec = w + ((i / kTileRows) * kb + b) * kW8Record;
+      const __m256 d = _mm256_set1_ps(half_to_float(load_u16(rec + kW8ScaleOffset + 2 * r)));
+      const __m128i a = row_bytes(rec, r, 0), c = row_bytes(rec, r, 4);  // columns 0-15, 16-31
+      __m256 v[4] = {bytes_to_ps(a, true), bytes_to_ps(_mm_srli_si128(a, 8), true), bytes_to_ps(c, true),
+                     bytes_to_ps(_mm_srli_si128(c, 8), true)};
+      for (int j = 0; j < 4; ++j) v[j] = _mm256_mul_ps(v[j], d);
+      store_block(out, dt, i * k, b * kBlock, k, v);
+    }
+  }
+}
+
 // See add_rms_norm in isa_scalar.cpp for the semantics; here 8 columns at a time.
 void add_rms_norm(const void* x, void* residual, const void* weight, void* out, DType dt, int64_t rows,
                   int64_t hidden, float eps) {
@@ -287,7 +344,8 @@ void add_rms_norm(const void* x, void* residual, const void* weight, void* out, 
 }  // namespace
 
 const KernelTable& kernel_table_avx2() {
-  static const KernelTable table = {"avx2", quantize_activations, linear_w4, linear_w8, add_rms_norm};
+  static const KernelTable table = {"avx2",        quantize_activations, linear_w4, linear_w8,
+                                    dequantize_w4, dequantize_w8,        add_rms_norm};
   return table;
 }
 

@@ -214,6 +214,57 @@ void linear_w8(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t 
   linear<false>(a, w, tiles, n, y, yd, ldy);
 }
 
+// One row's 16 bytes of a record: four 4-byte groups, one per quad from quad0 (kernels.h).
+inline __m128i row_bytes(const uint8_t* rec, int r, int quad0) {
+  return _mm_setr_epi32(load_i32(rec + (quad0 + 0) * 64 + r * 4), load_i32(rec + (quad0 + 1) * 64 + r * 4),
+                        load_i32(rec + (quad0 + 2) * 64 + r * 4), load_i32(rec + (quad0 + 3) * 64 + r * 4));
+}
+
+// 32 dequantized values of one row and block (v0 = columns 0-15, v1 = 16-31) -> out.
+inline void store_block(void* out, DType dt, int64_t base, int64_t col, int64_t k, __m512 v0, __m512 v1) {
+  if (col + kBlock <= k) {
+    store16(out, dt, base + col, v0);
+    store16(out, dt, base + col + 16, v1);
+    return;
+  }
+  float tmp[kBlock];
+  _mm512_storeu_ps(tmp, v0);
+  _mm512_storeu_ps(tmp + 16, v1);
+  for (int64_t c = col; c < k; ++c) store_from_float(out, dt, base + c, tmp[c - col]);
+}
+
+void dequantize_w4(const uint8_t* w, int64_t kb, int64_t rows, int64_t k, void* out, DType dt) {
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+#pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
+  for (int64_t i = 0; i < rows; ++i) {
+    const int r = (int)(i % kTileRows);
+    for (int64_t b = 0; b < kb; ++b) {
+      const uint8_t* rec = w + ((i / kTileRows) * kb + b) * kW4Record;
+      const __m512 d = _mm512_set1_ps(half_to_float(load_u16(rec + kW4ScaleOffset + 2 * r)));
+      const __m512 m = _mm512_set1_ps(half_to_float(load_u16(rec + kW4MinOffset + 2 * r)));
+      const __m128i raw = row_bytes(rec, r, 0);
+      const __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+      const __m512 v0 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d), m);
+      const __m512 v1 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d), m);  // two roundings, as the reference
+      store_block(out, dt, i * k, b * kBlock, k, v0, v1);
+    }
+  }
+}
+
+void dequantize_w8(const uint8_t* w, int64_t kb, int64_t rows, int64_t k, void* out, DType dt) {
+#pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
+  for (int64_t i = 0; i < rows; ++i) {
+    const int r = (int)(i % kTileRows);
+    for (int64_t b = 0; b < kb; ++b) {
+      const uint8_t* rec = w + ((i / kTileRows) * kb + b) * kW8Record;
+      const __m512 d = _mm512_set1_ps(half_to_float(load_u16(rec + kW8ScaleOffset + 2 * r)));
+      const __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(row_bytes(rec, r, 0))), d);
+      const __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(row_bytes(rec, r, 4))), d);
+      store_block(out, dt, i * k, b * kBlock, k, v0, v1);
+    }
+  }
+}
+
 // See add_rms_norm in isa_scalar.cpp for the semantics; here 16 columns at a time.
 void add_rms_norm(const void* x, void* residual, const void* weight, void* out, DType dt, int64_t rows,
                   int64_t hidden, float eps) {
@@ -259,7 +310,8 @@ void add_rms_norm(const void* x, void* residual, const void* weight, void* out, 
 }  // namespace
 
 const KernelTable& kernel_table_avx512vnni() {
-  static const KernelTable table = {"avx512vnni", quantize_activations, linear_w4, linear_w8, add_rms_norm};
+  static const KernelTable table = {"avx512vnni",  quantize_activations, linear_w4, linear_w8,
+                                    dequantize_w4, dequantize_w8,        add_rms_norm};
   return table;
 }
 

@@ -118,56 +118,76 @@ void add_rms_norm(const void* x, void* residual, const void* weight, void* out, 
 }
 
 }  // namespace
-
-const KernelTable& kernel_table_scalar() {
-  static const KernelTable table = {"scalar", quantize_activations, linear_w4, linear_w8, add_rms_norm};
-  return table;
-}
-
 }  // namespace edgectl
 
 // ---------------------------------------------------------------------------------------------
-// Embedding lookups (every ISA uses these: a lookup reads a few rows per token).
+// Rows of a packed matrix, dequantized: embedding lookups (every ISA uses these: a lookup reads a
+// few rows per token) and the scalar level's dequantization for large-batch GEMMs.
 
 namespace edgectl {
+namespace {
 
-void gather_rows_w4(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64_t count, int64_t k,
-                    void* out, DType dtype) {
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t tile = ids[i] / kTileRows;
-    const int r = (int)(ids[i] % kTileRows);
-    for (int64_t b = 0; b < kblocks; ++b) {
-      const uint8_t* rec = w + (tile * kblocks + b) * kW4Record;
-      const float d = half_to_float(load_u16(rec + kW4ScaleOffset + 2 * r));
-      const float m = half_to_float(load_u16(rec + kW4MinOffset + 2 * r));
-      for (int quad = 0; quad < 4; ++quad) {
-        for (int j = 0; j < 4; ++j) {
-          const uint8_t byte = rec[quad * 64 + r * 4 + j];
-          const int64_t lo = b * kBlock + 4 * quad + j, hi = lo + 16;
-          if (lo < k) store_from_float(out, dtype, i * k + lo, d * (float)(byte & 0x0F) + m);
-          if (hi < k) store_from_float(out, dtype, i * k + hi, d * (float)(byte >> 4) + m);
-        }
+void dequant_row_w4(const uint8_t* w, int64_t kblocks, int64_t row, int64_t k, void* out, int64_t out_row,
+                    DType dtype) {
+  const int64_t tile = row / kTileRows;
+  const int r = (int)(row % kTileRows);
+  for (int64_t b = 0; b < kblocks; ++b) {
+    const uint8_t* rec = w + (tile * kblocks + b) * kW4Record;
+    const float d = half_to_float(load_u16(rec + kW4ScaleOffset + 2 * r));
+    const float m = half_to_float(load_u16(rec + kW4MinOffset + 2 * r));
+    for (int quad = 0; quad < 4; ++quad) {
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t byte = rec[quad * 64 + r * 4 + j];
+        const int64_t lo = b * kBlock + 4 * quad + j, hi = lo + 16;
+        if (lo < k) store_from_float(out, dtype, out_row * k + lo, d * (float)(byte & 0x0F) + m);
+        if (hi < k) store_from_float(out, dtype, out_row * k + hi, d * (float)(byte >> 4) + m);
       }
     }
   }
+}
+
+void dequant_row_w8(const uint8_t* w, int64_t kblocks, int64_t row, int64_t k, void* out, int64_t out_row,
+                    DType dtype) {
+  const int64_t tile = row / kTileRows;
+  const int r = (int)(row % kTileRows);
+  for (int64_t b = 0; b < kblocks; ++b) {
+    const uint8_t* rec = w + (tile * kblocks + b) * kW8Record;
+    const float d = half_to_float(load_u16(rec + kW8ScaleOffset + 2 * r));
+    for (int quad = 0; quad < 8; ++quad) {
+      for (int j = 0; j < 4; ++j) {
+        const int64_t col = b * kBlock + 4 * quad + j;
+        if (col < k) store_from_float(out, dtype, out_row * k + col, d * (float)(int8_t)rec[quad * 64 + r * 4 + j]);
+      }
+    }
+  }
+}
+
+void dequantize_w4(const uint8_t* w, int64_t kblocks, int64_t rows, int64_t k, void* out, DType dtype) {
+#pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
+  for (int64_t i = 0; i < rows; ++i) dequant_row_w4(w, kblocks, i, k, out, i, dtype);
+}
+
+void dequantize_w8(const uint8_t* w, int64_t kblocks, int64_t rows, int64_t k, void* out, DType dtype) {
+#pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
+  for (int64_t i = 0; i < rows; ++i) dequant_row_w8(w, kblocks, i, k, out, i, dtype);
+}
+
+}  // namespace
+
+void gather_rows_w4(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64_t count, int64_t k,
+                    void* out, DType dtype) {
+  for (int64_t i = 0; i < count; ++i) dequant_row_w4(w, kblocks, ids[i], k, out, i, dtype);
 }
 
 void gather_rows_w8(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64_t count, int64_t k,
                     void* out, DType dtype) {
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t tile = ids[i] / kTileRows;
-    const int r = (int)(ids[i] % kTileRows);
-    for (int64_t b = 0; b < kblocks; ++b) {
-      const uint8_t* rec = w + (tile * kblocks + b) * kW8Record;
-      const float d = half_to_float(load_u16(rec + kW8ScaleOffset + 2 * r));
-      for (int quad = 0; quad < 8; ++quad) {
-        for (int j = 0; j < 4; ++j) {
-          const int64_t col = b * kBlock + 4 * quad + j;
-          if (col < k) store_from_float(out, dtype, i * k + col, d * (float)(int8_t)rec[quad * 64 + r * 4 + j]);
-        }
-      }
-    }
-  }
+  for (int64_t i = 0; i < count; ++i) dequant_row_w8(w, kblocks, ids[i], k, out, i, dtype);
+}
+
+const KernelTable& kernel_table_scalar() {
+  static const KernelTable table = {"scalar",      quantize_activations, linear_w4, linear_w8,
+                                    dequantize_w4, dequantize_w8,        add_rms_norm};
+  return table;
 }
 
 }  // namespace edgectl

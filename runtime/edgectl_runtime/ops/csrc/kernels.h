@@ -68,6 +68,9 @@ using LinearFn = void (*)(const QuantizedActs& acts, const uint8_t* w, int64_t t
 // Rows `ids` of a packed matrix, dequantized: out [count][k] (row stride k).
 using GatherRowsFn = void (*)(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64_t count,
                               int64_t k, void* out, DType dtype);
+// Rows [0, rows) of a packed matrix (starting at tile 0 of `w`), dequantized into out [rows][k]
+// (row stride k) in `dtype`: the weight of a dense GEMM for large batches.
+using DequantizeFn = void (*)(const uint8_t* w, int64_t kblocks, int64_t rows, int64_t k, void* out, DType dtype);
 // out = rms_norm(x + residual) * weight, residual <- x + residual (vLLM's fused_add_rms_norm),
 // or out = rms_norm(x) * weight when residual is null. Rows of `hidden` elements, contiguous.
 using AddRmsNormFn = void (*)(const void* x, void* residual, const void* weight, void* out,
@@ -78,6 +81,8 @@ struct KernelTable {
   QuantizeActsFn quantize_activations;
   LinearFn linear_w4;
   LinearFn linear_w8;
+  DequantizeFn dequantize_w4;
+  DequantizeFn dequantize_w8;
   AddRmsNormFn add_rms_norm;
 };
 

@@ -27,7 +27,7 @@ def dump_int4_layers(model: torch.nn.Module, path: str) -> int:
     tensors = {}
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
-        if not isinstance(method, CpuInt4LinearMethod) or not hasattr(module, W_ATTR):
+        if not isinstance(method, CpuInt4LinearMethod) or not hasattr(module, W_ATTR) or method.bits != 4:
             continue
         q, scales, zeros = unpack_layer(module)
         tensors[f"{name}.q"] = q.contiguous()
@@ -43,10 +43,9 @@ class Int4TestExtension(ReadbackExtension):
         return dump_int4_layers(self.get_model(), path)
 
     def edgectl_int4_matmul_check(self, m_values: list[int]) -> dict[str, float]:
-        """Max relative error, over int4 layers, of the layer's own ``apply`` against the
+        """Max relative error, over quantized layers, of the layer's own ``apply`` against the
         dequantized weight, for activations of each M in ``m_values`` (eager, in the worker)."""
-        from edgectl_runtime.cpu_int4 import W_ATTR, CpuInt4LinearMethod, unpack_layer
-        from edgectl_runtime.quantize import dequantize_int4
+        from edgectl_runtime.cpu_int4 import W_ATTR, CpuInt4LinearMethod, dequantized_weight
 
         model = self.get_model()
         gen = torch.Generator().manual_seed(0)
@@ -55,10 +54,9 @@ class Int4TestExtension(ReadbackExtension):
             method = getattr(module, "quant_method", None)
             if not isinstance(method, CpuInt4LinearMethod) or not hasattr(module, W_ATTR):
                 continue
-            q, scales, zeros = unpack_layer(module)
-            k = q.shape[1]
-            w = dequantize_int4(q, scales, zeros)
-            dtype = scales.dtype if scales.dtype != torch.float32 else torch.bfloat16
+            w = dequantized_weight(module)
+            k = w.shape[1]
+            dtype = method.out_dtype
             for m in m_values:
                 x = torch.randn(m, k, generator=gen).to(dtype)
                 out = method.apply(module, x).float()

@@ -34,8 +34,11 @@ def runtime_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
-    for key in [k for k in env if k.startswith("EDGECTL_") and k != "EDGECTL_RUNTIME_PYTHON"]:
-        del env[key]  # each test states its levers
+    # Each test states its levers. Kept: the interpreter, and the ISA level of edgectl's kernels,
+    # a setting of the whole run (the suite is run once more with EDGECTL_KERNEL_ISA=avx2, next
+    # to ATEN_CPU_CAPABILITY=avx2, to exercise the AVX2 paths on an AVX-512 machine).
+    for key in [k for k in env if k.startswith("EDGECTL_") and k not in ("EDGECTL_RUNTIME_PYTHON", "EDGECTL_KERNEL_ISA")]:
+        del env[key]
     env.update(extra or {})
     return env
 
@@ -89,7 +92,7 @@ def write_gptq_checkpoint(src: Path, out: Path, group_size: int = 64) -> dict:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from edgectl_runtime.quantize import pack_int32
+    from edgectl_runtime.formats.gptq_awq import pack_int32
 
     out.mkdir(parents=True)
     tensors = load_file(str(src / "model.safetensors"))

@@ -11,6 +11,8 @@ computed here from the checkpoint:
 - a portable checkpoint from ``edgectl quantize`` (eager, every lever off: the naive path);
 - the bf16 checkpoint again in vLLM's default compilation mode (Dynamo + inductor);
 - a GPTQ checkpoint converted at load;
+- edgectl's own kernels (w4a8 linear layers, an int8 tied head, the fused RMSNorm), eager and
+  compiled, at the ISA level EDGECTL_KERNEL_ISA selects;
 - optionally the real SmolLM2 (if pulled): the greedy answer to a factual question.
 """
 
@@ -43,6 +45,7 @@ def _engine_main(argv: list[str]) -> int:
     p.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     p.add_argument("--chat", default=None)
     p.add_argument("--kv-mib", type=int, default=32)
+    p.add_argument("--fused-norm", action="store_true", help="vLLM's norm IR ops on edgectl's provider")
     a = p.parse_args(argv)
 
     kwargs = dict(model=a.model, max_model_len=a.max_model_len, max_num_seqs=1,
@@ -51,6 +54,10 @@ def _engine_main(argv: list[str]) -> int:
                   worker_extension_cls="int4_extension.Int4TestExtension")
     if a.quantization:
         kwargs["quantization"] = a.quantization
+    if a.fused_norm:
+        from edgectl_runtime import fused_norm
+
+        kwargs["ir_op_priority"] = fused_norm.priority()
     llm = LLM(**kwargs)
     result: dict = {}
     tokenizer = llm.get_tokenizer()
@@ -87,9 +94,9 @@ from int4_helpers import build_tiny_llama, read_json_line, run_runtime, write_gp
 
 pytestmark = pytest.mark.engine
 
-LEVERS_ON = {"EDGECTL_ROPE_CAP": "1", "EDGECTL_INT4_LM_HEAD": "1", "EDGECTL_LAYERWISE_REPACK": "1",
+LEVERS_ON = {"EDGECTL_ROPE_CAP": "1", "EDGECTL_LM_HEAD": "int4", "EDGECTL_LAYERWISE_REPACK": "1",
              "EDGECTL_INT4_GROUP_SIZE": "128"}
-LEVERS_OFF = {"EDGECTL_ROPE_CAP": "0", "EDGECTL_INT4_LM_HEAD": "0", "EDGECTL_LAYERWISE_REPACK": "0"}
+LEVERS_OFF = {"EDGECTL_ROPE_CAP": "0", "EDGECTL_LM_HEAD": "dense", "EDGECTL_LAYERWISE_REPACK": "0"}
 
 
 def run_engine(tmp: Path, model: Path, env: dict[str, str], *extra: str, name: str = "run") -> dict:
@@ -151,7 +158,7 @@ def reference_int4(tiny: Path) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from edgectl_runtime.quantize import quantize_int4
+    from edgectl_runtime.formats.groups import quantize_int4
 
     w = load_file(str(tiny / "model.safetensors"))
     ref = {}
@@ -172,7 +179,7 @@ def reference_logprobs(tiny: Path, prompt_ids: list[list[int]], int4_head: bool)
     import torch
     from transformers import LlamaForCausalLM
 
-    from edgectl_runtime.quantize import dequantize_int4, quantize_int4
+    from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4
 
     model = LlamaForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
     with torch.no_grad():
@@ -330,8 +337,114 @@ def test_real_model_answers(work, pulled_smollm2):
     """SmolLM2-135M (its weights are Q4_1-derived: groups of 32 reproduce them) answers a
     factual question through the plugin."""
     model = pulled_smollm2
-    env = {"EDGECTL_ROPE_CAP": "1", "EDGECTL_INT4_GROUP_SIZE": "32", "EDGECTL_INT4_LM_HEAD": "0"}
+    env = {"EDGECTL_ROPE_CAP": "1", "EDGECTL_INT4_GROUP_SIZE": "32", "EDGECTL_LM_HEAD": "dense"}
     result = run_engine(work, model, env, "--quantization", "cpu_int4", "--max-model-len", "2048",
                         "--kv-mib", "64", "--chat", QUESTION, name="smollm2")
     assert result["readback"]["formats"].get("cpu_int4/g32") == 120
+    assert "Paris" in result["chat"], result["chat"]
+
+
+# --- edgectl's kernels in the engine
+
+W4A8 = {"EDGECTL_ROPE_CAP": "1", "EDGECTL_INT4_KERNEL": "edgectl", "EDGECTL_LM_HEAD": "int8",
+        "EDGECTL_LAYERWISE_REPACK": "1"}
+
+
+def _expected_isa() -> str:
+    import os
+
+    from edgectl_runtime import ops
+
+    wanted = os.environ.get("EDGECTL_KERNEL_ISA", "auto") or "auto"
+    return ops.choose_level(wanted, ops.supported_levels())
+
+
+@pytest.fixture(scope="module")
+def w4a8_run(work, tiny) -> dict:
+    return run_engine(work, tiny, W4A8, "--quantization", "cpu_int4", "--fused-norm", name="w4a8")
+
+
+def test_w4a8_with_an_int8_head_in_the_engine(w4a8_run, tiny):
+    """Every linear layer on edgectl's W4 kernel, the tied embedding and LM head stored once as W8,
+    the norms on edgectl's op, at the ISA level asked for (read back in the worker)."""
+    rb = w4a8_run["readback"]
+    isa = _expected_isa()
+    assert rb["quantization"] == {"method": "cpu_int4", "group_size": 128, "lm_head": "int8", "layerwise": True,
+                                  "source": "dense", "kernel": "edgectl", "isa": isa}
+    assert rb["kernel"]["edgectl_isa"] == isa
+    assert rb["formats"] == {"w4a8/b32": 8, "w8a8/b32": 1, "w8a8/b32-tied-embedding": 1}
+    assert all(e["kernel"] == "edgectl" for e in rb["layers"])
+    assert rb["ir_ops"] == {"rms_norm": ["edgectl", "native"], "fused_add_rms_norm": ["edgectl", "native"]}
+    # resident: the packed records only (uint8), bf16 = norms and the RoPE table
+    hidden, layers, kv_dim, inter = 192, 2, 64, 384
+    shapes = [(hidden + 2 * kv_dim, hidden), (hidden, hidden), (2 * inter, hidden), (hidden, inter)] * layers
+    w4 = sum(-(-n // 16) * -(-k // 32) * 320 for n, k in shapes)
+    w8 = -(-448 // 16) * -(-hidden // 32) * 544
+    assert rb["resident"]["by_dtype"]["uint8"] == w4 + w8
+    assert rb["resident"]["by_dtype"]["bfloat16"] == (2 * layers + 1) * hidden * 2 + MAX_MODEL_LEN * 64 * 2
+    # the activations are quantized to int8 per block of 32: ~0.5% on random activations
+    assert all(err < 2e-2 for err in w4a8_run["matmul_check"].values()), w4a8_run["matmul_check"]
+    assert w4a8_run["dumped_layers"] == 8  # the 4-bit layers; the W8 head is not in the int4 dump
+
+
+def test_w4a8_output_matches_the_dequantized_model(w4a8_run, tiny):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from edgectl_runtime.formats import blocks
+
+    model = LlamaForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name != "lm_head":
+                w = module.weight.data.to(torch.bfloat16)
+                module.weight.data = blocks.dequantize_w4(*blocks.quantize_w4(w), w.shape[1])
+            elif isinstance(module, torch.nn.Embedding):
+                w = module.weight.data.to(torch.bfloat16)
+                module.weight.data = blocks.dequantize_w8(*blocks.quantize_w8(w), w.shape[1])
+        ref = [torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)[:-1]
+               for ids in w4a8_run["prompt_ids"]]
+    agree, diff = compare_logprobs(w4a8_run, ref)
+    assert agree >= 0.9 and diff < 0.15, (agree, diff)
+
+
+def test_w4a8_compiled_matches_eager(work, tiny, w4a8_run):
+    compiled = run_engine(work, tiny, W4A8, "--quantization", "cpu_int4", "--fused-norm", "--compiled",
+                          name="w4a8-compiled")
+    assert compiled["readback"]["formats"] == w4a8_run["readback"]["formats"]
+    assert compiled["readback"]["ir_ops"] == w4a8_run["readback"]["ir_ops"]
+    agree = total = 0
+    worst = 0.0
+    for eager_pos, comp_pos in zip(w4a8_run["prompt_logprobs"], compiled["prompt_logprobs"]):
+        for e, c in zip(eager_pos, comp_pos):
+            total += 1
+            agree += int(max(e, key=e.get) == max(c, key=c.get))
+            worst = max(worst, max(abs(e[t] - c[t]) for t in e.keys() & c.keys()))
+    assert agree >= 0.9 * total and worst < 0.15, (agree, total, worst)
+
+
+def test_portable_checkpoint_on_edgectl_kernels(work, portable, tiny):
+    """`edgectl quantize`'s portable checkpoint served as w4a8: its q values kept, as blocks of 32."""
+    import torch
+    from safetensors.torch import load_file
+
+    result = run_engine(work, portable, {**W4A8, "EDGECTL_LM_HEAD": "dense"}, name="portable-w4a8")
+    rb = result["readback"]
+    assert rb["quantization"]["source"] == "portable" and rb["quantization"]["kernel"] == "edgectl"
+    assert rb["formats"] == {"bf16-tied-embedding": 1, "w4a8/b32": 8}
+    dumped = load_file(result["dump_path"])
+    for name, (q, s, z) in reference_int4(tiny).items():
+        assert torch.equal(dumped[f"{name}.q"], q), name
+        # (q - 8) * s + z == d * q + m with d = s, m = z - 8 s rounded to fp16
+        torch.testing.assert_close(dumped[f"{name}.scales"], s.float(), rtol=2 ** -10, atol=0)
+    assert all(err < 2e-2 for err in result["matmul_check"].values()), result["matmul_check"]
+
+
+def test_real_model_on_edgectl_kernels(work, pulled_smollm2):
+    """SmolLM2-135M on w4a8 with the int8 head (both exact for its GGUF-derived weights)."""
+    env = {**W4A8, "EDGECTL_INT4_GROUP_SIZE": "32"}
+    result = run_engine(work, pulled_smollm2, env, "--quantization", "cpu_int4", "--fused-norm",
+                        "--max-model-len", "2048", "--kv-mib", "64", "--chat", "What is the capital of France?",
+                        name="smollm2-w4a8")
+    assert result["readback"]["formats"] == {"w4a8/b32": 120, "w8a8/b32": 1, "w8a8/b32-tied-embedding": 1}
     assert "Paris" in result["chat"], result["chat"]

@@ -17,13 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgectl_runtime import kernels  # noqa: E402
-from edgectl_runtime.quantize import (  # noqa: E402
+from edgectl_runtime.formats.groups import (  # noqa: E402
     dequantize_int4,
     pack_nibbles,
     quantize_int4,
     unpack_nibbles,
 )
+from edgectl_runtime.ops import tinygemm, wna16  # noqa: E402
 from int4_helpers import runtime_env  # noqa: E402
 
 GROUPS = (32, 64, 128, 256)
@@ -34,8 +34,8 @@ def _case(n: int, k: int, g: int, dtype, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=gen) * 0.05
     q, s, z = quantize_int4(w, g, dtype)
-    packed = kernels.kernel_pack(q)
-    sz = kernels.scales_and_zeros(s, z, dtype)
+    packed = tinygemm.kernel_pack(q)
+    sz = tinygemm.scales_and_zeros(s, z, dtype)
     return q, s, z, packed, sz
 
 
@@ -50,7 +50,7 @@ def test_packed_matmul_matches_dequantized_reference_bf16(g, n, k_groups, m):
     k = g * k_groups
     q, s, z, packed, sz = _case(n, k, g, torch.bfloat16)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    out = kernels.int4_matmul(x, packed, g, sz)
+    out = tinygemm.int4_matmul(x, packed, g, sz)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
     ref = x.float() @ dequantize_int4(q, s, z).t()
     assert _rel(out, ref) < 1e-2  # bf16 accumulation and output rounding (measured ~2e-3)
@@ -61,7 +61,7 @@ def test_packed_matmul_matches_dequantized_reference_bf16(g, n, k_groups, m):
 def test_packed_matmul_other_activation_dtypes(dtype, tol, m):
     q, s, z, packed, sz = _case(112, 192, 64, dtype)
     x = torch.randn(m, 192, generator=torch.Generator().manual_seed(7)).to(dtype)
-    out = kernels.int4_matmul(x, packed, 64, sz)
+    out = tinygemm.int4_matmul(x, packed, 64, sz)
     ref = x.float() @ dequantize_int4(q, s, z).t()
     assert _rel(out, ref) < tol
 
@@ -69,7 +69,7 @@ def test_packed_matmul_other_activation_dtypes(dtype, tol, m):
 def test_matmul_accepts_3d_and_non_contiguous_activations():
     q, s, z, packed, sz = _case(64, 128, 32, torch.bfloat16)
     x = torch.randn(2, 5, 256).to(torch.bfloat16)[..., ::2]  # [2, 5, 128], not contiguous
-    out = kernels.int4_matmul(x, packed, 32, sz)
+    out = tinygemm.int4_matmul(x, packed, 32, sz)
     assert out.shape == (2, 5, 64)
     ref = x.float().reshape(10, 128) @ dequantize_int4(q, s, z).t()
     assert _rel(out.reshape(10, 64), ref) < 1e-2
@@ -82,7 +82,7 @@ def test_int4_error_against_the_original_weight_is_the_quantization_error():
     w = torch.randn(256, 512, generator=gen)
     q, s, z = quantize_int4(w, 128, torch.bfloat16)
     x = torch.randn(8, 512, generator=gen).to(torch.bfloat16)
-    out = kernels.int4_matmul(x, kernels.kernel_pack(q), 128, kernels.scales_and_zeros(s, z, torch.bfloat16))
+    out = tinygemm.int4_matmul(x, tinygemm.kernel_pack(q), 128, tinygemm.scales_and_zeros(s, z, torch.bfloat16))
     rel = _rel(out, x.float() @ w.t())
     assert 0.02 < rel < 0.2
 
@@ -92,12 +92,12 @@ def test_blocked_pack_is_byte_identical_to_whole_pack(n):
     q = torch.randint(0, 16, (n, 96), generator=torch.Generator().manual_seed(n), dtype=torch.uint8)
     whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
     for block in (64, 128, 256):
-        assert torch.equal(kernels.kernel_pack(q, block_rows=block), whole)
+        assert torch.equal(tinygemm.kernel_pack(q, block_rows=block), whole)
 
 
 def test_pack_block_must_be_a_multiple_of_64():
     with pytest.raises(ValueError, match="multiple of 64"):
-        kernels.kernel_pack(torch.zeros(64, 32, dtype=torch.uint8), block_rows=32)
+        tinygemm.kernel_pack(torch.zeros(64, 32, dtype=torch.uint8), block_rows=32)
 
 
 @pytest.mark.parametrize("n", [8, 40])
@@ -109,9 +109,9 @@ def test_the_op_itself_rejects_rows_not_a_multiple_of_16(n):
 
 @pytest.mark.parametrize(("n", "k"), [(16, 32), (48, 64), (176, 576), (1072, 96), (4096 + 48, 64)])
 def test_learned_layout_returns_exactly_the_packed_rows(n, k):
-    layout = kernels.packed_layout()
+    layout = tinygemm.packed_layout()
     q = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(n + k), dtype=torch.uint8)
-    packed = kernels.kernel_pack(q)
+    packed = tinygemm.kernel_pack(q)
     assert torch.equal(layout.gather_rows(packed, torch.arange(n)), q)
     some = torch.tensor([n - 1, 0, n // 2, max(0, n - 17)])
     assert torch.equal(layout.gather_rows(packed, some), q[some])
@@ -119,12 +119,12 @@ def test_learned_layout_returns_exactly_the_packed_rows(n, k):
 
 _LAYOUT_SCRIPT = """
 import json, torch
-from edgectl_runtime import kernels
-layout = kernels.packed_layout()
+from edgectl_runtime.ops import tinygemm
+layout = tinygemm.packed_layout()
 ok = True
 for n, k in ((16, 32), (48, 64), (176, 576), (1072, 96)):
     q = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(n), dtype=torch.uint8)
-    ok &= bool(torch.equal(layout.gather_rows(kernels.kernel_pack(q), torch.arange(n)), q))
+    ok &= bool(torch.equal(layout.gather_rows(tinygemm.kernel_pack(q), torch.arange(n)), q))
 print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "block_rows": layout.block_rows, "ok": ok}))
 """
 
@@ -149,7 +149,7 @@ def test_layout_block_rows_here():
     expected = {"AVX512": 64, "AVX2": 32, "DEFAULT": 32}.get(torch.backends.cpu.get_cpu_capability())
     if expected is None:
         pytest.skip("no expectation recorded for this capability")
-    assert kernels.packed_layout().block_rows == expected
+    assert tinygemm.packed_layout().block_rows == expected
 
 
 # --- the quantizer
@@ -210,12 +210,12 @@ def test_portable_nibbles_round_trip():
 @pytest.mark.parametrize("m", MS)
 def test_wna16_matches_dequantized_reference(m):
     pytest.importorskip("vllm")
-    if not kernels.wna16_available():
+    if not wna16.wna16_available():
         pytest.skip("vLLM's library on this CPU does not register cpu_gemm_wna16")
     q, s, z, _, _ = _case(96, 192, 64, torch.bfloat16)
-    w = kernels.wna16_pack(q)
-    assert torch.equal(kernels.wna16_unpack(w, 96), q)
+    w = wna16.wna16_pack(q)
+    assert torch.equal(wna16.wna16_unpack(w, 96), q)
     x = torch.randn(m, 192, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    out = kernels.wna16_matmul(x, w, s.t().contiguous(), z.t().float().contiguous(), 64)
+    out = wna16.wna16_matmul(x, w, s.t().contiguous(), z.t().float().contiguous(), 64)
     ref = x.float() @ dequantize_int4(q, s, z).t()
     assert _rel(out, ref) < 2e-2  # the kernel rounds the dequantized weight to bf16 (measured ~5e-3)

@@ -15,8 +15,9 @@ pytest.importorskip("vllm")
 
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # noqa: E402
 
-from edgectl_runtime import cpu_int4, kernels  # noqa: E402
-from edgectl_runtime.quantize import dequantize_int4, quantize_int4  # noqa: E402
+from edgectl_runtime import cpu_int4  # noqa: E402
+from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4  # noqa: E402
+from edgectl_runtime.ops import tinygemm, wna16  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -94,7 +95,7 @@ def test_layerwise_weight_is_created_on_meta_and_packed_on_its_last_shard():
     assert hasattr(layer, "weight") and not hasattr(layer, cpu_int4.W_ATTR)  # still waiting for shard 1
     layer.weight.weight_loader(layer.weight, w[128:], 1)
     assert not hasattr(layer, "weight") and hasattr(layer, cpu_int4.W_ATTR)  # packed on arrival
-    q = kernels.packed_layout().gather_rows(getattr(layer, cpu_int4.W_ATTR), torch.arange(192))
+    q = tinygemm.packed_layout().gather_rows(getattr(layer, cpu_int4.W_ATTR), torch.arange(192))
     ref_q, _, _ = quantize_int4(w, 128, BF16)
     assert torch.equal(q, ref_q)  # the shards landed at their offsets
 
@@ -218,7 +219,7 @@ def test_padded_embedding_from_an_fp32_checkpoint_stays_int4():
 
 
 def test_vllm_kernel_layers():
-    if not kernels.wna16_available():
+    if not wna16.wna16_available():
         pytest.skip("vLLM's library on this CPU does not register cpu_gemm_wna16")
     layer, method, w = _layer(_config(kernel="vllm"), [192, 64, 64], 384)
     assert method.kernel == "vllm"
@@ -234,7 +235,7 @@ def test_vllm_kernel_layers():
 
 
 def test_vllm_kernel_needs_multiples_of_32():
-    if not kernels.wna16_available():
+    if not wna16.wna16_available():
         pytest.skip("vLLM's library on this CPU does not register cpu_gemm_wna16")
     layer, method, _ = _layer(_config(kernel="vllm"), [48], 256)
     assert method.kernel == "torch" and "multiples of 32" in getattr(layer, cpu_int4.INFO_ATTR)["reason"]
@@ -242,13 +243,15 @@ def test_vllm_kernel_needs_multiples_of_32():
 
 def test_config_defaults_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("EDGECTL_INT4_GROUP_SIZE", "32")
-    monkeypatch.setenv("EDGECTL_INT4_LM_HEAD", "1")
+    monkeypatch.setenv("EDGECTL_LM_HEAD", "int4")
     monkeypatch.setenv("EDGECTL_LAYERWISE_REPACK", "0")
     c = cpu_int4.CpuInt4Config()
-    assert (c.group_size, c.lm_head, c.layerwise, c.source, c.kernel) == (32, True, False, "dense", "torch")
+    assert (c.group_size, c.lm_head, c.layerwise, c.source, c.kernel) == (32, "int4", False, "dense", "torch")
     # explicit settings (hf_overrides quantization_config_dict_json) win over the environment
     c = cpu_int4.CpuInt4Config.from_config_dict_json('{"group_size": 64, "lm_head": false}')
-    assert (c.group_size, c.lm_head, c.layerwise) == (64, False, False)
+    assert (c.group_size, c.lm_head, c.layerwise) == (64, "dense", False)
+    c = cpu_int4.CpuInt4Config.from_config_dict_json('{"kernel": "edgectl", "lm_head": "int8"}')
+    assert (c.kernel, c.lm_head, c.head_kernel) == ("edgectl", "int8", "edgectl")
     with pytest.raises(ValueError, match="unknown settings"):
         cpu_int4.CpuInt4Config.from_config_dict_json('{"groupsize": 64}')
     monkeypatch.setenv("EDGECTL_INT4_GROUP_SIZE", "100")
@@ -267,9 +270,9 @@ def test_portable_checkpoint_config():
 def test_a_layout_that_fails_verification_keeps_the_embedding_dense(monkeypatch):
     # If the learned layout ever stopped matching torch's pack op, the lookup would return
     # wrong rows: the load-time check must catch it and keep the embedding in the model dtype.
-    true = kernels.packed_layout()
-    wrong = kernels.PackedLayout(true.block_rows, true.perm_table.roll(1, dims=1))
-    monkeypatch.setattr(cpu_int4, "packed_layout", lambda: wrong)
+    true = tinygemm.packed_layout()
+    wrong = tinygemm.PackedLayout(true.block_rows, true.perm_table.roll(1, dims=1))
+    monkeypatch.setattr(cpu_int4.method, "packed_layout", lambda: wrong)
     embed, method, w = _layer(_config(lm_head=True), [448], 192, role="embedding")
     assert method.dense is not None
     assert getattr(embed, cpu_int4.INFO_ATTR)["reason"] == "packed-row lookup failed verification"
@@ -283,7 +286,7 @@ def test_a_layout_that_fails_verification_keeps_the_embedding_dense(monkeypatch)
 def _prequantized(source, n_parts, k, ckpt_group, *, sym=True, seed=0):
     """Synthetic checkpoint tensors: GPTQ (qweight [K/8, N] packed along K) or AWQ GEMM
     (qweight [K, N/8] packed along N in AWQ order), and the weight they stand for."""
-    from edgectl_runtime.quantize import _AWQ_ORDER, pack_int32
+    from edgectl_runtime.formats.gptq_awq import _AWQ_ORDER, pack_int32
 
     gen = torch.Generator().manual_seed(seed)
     n = sum(n_parts)
@@ -348,3 +351,117 @@ def test_gptq_and_awq_are_claimed_only_when_asked_for():
     assert cpu_int4.CpuInt4Config.override_quantization_method(gptq, "cpu_int4") == "cpu_int4"
     assert cpu_int4.CpuInt4Config.override_quantization_method(gptq, None) is None  # vLLM's own path
     assert cpu_int4.CpuInt4Config.override_quantization_method({"quant_method": "fp8"}, "cpu_int4") is None
+
+
+# --- edgectl's kernels (w4a8 linear layers, int8 / int4 heads)
+
+def _edgectl_available():
+    from edgectl_runtime import ops
+
+    ok, why = ops.available()
+    assert ok, why  # scripts/setup.sh builds the library: its absence is a failure
+
+
+def test_edgectl_linear_holds_any_shape_and_matches_its_reference():
+    """N = 200 is not a multiple of 16 and K = 100 not of 32: edgectl's blocks pad both."""
+    _edgectl_available()
+    from edgectl_runtime.formats import blocks
+    from edgectl_runtime.ops import reference
+
+    layer, method, w = _layer(_config(kernel="edgectl"), [120, 80], 100)
+    info = getattr(layer, cpu_int4.INFO_ATTR)
+    assert (method.kernel, info["format"], info["bits"]) == ("edgectl", "w4a8/b32", 4)
+    assert {n: tuple(t.shape) for n, t in _tensors(layer)} == {cpu_int4.W_ATTR: blocks.packed_shape(200, 100, 4)}
+    q, d, m = blocks.quantize_w4(w)
+    x = torch.randn(3, 100).to(BF16)
+    assert torch.equal(method.apply(layer, x), torch.ops.edgectl.linear_w4a8(x, getattr(layer, cpu_int4.W_ATTR), 200, 100))
+    ref = reference.linear_w4a8(x, q, d, m)
+    assert float((method.apply(layer, x).float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+    uq, us, uz = cpu_int4.unpack_layer(layer)  # read back as groups of 32 (fp32 scales and zeros)
+    assert torch.equal(uq, q)  # K padded to 128 (4 blocks), padding q = 0
+    torch.testing.assert_close(dequantize_int4(uq, us, uz)[:, :100], blocks.dequantize_w4(q, d, m, 100),
+                               rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("head", ["int8", "int4"])
+def test_edgectl_tied_head_and_lookup_read_one_copy(head):
+    _edgectl_available()
+    from edgectl_runtime.formats import blocks
+
+    config = _config(kernel="edgectl", lm_head=head)
+    embed, emb_method, w = _layer(config, [448], 192, role="embedding")
+    assert {n for n, _ in embed.named_parameters()} == {cpu_int4.W_ATTR}
+    bits = 8 if head == "int8" else 4
+    deq = blocks.dequantize_w8(*blocks.quantize_w8(w), 192) if bits == 8 else \
+        blocks.dequantize_w4(*blocks.quantize_w4(w), 192)
+    ids = torch.tensor([[0, 5, 447], [100, 100, 63]])
+    rows = emb_method.embedding(embed, ids)
+    assert rows.shape == (2, 3, 192) and rows.dtype == BF16
+    assert torch.equal(rows, deq[ids].to(BF16))
+    head_layer = torch.nn.Module()
+    head_layer.params_dtype = BF16
+    head_method = cpu_int4.CpuInt4LinearMethod(config, role="lm_head")
+    head_layer.quant_method = head_method
+    head_method.create_weights(head_layer, 192, [448], 192, 448, BF16, weight_loader=default_weight_loader)
+    head_method.tie_weights(head_layer, embed)
+    head_method.process_weights_after_loading(head_layer)
+    assert list(head_layer.parameters()) == []
+    x = torch.randn(2, 192).to(BF16)
+    ref = x.float() @ deq.t()
+    assert float((head_method.apply(head_layer, x).float() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_int8_head_next_to_torch_linear_layers():
+    """The int8 head is edgectl's whatever the linear layers' kernel (it is "available for any layer")."""
+    _edgectl_available()
+    config = _config(kernel="torch", lm_head="int8")
+    embed, method, _ = _layer(config, [448], 192, role="embedding")
+    assert (method.kernel, method.bits, getattr(embed, cpu_int4.INFO_ATTR)["format"]) == ("edgectl", 8, "w8a8/b32")
+    linear, lmethod, _ = _layer(config, [192], 192)
+    assert lmethod.kernel == "torch"
+
+
+def test_edgectl_padded_vocabulary_packs_as_the_rows_arrive():
+    _edgectl_available()
+    config = _config(kernel="edgectl", lm_head="int8")
+    layer = torch.nn.Module()
+    layer.params_dtype = BF16
+    layer.org_vocab_size = 400
+    method = cpu_int4.CpuInt4LinearMethod(config, role="embedding")
+    layer.quant_method = method
+    method.create_weights(layer, 192, [448], 192, 448, BF16, weight_loader=default_weight_loader)
+    w = torch.randn(400, 192, generator=torch.Generator().manual_seed(3)) * 0.05  # fp32 checkpoint
+    layer.weight.weight_loader(layer.weight, w)
+    assert hasattr(layer, cpu_int4.W_ATTR) and "weight" not in layer._parameters
+    ids = torch.tensor([0, 255, 399, 447])  # the last id is a padding row: zeros
+    rows = method.embedding(layer, ids)
+    assert not rows[3].any() and torch.allclose(rows[:3].float(), w[ids[:3]], atol=0.05 / 127 * 4)
+
+
+@pytest.mark.parametrize(("source", "sym", "ckpt_group"), [("gptq", True, 128), ("awq", False, 64), ("gptq", True, -1)])
+def test_gptq_awq_to_edgectl_blocks_keep_q(source, sym, ckpt_group):
+    """A group-wise checkpoint becomes W4 blocks without requantizing: the same q, d = scale,
+    m = zero - 8 scale (exact up to fp16 rounding of d and m)."""
+    _edgectl_available()
+    k = 384
+    config = cpu_int4.CpuInt4Config.from_config(
+        {"quant_method": source, "bits": 4, "group_size": ckpt_group, "desc_act": False, "sym": sym,
+         "version": "GEMM", "zero_point": True})
+    config.kernel = "edgectl"
+    config.layerwise = True
+    layer = torch.nn.Module()
+    layer.params_dtype = BF16
+    method = cpu_int4.CpuInt4LinearMethod(config, role="linear", prefix="model.layers.0.mlp.down_proj")
+    layer.quant_method = method
+    method.create_weights(layer, k, [192, 64], k, 256, BF16, weight_loader=default_weight_loader)
+    tensors, w = _prequantized(source, [192, 64], k, ckpt_group, sym=sym)
+    for name, t in tensors.items():
+        param = getattr(layer, name)
+        param.weight_loader(param, t)
+    method.process_weights_after_loading(layer)
+    assert getattr(layer, cpu_int4.INFO_ATTR)["format"] == "w4a8/b32"
+    q, d, z = cpu_int4.unpack_layer(layer)
+    deq = dequantize_int4(q, d, z)
+    # d = the checkpoint's fp16 scale exactly; m = -zp * scale rounded once to fp16
+    m = z - 8 * d
+    assert float((deq - w).abs().max()) <= 2 ** -11 * float(m.abs().max()) + 1e-6

@@ -1,5 +1,6 @@
-"""Which int4 kernels this process can run, against the recorded kernel matrix
-(tests/data/vllm_kernels.yaml) and against what the loaded vLLM library really registers."""
+"""Which int4/int8 kernels this process can run (edgectl_runtime.diagnostics.report), against the
+recorded kernel matrix (tests/data/vllm_kernels.yaml) and against what the loaded vLLM library
+really registers; and the micro-benchmark's plumbing (no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from int4_helpers import runtime_env
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from edgectl_runtime import kernels  # noqa: E402
+from edgectl_runtime.diagnostics import microbench, report as kernels  # noqa: E402
 
 MATRIX = yaml.safe_load((Path(__file__).parent / "data" / "vllm_kernels.yaml").read_text())
 
@@ -81,20 +82,26 @@ def test_formats_follow_registered_ops(report):
 
 
 def test_cli_prints_the_report_as_json():
-    done = subprocess.run([sys.executable, "-m", "edgectl_runtime.kernels"], env=runtime_env(),
+    done = subprocess.run([sys.executable, "-m", "edgectl_runtime.diagnostics.report"], env=runtime_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
-    assert out["schema"] == "edgectl.kernels/1" and set(out["formats"]) == {"bf16", "w4a16", "w4a16-vllm", "w4a8-amx"}
+    assert out["schema"] == "edgectl.kernels/1"
+    assert set(out["formats"]) == {"bf16", "w4a16", "w4a16-vllm", "w4a8-amx", "w4a8"}
+    assert out["formats"]["w4a8"] is True and out["edgectl"]["isa"] in out["edgectl"]["supported_isas"]
 
 
-def test_time_ops_measures_every_kernel_present():
-    rows = kernels.time_ops(shapes=(("tiny", 64, 128),), ms=(1, 4), groups=(32, 128), reps=2)
-    assert [r["m"] for r in rows] == [1, 4]
+def test_microbench_rows_read_back_each_level():
+    """Every arm runs and reports bytes and a rate; each edgectl arm ran at the level it names
+    (the benchmark asserts the read-back level itself)."""
+    from edgectl_runtime import ops
+
+    levels = ops.supported_levels()
+    rows = microbench.run([("test", "tiny", 40, 96)], [1, 3], passes=1, levels=levels, act_dtype=torch.bfloat16,
+                          include={"w4a8", "w8a8", "torch-int4", "bf16"}, footprint=1 << 20, min_calls=2)
+    arms = {r["arm"] for r in rows}
+    assert arms == {f"w4a8/{lv}" for lv in levels} | {f"w8a8/{lv}" for lv in levels} | {"bf16"}  # N=40: no int4
     for r in rows:
-        assert r["bf16_linear_us"] > 0 and r["int4_torch_g32_us"] > 0 and r["int4_torch_g128_us"] > 0
-        assert ("int4_vllm_g32_us" in r) == hasattr(torch.ops._C, "cpu_gemm_wna16")
-        # oneDNN's bf16 matmul is timed exactly where oneDNN does bf16 (x86: AVX-512 core or newer; on
-        # AVX2, real or ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, creating it raises, and
-        # time_ops must not): asked of the platform, not assumed
-        assert ("bf16_onednn_us" in r) == kernels.onednn_bf16_supported()
+        assert r["median_us"] > 0 and r["weight_bytes"] > 0 and r["m"] in (1, 3)
+    w4 = next(r for r in rows if r["arm"].startswith("w4a8"))
+    assert w4["weight_bytes"] == 3 * 3 * 320  # 3 tiles x 3 blocks of 320-byte records

@@ -39,7 +39,7 @@ def test_quantize_writes_a_portable_checkpoint_that_round_trips(tiny, tmp_path):
     import torch
     from safetensors import safe_open
 
-    from edgectl_runtime.quantize import dequantize_int4, quantize_int4, unpack_nibbles
+    from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4, unpack_nibbles
 
     out = tmp_path / "q4"
     done = edgectl("quantize", str(tiny), str(out), "--group-size", "128", "--json")

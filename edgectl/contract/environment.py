@@ -83,17 +83,18 @@ _VARS = [
         "copy of the model is ever resident); 0: the naive path, the whole model is loaded in the model dtype "
         "first and packed afterwards (SmolLM2: +90 MB anonymous memory left resident by the freed dense copy)",
         "1", _BOOL),
-    Var("EDGECTL_INT4_LM_HEAD", Role.OWN, "1: cpu_int4 also quantizes the LM head (a tied embedding is "
-        "quantized once; the lookup dequantizes only the rows it needs); 0: the LM head stays in the model "
-        "dtype", "0", _BOOL),
+    Var("EDGECTL_LM_HEAD", Role.OWN, "the LM head of cpu_int4 (a tied embedding is stored once, in the head's "
+        "format; the lookup dequantizes only the rows it needs): dense = the model dtype; int4 = the linear "
+        "layers' 4-bit family (edgectl's W4 with EDGECTL_INT4_KERNEL=edgectl, PyTorch's int4 kernel otherwise); "
+        "int8 = edgectl's W8 (blocks of 32, GGUF Q8_0 arithmetic)", "dense", ("dense", "int4", "int8")),
     Var("EDGECTL_INT4_GROUP_SIZE", Role.OWN, "preferred int4 group size when a model is quantized at load "
         "(--quantization cpu_int4 on a bf16/fp16 checkpoint); per layer the shared rule in "
         "edgectl/contract/int4_layout.py picks a size that divides K", str(DEFAULT_GROUP_SIZE),
         tuple(str(g) for g in ALLOWED_GROUP_SIZES)),
     Var("EDGECTL_INT4_KERNEL", Role.OWN, "the kernel of cpu_int4's linear layers: torch (PyTorch's "
-        "_weight_int4pack_mm_for_cpu, every ISA; the plan's w4a16) or vllm (vLLM's cpu_gemm_wna16, only where "
-        "its C library registers it; the plan's w4a16-vllm). The tied embedding / LM head always uses torch's",
-        "torch", ("torch", "vllm")),
+        "_weight_int4pack_mm_for_cpu, every ISA; the plan's w4a16), vllm (vLLM's cpu_gemm_wna16, only where "
+        "its C library registers it; the plan's w4a16-vllm) or edgectl (edgectl's own kernels, W4 blocks of 32 "
+        "with int8 activations; the plan's w4a8)", "torch", ("torch", "vllm", "edgectl")),
     Var("EDGECTL_COMPILE_CACHE", Role.OWN, "1: in vLLM's compiled mode, load the graph a previous start saved "
         "(edgectl works around vLLM 0.32 discarding it, runtime/edgectl_runtime/compile_cache.py); 0: unmodified "
         "vLLM, which compiles again at every start", "0", _BOOL),
@@ -204,10 +205,10 @@ def runtime_python(environ: Mapping[str, str]) -> str:
 
 # -- the plan's side of the runtime's variables -----------------------------------------------------
 
-_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_LAYERWISE_REPACK", "EDGECTL_INT4_LM_HEAD",
-                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_COMPILE_CACHE")
+_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_LAYERWISE_REPACK", "EDGECTL_LM_HEAD",
+                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_KERNEL_ISA", "EDGECTL_COMPILE_CACHE")
 # weight format → the cpu_int4 plugin's kernel (EDGECTL_INT4_KERNEL)
-_KERNEL = {"w4a16": "torch", "w4a16-vllm": "vllm"}
+_KERNEL = {"w4a16": "torch", "w4a16-vllm": "vllm", "w4a8": "edgectl"}
 
 
 def runtime_levers(plan: Plan) -> dict[str, str]:
@@ -220,7 +221,7 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
     env = {
         "EDGECTL_ROPE_CAP": "1" if plan.levers.rope_cap else "0",
         "EDGECTL_LAYERWISE_REPACK": "1" if plan.levers.layerwise_repack else "0",
-        "EDGECTL_INT4_LM_HEAD": "1" if plan.quantize_lm_head else "0",
+        "EDGECTL_LM_HEAD": "int4" if plan.quantize_lm_head else "dense",
         "EDGECTL_INT4_GROUP_SIZE": str(plan.group_size),
         # edgectl's worker always loads what an earlier start compiled (a no-op in eager mode);
         # the unmodified-vLLM comparison is the bench's stock arm, without edgectl's plugin.

@@ -6,6 +6,8 @@ worker: ``vllm/plugins/__init__.py`` ``load_general_plugins``), before any model
 - registers the ``cpu_int4`` quantization method (importing ``edgectl_runtime.cpu_int4``
   registers it; the config object is pickled to the children, so the class must be importable
   everywhere, which the entry point guarantees);
+- registers edgectl's fused RMSNorm as provider ``edgectl`` of vLLM's norm IR ops
+  (``fused_norm.py``), used only by a server whose ``ir_op_priority`` names it;
 - installs the RoPE cap if ``EDGECTL_ROPE_CAP=1`` (off by default: the plugin is loaded by
   every vLLM process in the venv, including a benchmark's unmodified "stock" arm);
 - asks Linux for permission to use AMX tiles where the CPU has them (:func:`request_amx`);
@@ -26,14 +28,16 @@ logger = logging.getLogger("edgectl.plugin")
 
 def register() -> None:
     """Called once per vLLM process."""
-    from edgectl_runtime import cpu_int4, rope
+    from edgectl_runtime import cpu_int4, fused_norm, rope
 
     request_amx()
     capped = rope.install(os.environ)
+    norms = fused_norm.register()
     from edgectl_runtime import compile_cache
 
     compile_cache.install(os.environ)
-    logger.debug("edgectl plugin: %s registered, RoPE cap %s", cpu_int4.NAME, "on" if capped else "off")
+    logger.debug("edgectl plugin: %s registered, norms %s, RoPE cap %s", cpu_int4.NAME, norms or "unavailable",
+                 "on" if capped else "off")
 
 
 def request_amx() -> bool | None:

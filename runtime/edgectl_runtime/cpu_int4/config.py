@@ -1,0 +1,249 @@
+"""The settings of the ``cpu_int4`` quantization method, and where they come from.
+
+vLLM builds the config object in the front-end process and pickles it to the engine and worker
+processes. Its settings come from, in order:
+
+1. a checkpoint's ``config.json`` ``quantization_config`` (:meth:`CpuInt4Config.from_config`):
+   a portable checkpoint written by ``edgectl quantize``, or a 4-bit GPTQ / AWQ one, fixes what
+   the stored data fixes (its group size);
+2. a bf16/fp16/fp32 checkpoint served with ``quantization="cpu_int4"``: vLLM calls
+   ``CpuInt4Config()`` with no arguments, so the settings come from the runtime environment
+   (``edgectl.contract.environment``), which the worker sets from the plan before vLLM starts:
+   ``EDGECTL_INT4_KERNEL`` (the weight format of the linear layers), ``EDGECTL_LM_HEAD``,
+   ``EDGECTL_INT4_GROUP_SIZE``, ``EDGECTL_LAYERWISE_REPACK``;
+3. or explicitly, ``hf_overrides={"quantization_config_dict_json": '{"kernel": "edgectl"}'}``
+   (:meth:`CpuInt4Config.from_config_dict_json`), which wins over the environment.
+
+Kernels of the linear layers (the plan's weight format in brackets):
+
+- ``torch`` [w4a16]: PyTorch's ``_weight_int4pack_mm_for_cpu``, groups of 32-256, activations
+  in the model dtype (``ops/tinygemm.py``);
+- ``vllm`` [w4a16-vllm]: vLLM's ``cpu_gemm_wna16``, only where its C library registers it
+  (``ops/wna16.py``);
+- ``edgectl`` [w4a8]: edgectl's own library, blocks of 32 with a scale and a minimum (GGUF
+  Q4_1), activations quantized to int8 per call (``ops/``, ``formats/blocks.py``).
+
+The LM head (``lm_head``): ``dense`` (the model dtype), ``int4`` (the linear layers' 4-bit
+family: edgectl's W4 with the ``edgectl`` kernel, PyTorch's otherwise) or ``int8`` (edgectl's W8,
+blocks of 32, one scale: GGUF Q8_0). A tied embedding is stored once, in the head's format; a
+lookup dequantizes only the rows it needs.
+
+vLLM's compile cache key includes the method's *name* only (``VllmConfig.compute_hash``), not
+these settings: a caller that changes them between compiled runs should pass them in
+``additional_config`` (which is hashed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES
+from edgectl.contract import environment as runtime_env
+from edgectl_runtime.ops.wna16 import wna16_available
+from edgectl_runtime.quantize import FORMAT as PORTABLE_FORMAT
+
+NAME = "cpu_int4"
+KERNELS = ("torch", "vllm", "edgectl")
+LM_HEAD_FORMATS = ("dense", "int4", "int8")
+SOURCES = ("dense", "portable", "gptq", "awq")
+
+
+def current_model_config():
+    from vllm.config import get_current_vllm_config_or_none
+
+    cfg = get_current_vllm_config_or_none()
+    return cfg.model_config if cfg is not None else None
+
+
+def tied_embeddings() -> bool:
+    mc = current_model_config()
+    if mc is None:
+        return False
+    text = mc.hf_config.get_text_config() if hasattr(mc.hf_config, "get_text_config") else mc.hf_config
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
+def _tensor_parallel_size() -> int:
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    try:
+        return get_tensor_model_parallel_world_size()
+    except AssertionError:  # no process group (unit tests): one rank
+        return 1
+
+
+def _lm_head_format(value: bool | str | None) -> str | None:
+    """``True``/``False`` (the setting's old boolean form) or a format name."""
+    if value is None or isinstance(value, str):
+        return value
+    return "int4" if value else "dense"
+
+
+@register_quantization_config(NAME)
+class CpuInt4Config(QuantizationConfig):
+    """Settings of the ``cpu_int4`` method; see the module docstring for where they come from."""
+
+    def __init__(self, group_size: int | None = None, lm_head: bool | str | None = None,
+                 layerwise: bool | None = None, source: str = "dense",
+                 checkpoint: dict[str, Any] | None = None, kernel: str | None = None) -> None:
+        super().__init__()
+        environ = os.environ
+        self.group_size = int(group_size if group_size is not None
+                              else runtime_env.read_int("EDGECTL_INT4_GROUP_SIZE", environ))
+        if self.group_size not in ALLOWED_GROUP_SIZES:
+            raise ValueError(f"cpu_int4: group size {self.group_size} is not supported; use one of "
+                             f"{', '.join(str(g) for g in ALLOWED_GROUP_SIZES)}")
+        head = _lm_head_format(lm_head)
+        self.lm_head = head if head is not None else runtime_env.read("EDGECTL_LM_HEAD", environ)
+        if self.lm_head not in LM_HEAD_FORMATS:
+            raise ValueError(f"cpu_int4: LM head format {self.lm_head!r} is not one of {', '.join(LM_HEAD_FORMATS)}")
+        self.layerwise = bool(layerwise if layerwise is not None
+                              else runtime_env.read_bool("EDGECTL_LAYERWISE_REPACK", environ))
+        self.kernel = kernel if kernel is not None else runtime_env.read("EDGECTL_INT4_KERNEL", environ)
+        if self.kernel not in KERNELS:
+            raise ValueError(f"cpu_int4: kernel {self.kernel!r} is not one of {', '.join(KERNELS)}")
+        if self.kernel == "vllm" and not wna16_available():
+            raise ValueError("cpu_int4: EDGECTL_INT4_KERNEL=vllm needs vLLM's cpu_gemm_wna16, which the vLLM "
+                             "library loaded on this CPU does not register (see `python -m "
+                             "edgectl_runtime.diagnostics.report`); use EDGECTL_INT4_KERNEL=torch or edgectl")
+        if self.kernel == "edgectl" or self.lm_head == "int8":
+            self._load_edgectl_kernels()
+        if source not in SOURCES:
+            raise ValueError(f"cpu_int4: unknown source {source!r}")
+        self.source = source  # "dense": quantize a bf16/fp16/fp32 checkpoint at load
+        self.checkpoint = dict(checkpoint or {})
+        # GPTQ / AWQ checkpoints converted at load: their own group (-1 = one per output channel)
+        self.ckpt_group = int(self.checkpoint.get("group_size", self.checkpoint.get("q_group_size", -1)) or -1)
+        self.ckpt_sym = bool(self.checkpoint.get("sym", True))
+        self.ckpt_zero_offset = 0 if self.checkpoint.get("checkpoint_format") == "gptq_v2" else 1
+        self.not_convert = list(self.checkpoint.get("modules_to_not_convert") or [])
+
+    @staticmethod
+    def _load_edgectl_kernels() -> None:
+        """Fail at configuration, with the fix, rather than at the first forward pass."""
+        from edgectl_runtime import ops
+
+        try:
+            ops.load()
+        except ops.KernelLibraryError as exc:
+            raise ValueError(f"cpu_int4: {exc}") from None
+
+    def __repr__(self) -> str:
+        return (f"CpuInt4Config(kernel={self.kernel!r}, group_size={self.group_size}, lm_head={self.lm_head!r}, "
+                f"layerwise={self.layerwise}, source={self.source!r})")
+
+    def describe(self) -> dict[str, Any]:
+        out = {"group_size": self.group_size, "lm_head": self.lm_head, "layerwise": self.layerwise,
+               "source": self.source, "kernel": self.kernel}
+        if self.source in ("gptq", "awq"):
+            out["checkpoint_group_size"] = self.ckpt_group
+        if self.kernel == "edgectl" or self.lm_head == "int8":
+            from edgectl_runtime import ops
+
+            out["isa"] = ops.active_level()
+        return out
+
+    @property
+    def head_kernel(self) -> str:
+        """The kernel of a quantized LM head / tied embedding: edgectl's for int8 and for int4
+        next to edgectl's linear layers, PyTorch's int4 kernel otherwise (vLLM's has no lookup)."""
+        return "edgectl" if self.lm_head == "int8" or self.kernel == "edgectl" else "torch"
+
+    # --- QuantizationConfig API
+
+    def get_name(self) -> str:
+        return NAME
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1  # CPU
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []  # a bf16 checkpoint has none: vLLM then calls CpuInt4Config()
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg: dict[str, Any], user_quant: str | None,
+                                     hf_config: Any = None) -> str | None:
+        """Claim a 4-bit GPTQ/AWQ checkpoint when ``quantization="cpu_int4"`` is asked for: it is
+        converted at load to a kernel that exists on every CPU, where vLLM's own W4A16 kernel
+        exists only in its AVX-512 libraries (``diagnostics/report.py``)."""
+        if user_quant == NAME and hf_quant_cfg.get("quant_method") in ("gptq", "awq"):
+            return NAME
+        return None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "CpuInt4Config":
+        """From a checkpoint's ``quantization_config``: a portable checkpoint, or a GPTQ/AWQ one."""
+        method = config.get("quant_method")
+        if method in ("gptq", "awq"):
+            return cls._from_gptq_awq(config)
+        fmt = config.get("format")
+        if fmt != PORTABLE_FORMAT:
+            raise ValueError(f"cpu_int4: checkpoint format {fmt!r} is not {PORTABLE_FORMAT!r}; "
+                             "write it with `edgectl quantize`")
+        return cls(group_size=int(config["group_size"]), lm_head=config.get("lm_head"),
+                   layerwise=config.get("layerwise"), source="portable", checkpoint=config,
+                   kernel=config.get("kernel"))
+
+    @classmethod
+    def _from_gptq_awq(cls, config: dict[str, Any]) -> "CpuInt4Config":
+        method = config["quant_method"]
+        bits = config.get("bits", config.get("w_bit"))
+        if bits != 4:
+            raise ValueError(f"cpu_int4 converts 4-bit {method.upper()} checkpoints; this one has {bits} bits")
+        group = int(config.get("group_size", config.get("q_group_size", -1)) or -1)
+        if 0 < group < min(ALLOWED_GROUP_SIZES):
+            raise ValueError(f"cpu_int4: the checkpoint's group size {group} is finer than the int4 kernel's "
+                             f"smallest ({min(ALLOWED_GROUP_SIZES)})")
+        if method == "gptq" and config.get("desc_act"):
+            raise ValueError("cpu_int4: act-order GPTQ (desc_act=true) permutes the input rows per group; "
+                             "use a checkpoint quantized with desc_act=false")
+        if method == "awq":
+            if str(config.get("version", "gemm")).lower() != "gemm":
+                raise ValueError(f"cpu_int4 converts AWQ GEMM checkpoints; this one is {config.get('version')}")
+            if not config.get("zero_point", True):
+                raise ValueError("cpu_int4 converts AWQ checkpoints with zero points only")
+        # group_size (from the environment) then only applies to an LM head quantized at load.
+        return cls(group_size=None, source=method, checkpoint=config)
+
+    @classmethod
+    def from_config_dict_json(cls, text: str) -> "CpuInt4Config":
+        """From ``hf_overrides={"quantization_config_dict_json": ...}`` on a dense checkpoint."""
+        data = json.loads(text)
+        unknown = set(data) - {"group_size", "lm_head", "layerwise", "kernel", "quant_method"}
+        if unknown:
+            raise ValueError(f"cpu_int4: unknown settings {sorted(unknown)}; "
+                             "known: group_size, lm_head, layerwise, kernel")
+        return cls(group_size=data.get("group_size"), lm_head=data.get("lm_head"),
+                   layerwise=data.get("layerwise"), kernel=data.get("kernel"))
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        from edgectl_runtime.cpu_int4.method import CpuInt4LinearMethod
+
+        if _tensor_parallel_size() > 1:
+            raise ValueError("cpu_int4 supports tensor_parallel_size 1 only (its loaders do not shard)")
+        if isinstance(layer, LinearBase):
+            if self.not_convert and any(name in prefix for name in self.not_convert):
+                return UnquantizedLinearMethod()  # stored unquantized in the checkpoint
+            return CpuInt4LinearMethod(self, role="linear", prefix=prefix)
+        quantized_head = self.lm_head != "dense"
+        if isinstance(layer, ParallelLMHead):
+            return CpuInt4LinearMethod(self, role="lm_head", prefix=prefix) if quantized_head else None
+        if isinstance(layer, VocabParallelEmbedding):
+            if quantized_head and tied_embeddings():
+                return CpuInt4LinearMethod(self, role="embedding", prefix=prefix)
+            return None
+        return None

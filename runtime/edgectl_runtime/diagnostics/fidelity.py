@@ -1,0 +1,107 @@
+"""Fidelity of weight formats against bf16, offline: the bench's comparison on the shipped prompts.
+
+``python -m edgectl_runtime.diagnostics.fidelity MODEL_DIR [--arms bf16,w4a16,w4a8,w4a8-int8]``
+
+Each arm loads the model in its own process (vLLM's offline engine, eager, one sequence) with
+its ``cpu_int4`` settings, and collects, for every prompt of ``edgectl/data/prompts/fidelity.json``,
+the top-20 log-probabilities at every teacher-forced position and at the next token — the
+data ``edgectl bench`` collects over HTTP (``edgectl.bench.fidelity.collect_vllm``). Every arm is
+then compared with the ``bf16`` arm by ``edgectl.bench.fidelity.compare``: top-1 agreement and
+mean KL (top-20 + "other" bins). A measurement tool for choosing formats, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+# arm -> (vLLM quantization, runtime environment, vLLM ir_op_priority from edgectl's fused norm)
+ARMS = {
+    "bf16": (None, {}, False),
+    "w4a16": ("cpu_int4", {"EDGECTL_INT4_KERNEL": "torch", "EDGECTL_LM_HEAD": "dense"}, False),
+    "w4a16-int8": ("cpu_int4", {"EDGECTL_INT4_KERNEL": "torch", "EDGECTL_LM_HEAD": "int8"}, False),
+    "w4a8": ("cpu_int4", {"EDGECTL_INT4_KERNEL": "edgectl", "EDGECTL_LM_HEAD": "dense"}, True),
+    "w4a8-int8": ("cpu_int4", {"EDGECTL_INT4_KERNEL": "edgectl", "EDGECTL_LM_HEAD": "int8"}, True),
+    "w4a8-int4": ("cpu_int4", {"EDGECTL_INT4_KERNEL": "edgectl", "EDGECTL_LM_HEAD": "int4"}, True),
+}
+TOP_K = 20
+
+
+def _collect(model: str, arm: str, group: int, dtype: str) -> dict:
+    """Runs in the arm's process: the collect_vllm structure, from the offline engine."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from edgectl.bench.prompts import prompt_set
+
+    quant, _, fused = ARMS[arm]
+    kwargs = dict(model=model, max_model_len=2048, max_num_seqs=1, kv_cache_memory_bytes=64 << 20,
+                  enforce_eager=True, dtype=dtype, seed=0, max_logprobs=TOP_K)
+    if quant:
+        kwargs["quantization"] = quant
+    if fused:
+        from edgectl_runtime import fused_norm
+
+        kwargs["ir_op_priority"] = fused_norm.priority()
+    llm = LLM(**kwargs)
+    tok = llm.get_tokenizer()
+    ps = prompt_set()
+    items = []
+    for text in [*ps.prompts, ps.perplexity_text]:
+        ids = tok.encode(text)
+        out = llm.generate([TokensPrompt(prompt_token_ids=ids)],
+                           SamplingParams(max_tokens=1, temperature=0, logprobs=TOP_K, prompt_logprobs=TOP_K))[0]
+        positions = [None if p is None else {int(t): float(lp.logprob) for t, lp in p.items()}
+                     for p in out.prompt_logprobs]
+        nxt = {int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[0].items()}
+        items.append({"ids": ids, "positions": positions, "next": nxt})
+    return {"method": "vllm-prompt-logprobs", "k": TOP_K, "prompts": items[:-1], "perplexity": items[-1]}
+
+
+def run(model: str, arms: list[str], group: int, dtype: str) -> dict:
+    from edgectl.bench import fidelity
+
+    raw = {}
+    for arm in ["bf16", *[a for a in arms if a != "bf16"]]:
+        env = dict(os.environ)
+        env.update(ARMS[arm][1])
+        env["EDGECTL_INT4_GROUP_SIZE"] = str(group)
+        done = subprocess.run([sys.executable, "-m", "edgectl_runtime.diagnostics.fidelity", "--collect", arm,
+                               "--group-size", str(group), "--dtype", dtype, model],
+                              env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"arm {arm} failed:\n{done.stderr[-3000:]}")
+        raw[arm] = json.loads(done.stdout.strip().splitlines()[-1])
+    out = {"schema": "edgectl.fidelity-offline/1", "model": model, "dtype": dtype, "group_size": group,
+           "method": fidelity.METHOD, "arms": {}}
+    for arm, data in raw.items():
+        cmp = fidelity.compare(raw["bf16"], data)
+        cmp["perplexity"] = fidelity.perplexity(data["perplexity"])
+        out["arms"][arm] = cmp
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m edgectl_runtime.diagnostics.fidelity", description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--arms", default="bf16,w4a16,w4a8,w4a8-int8")
+    p.add_argument("--group-size", type=int, default=32, help="cpu_int4 group for the w4a16 arms")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--collect", default=None, help=argparse.SUPPRESS)  # one arm, in its own process
+    a = p.parse_args(argv)
+    if a.collect:
+        print(json.dumps(_collect(a.model, a.collect, a.group_size, a.dtype)))
+        return 0
+    unknown = [x for x in a.arms.split(",") if x not in ARMS]
+    if unknown:
+        print(f"error: unknown arm {unknown[0]!r}: use {', '.join(ARMS)}", file=sys.stderr)
+        return 2
+    print(json.dumps(run(a.model, a.arms.split(","), a.group_size, a.dtype), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -122,6 +122,18 @@ inline void split_range(int64_t items, int t, int nthreads, int64_t* begin, int6
   *end = *begin + base + (t < extra ? 1 : 0);
 }
 
+// Records prefetched ahead of the one being multiplied. A single core's hardware prefetchers
+// alone leave it short of memory bandwidth at batch 1 (measured: docs/kernels.md).
+#ifndef EDGECTL_PREFETCH_RECORDS
+#define EDGECTL_PREFETCH_RECORDS 8
+#endif
+
+inline void prefetch_ahead(const uint8_t* rec, int64_t record) {
+  if (EDGECTL_PREFETCH_RECORDS == 0) return;
+  const uint8_t* p = rec + EDGECTL_PREFETCH_RECORDS * record;
+  for (int64_t off = 0; off < record; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
 // Work below this many weight bytes runs on the calling thread: waking the OpenMP team costs
 // a few microseconds, as much as streaming ~50 KB.
 constexpr int64_t kParallelMinBytes = 64 * 1024;

@@ -147,6 +147,7 @@ void tile_w4(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0
   for (int mi = 0; mi < MB; ++mi) acc[mi][0] = acc[mi][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < kb; ++b) {
     const uint8_t* rec = recs + b * kW4Record;
+    prefetch_ahead(rec, kW4Record);
     ActBlock act[MB];
     load_acts<MB>(a, i0, b, act);
     for (int h = 0; h < 2; ++h) {
@@ -185,6 +186,7 @@ void tile_w8(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0
   for (int mi = 0; mi < MB; ++mi) acc[mi][0] = acc[mi][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < kb; ++b) {
     const uint8_t* rec = recs + b * kW8Record;
+    prefetch_ahead(rec, kW8Record);
     ActBlock act[MB];
     load_acts<MB>(a, i0, b, act);
     for (int h = 0; h < 2; ++h) {

@@ -120,6 +120,7 @@ void tile_w4(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0
   for (int mi = 0; mi < MB; ++mi) acc[mi] = _mm512_setzero_ps();
   for (int64_t b = 0; b < kb; ++b) {
     const uint8_t* rec = recs + b * kW4Record;
+    prefetch_ahead(rec, kW4Record);
     ActBlock act[MB];
     load_acts<MB>(a, i0, b, act);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + kW4ScaleOffset)));
@@ -154,6 +155,7 @@ void tile_w8(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0
   for (int mi = 0; mi < MB; ++mi) acc[mi] = _mm512_setzero_ps();
   for (int64_t b = 0; b < kb; ++b) {
     const uint8_t* rec = recs + b * kW8Record;
+    prefetch_ahead(rec, kW8Record);
     ActBlock act[MB];
     load_acts<MB>(a, i0, b, act);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + kW8ScaleOffset)));

@@ -441,10 +441,22 @@ def test_portable_checkpoint_on_edgectl_kernels(work, portable, tiny):
 
 
 def test_real_model_on_edgectl_kernels(work, pulled_smollm2):
-    """SmolLM2-135M on w4a8 with the int8 head (both exact for its GGUF-derived weights)."""
+    """SmolLM2-135M on w4a8 with the int8 head. Both formats hold its GGUF-derived weights exactly
+    (tests/test_formats_real.py), so the engine must agree with the unquantized model run in fp32
+    (transformers) up to the int8 activations. (Not one greedy answer: "The capital of France
+    is" is a near-tie in this model that bf16 rounding alone flips.)"""
+    import torch
+    from transformers import LlamaForCausalLM
+
     env = {**W4A8, "EDGECTL_INT4_GROUP_SIZE": "32"}
     result = run_engine(work, pulled_smollm2, env, "--quantization", "cpu_int4", "--fused-norm",
                         "--max-model-len", "2048", "--kv-mib", "64", "--chat", "What is the capital of France?",
                         name="smollm2-w4a8")
     assert result["readback"]["formats"] == {"w4a8/b32": 120, "w8a8/b32": 1, "w8a8/b32-tied-embedding": 1}
-    assert "Paris" in result["chat"], result["chat"]
+    assert result["chat"].strip()
+    model = LlamaForCausalLM.from_pretrained(str(pulled_smollm2), dtype=torch.float32)
+    with torch.no_grad():
+        ref = [torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)[:-1]
+               for ids in result["prompt_ids"]]
+    agree, diff = compare_logprobs(result, ref)
+    assert agree >= 0.9 and diff < 0.15, (agree, diff)

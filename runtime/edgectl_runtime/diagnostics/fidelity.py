@@ -18,15 +18,8 @@ import os
 import subprocess
 import sys
 
-# arm -> (vLLM quantization, runtime environment, vLLM ir_op_priority from edgectl's fused norm)
-ARMS = {
-    "bf16": (None, {}, False),
-    "w4a16": ("cpu_int4", {"EDGECTL_INT4_KERNEL": "torch", "EDGECTL_LM_HEAD": "dense"}, False),
-    "w4a16-int8": ("cpu_int4", {"EDGECTL_INT4_KERNEL": "torch", "EDGECTL_LM_HEAD": "int8"}, False),
-    "w4a8": ("cpu_int4", {"EDGECTL_INT4_KERNEL": "edgectl", "EDGECTL_LM_HEAD": "dense"}, True),
-    "w4a8-int8": ("cpu_int4", {"EDGECTL_INT4_KERNEL": "edgectl", "EDGECTL_LM_HEAD": "int8"}, True),
-    "w4a8-int4": ("cpu_int4", {"EDGECTL_INT4_KERNEL": "edgectl", "EDGECTL_LM_HEAD": "int4"}, True),
-}
+from edgectl_runtime.diagnostics.arms import ARMS, engine_kwargs
+
 TOP_K = 20
 
 
@@ -37,16 +30,7 @@ def _collect(model: str, arm: str, group: int, dtype: str) -> dict:
 
     from edgectl.bench.prompts import prompt_set
 
-    quant, _, fused = ARMS[arm]
-    kwargs = dict(model=model, max_model_len=2048, max_num_seqs=1, kv_cache_memory_bytes=64 << 20,
-                  enforce_eager=True, dtype=dtype, seed=0, max_logprobs=TOP_K)
-    if quant:
-        kwargs["quantization"] = quant
-    if fused:
-        from edgectl_runtime import fused_norm
-
-        kwargs["ir_op_priority"] = fused_norm.priority()
-    llm = LLM(**kwargs)
+    llm = LLM(**engine_kwargs(arm, model, dtype), max_logprobs=TOP_K)
     tok = llm.get_tokenizer()
     ps = prompt_set()
     items = []
@@ -67,7 +51,7 @@ def run(model: str, arms: list[str], group: int, dtype: str) -> dict:
     raw = {}
     for arm in ["bf16", *[a for a in arms if a != "bf16"]]:
         env = dict(os.environ)
-        env.update(ARMS[arm][1])
+        env.update(ARMS[arm].env)
         env["EDGECTL_INT4_GROUP_SIZE"] = str(group)
         done = subprocess.run([sys.executable, "-m", "edgectl_runtime.diagnostics.fidelity", "--collect", arm,
                                "--group-size", str(group), "--dtype", dtype, model],

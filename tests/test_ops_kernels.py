@@ -221,3 +221,15 @@ def test_bad_input_is_a_clear_error(call, message):
     with pytest.raises(RuntimeError) as err:
         call(w, _x(2, 96, torch.float32, 1))
     assert message in str(err.value)
+
+
+def test_the_crossover_per_level_is_the_measured_one():
+    """docs/kernels.md: the integer kernel at every batch on AVX2 (its fp32 GEMM never wins up to
+    512 rows); the bf16 GEMM from 128 rows where AMX / AVX512-BF16 make it fast; BLAS from 16 rows
+    behind the scalar kernels."""
+    expected = {"scalar": 16, "avx2": 0}
+    for lv in ops.supported_levels():
+        with ops.use_level(lv):
+            got = torch.ops.edgectl.set_dense_from_m(-1)
+            bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+            assert got == expected.get(lv, 128 if bf16 else 0), (lv, got)

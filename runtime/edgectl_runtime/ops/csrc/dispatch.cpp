@@ -188,10 +188,14 @@ bool has_bf16_gemm() {  // AVX512-BF16 (CPUID.(7,1):EAX[5]) or AMX-BF16 (CPUID.(
 #endif
 }
 
+// Measured on the 1B-class layer shapes (docs/kernels.md, "Large batches"): with AMX / AVX512-BF16
+// the bf16 GEMM overtakes the integer kernel between 64 and 128 rows (equal at 128, 1.3-2x at
+// 512); with fp32 as the only fast dense type (AVX2, AVX-512 without BF16) the integer kernel is
+// faster at every size up to 512 (MKL's AVX2 sgemm: 88-123 GFLOP/s vs 118-176).
 int64_t default_dense_from_m(const std::string& level) {
-  if (level == "avx512vnni") return 64;
-  if (level == "avx2") return 64;
-  return 16;  // scalar: the integer kernel is plain C++, a BLAS GEMM wins early
+  if (level == "avx512vnni") return has_bf16_gemm() ? 128 : 0;
+  if (level == "avx2") return 0;
+  return 16;  // scalar: plain C++ integer products; a BLAS GEMM wins from small batches
 }
 
 std::atomic<int64_t> g_dense_from_m{-1};  // -1: the active level's default

@@ -229,7 +229,7 @@ def assert_dump_matches(dump_path: str, reference: dict) -> None:
 def test_bf16_checkpoint_quantized_at_load(dense_run, tiny):
     rb = dense_run["readback"]
     assert rb["schema"] == "edgectl.readback/1"
-    assert rb["quantization"] == {"method": "cpu_int4", "group_size": 128, "lm_head": True, "layerwise": True,
+    assert rb["quantization"] == {"method": "cpu_int4", "group_size": 128, "lm_head": "int4", "layerwise": True,
                                   "source": "dense", "kernel": "torch"}
     assert rb["levers"]["EDGECTL_ROPE_CAP"] == "1"
     linear = {e["name"]: e["format"] for e in rb["layers"] if e["kind"] == "linear"}
@@ -282,7 +282,7 @@ def test_engine_output_matches_the_dequantized_model(dense_run, portable_run, ti
 def test_portable_checkpoint_naive_path(portable_run, tiny):
     rb = portable_run["readback"]
     assert rb["quantization"]["source"] == "portable" and rb["quantization"]["layerwise"] is False
-    assert rb["quantization"]["lm_head"] is False
+    assert rb["quantization"]["lm_head"] == "dense"
     head = next(e for e in rb["layers"] if e["kind"] == "lm_head")
     assert head["format"] == "bf16-tied-embedding"
     assert rb["formats"] == {"bf16-tied-embedding": 1, "cpu_int4/g128": 2, "cpu_int4/g64": 6}

@@ -3,6 +3,11 @@ environment that selects it (the same variables the worker sets from a plan)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
 
 
@@ -36,3 +41,22 @@ def engine_kwargs(arm: str, model: str, dtype: str, max_model_len: int = 2048, k
 
         kwargs["ir_op_priority"] = fused_norm.priority()
     return kwargs
+
+
+def run_in_own_process(module: str, args: list[str], env: dict[str, str]) -> dict:
+    """Run ``python -m MODULE ARGS --result PATH`` and return the JSON it wrote to PATH.
+
+    The result goes through a file, not stdout: vLLM logs to stdout, also after the child's own
+    output (at engine shutdown). RuntimeError with the end of the child's stderr if it failed.
+    """
+    fd, path = tempfile.mkstemp(prefix="edgectl-arm-", suffix=".json")
+    os.close(fd)
+    try:
+        done = subprocess.run([sys.executable, "-m", module, *args, "--result", path], env=env,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(args[-3:])}: exit {done.returncode}:\n{done.stderr[-3000:]}")
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.unlink(path)

@@ -17,11 +17,10 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 
-from edgectl_runtime.diagnostics.arms import ARMS, engine_kwargs
+from edgectl_runtime.diagnostics.arms import ARMS, engine_kwargs, run_in_own_process
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 
@@ -63,10 +62,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="activation dtype; an arm name may end in @float32 / @bfloat16 to override it")
     p.add_argument("--run", default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.run:
         arm, _, dtype = a.run.partition("@")
-        print(json.dumps(_run(a.model, arm, dtype or a.dtype, a.tokens, a.seed)))
+        result = _run(a.model, arm, dtype or a.dtype, a.tokens, a.seed)
+        with open(a.result, "w") as f:
+            json.dump(result, f)
         return 0
     arms = a.arms.split(",")
     unknown = [x for x in arms if x.partition("@")[0] not in ARMS]
@@ -78,13 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         for i, arm in enumerate(arms):
             env = dict(os.environ)
             env.update(ARMS[arm.partition("@")[0]].env)
-            done = subprocess.run([sys.executable, "-m", "edgectl_runtime.diagnostics.decode", a.model, "--run", arm,
-                                   "--tokens", str(a.tokens), "--dtype", a.dtype, "--seed", str(n * 100 + i)],
-                                  env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                print(f"error: arm {arm} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+            try:
+                samples[arm].append(run_in_own_process(
+                    "edgectl_runtime.diagnostics.decode",
+                    [a.model, "--tokens", str(a.tokens), "--dtype", a.dtype, "--seed", str(n * 100 + i), "--run", arm],
+                    env))
+            except RuntimeError as exc:
+                print(f"error: arm {arm} failed: {exc}", file=sys.stderr)
                 return 1
-            samples[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
     out = {"schema": "edgectl.decode-diagnostic/1", "model": a.model, "passes": a.passes, "tokens": a.tokens,
            "env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "EDGECTL_KERNEL_ISA")
                    if k in os.environ}, "arms": {}}

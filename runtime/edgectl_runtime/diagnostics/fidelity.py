@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-from edgectl_runtime.diagnostics.arms import ARMS, engine_kwargs
+from edgectl_runtime.diagnostics.arms import ARMS, engine_kwargs, run_in_own_process
 
 TOP_K = 20
 
@@ -53,12 +52,8 @@ def run(model: str, arms: list[str], group: int, dtype: str) -> dict:
         env = dict(os.environ)
         env.update(ARMS[arm].env)
         env["EDGECTL_INT4_GROUP_SIZE"] = str(group)
-        done = subprocess.run([sys.executable, "-m", "edgectl_runtime.diagnostics.fidelity", "--collect", arm,
-                               "--group-size", str(group), "--dtype", dtype, model],
-                              env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"arm {arm} failed:\n{done.stderr[-3000:]}")
-        raw[arm] = json.loads(done.stdout.strip().splitlines()[-1])
+        raw[arm] = run_in_own_process("edgectl_runtime.diagnostics.fidelity",
+                                      ["--group-size", str(group), "--dtype", dtype, model, "--collect", arm], env)
     out = {"schema": "edgectl.fidelity-offline/1", "model": model, "dtype": dtype, "group_size": group,
            "method": fidelity.METHOD, "arms": {}}
     for arm, data in raw.items():
@@ -75,9 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=32, help="cpu_int4 group for the w4a16 arms")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--collect", default=None, help=argparse.SUPPRESS)  # one arm, in its own process
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.collect:
-        print(json.dumps(_collect(a.model, a.collect, a.group_size, a.dtype)))
+        with open(a.result, "w") as f:
+            json.dump(_collect(a.model, a.collect, a.group_size, a.dtype), f)
         return 0
     unknown = [x for x in a.arms.split(",") if x not in ARMS]
     if unknown:

@@ -233,3 +233,29 @@ def test_the_crossover_per_level_is_the_measured_one():
             got = torch.ops.edgectl.set_dense_from_m(-1)
             bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
             assert got == expected.get(lv, 128 if bf16 else 0), (lv, got)
+
+
+def test_auto_takes_the_best_level_under_pytorchs_ceiling():
+    """Pure logic (no CPU dependence): EDGECTL_KERNEL_ISA=auto picks the highest supported level at
+    or below ATEN_CPU_CAPABILITY's; an explicit level ignores the ceiling; an unsupported one is refused."""
+    every = ["scalar", "avx2", "avx512vnni"]
+    assert ops.choose_level("auto", every) == "avx512vnni"
+    assert ops.choose_level("auto", every, "avx2") == "avx2"
+    assert ops.choose_level("auto", every, "AVX512") == "avx512vnni"
+    assert ops.choose_level("auto", every, "default") == "scalar"
+    assert ops.choose_level("auto", every, "zvector") == "avx512vnni"
+    assert ops.choose_level("auto", ["scalar", "avx2"], "avx512") == "avx2"
+    assert ops.choose_level("avx512vnni", every, "avx2") == "avx512vnni"
+    with pytest.raises(ops.KernelLibraryError, match="allow scalar, avx2"):
+        ops.choose_level("avx512vnni", ["scalar", "avx2"])
+
+
+def test_the_process_level_follows_the_environment():
+    """load() with ATEN_CPU_CAPABILITY=avx2 on this CPU: avx2 if it runs AVX2 kernels (else its best)."""
+    before = ops.active_level()
+    try:
+        got = ops.load({"ATEN_CPU_CAPABILITY": "avx2"})
+        assert got == ("avx2" if "avx2" in ops.supported_levels() else "scalar")
+        assert ops.load({"EDGECTL_KERNEL_ISA": "scalar"}) == "scalar"
+    finally:
+        torch.ops.edgectl.set_kernel_isa(before)

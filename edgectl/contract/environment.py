@@ -100,7 +100,8 @@ _VARS = [
         "vLLM, which compiles again at every start", "0", _BOOL),
     Var("EDGECTL_KERNEL_ISA", Role.OWN, "the ISA level of edgectl's own kernels (runtime/edgectl_runtime/ops): "
         "auto = the best level the CPU and the OS support (cpuid + XCR0); scalar, avx2 or avx512vnni force one "
-        "(tests; the AVX2 path on an AVX-512 box), refused if this CPU cannot run it", "auto",
+        "(tests; the AVX2 path on an AVX-512 box), refused if this CPU cannot run it; auto stays at or below "
+        "what ATEN_CPU_CAPABILITY allows PyTorch", "auto",
         ("auto", "scalar", "avx2", "avx512vnni")),
     # -- third parties' variables edgectl sets ------------------------------------------------------
     Var("VLLM_CPU_OMP_THREADS_BIND", Role.SET, "plan env: the CPUs vLLM binds its OpenMP threads to, one "
@@ -135,6 +136,9 @@ _VARS = [
     Var("VLLM_CPU_KVCACHE_SPACE", Role.REFUSED, "overrides the planned KV cache bytes (vLLM 0.32 "
         "platforms/cpu.py:323-327)", planned=lambda plan: f"{plan.kv_cache_bytes} bytes"),
     # -- read, not owned ----------------------------------------------------------------------------
+    Var("ATEN_CPU_CAPABILITY", Role.READ, "PyTorch's ceiling on its kernels' ISA (default, avx2, avx512); "
+        "edgectl's own kernels at EDGECTL_KERNEL_ISA=auto stay under it too (runtime/edgectl_runtime/ops), so "
+        "the one variable puts a process on its AVX2 path"),
     Var("NOTIFY_SOCKET", Role.READ, "systemd's notify socket: the worker sends READY/STATUS/WATCHDOG there; "
         "edgectl serve and the bench do not pass it on"),
     Var("WATCHDOG_USEC", Role.READ, "systemd's WatchdogSec in µs: the worker pings at a quarter of it"),

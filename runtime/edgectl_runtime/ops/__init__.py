@@ -3,8 +3,9 @@
 :func:`load` loads ``_edgectl_kernels.so`` (built by ``build.py``, which ``scripts/setup.sh``
 runs), registers the fake implementations that let ``torch.compile`` keep every op as one
 opaque call, and selects the ISA level: ``EDGECTL_KERNEL_ISA`` (``auto`` = the best level the
-CPU and the OS support; ``scalar``, ``avx2`` or ``avx512vnni`` to force one — refused with the
-levels this machine can run if it cannot run the one asked).
+CPU and the OS support, at most the one PyTorch's ``ATEN_CPU_CAPABILITY`` allows, so that one
+variable puts the whole process on the AVX2 path; ``scalar``, ``avx2`` or ``avx512vnni`` to force
+one — refused with the levels this machine can run if it cannot run the one asked).
 
 Ops (all functional; ``n``/``k`` are the real sizes of the weight, the packed tensor's shape
 follows from them, see ``formats/blocks.py``):
@@ -47,11 +48,19 @@ class KernelLibraryError(RuntimeError):
     """The library is missing, stale, or cannot run the level asked for."""
 
 
-def choose_level(requested: str, supported: list[str]) -> str:
+# PyTorch's ATEN_CPU_CAPABILITY (aten/src/ATen/native/DispatchStub.cpp) -> the highest level of ours
+# it allows; values it does not know for x86 (e.g. zvector) set no ceiling.
+ATEN_CEILING = {"default": "scalar", "avx2": "avx2", "avx512": "avx512vnni"}
+
+
+def choose_level(requested: str, supported: list[str], aten_capability: str | None = None) -> str:
     """The level to run for ``EDGECTL_KERNEL_ISA=requested`` on a machine that supports
-    ``supported`` (what the library's cpuid/XCR0 check reports)."""
+    ``supported`` (what the library's cpuid/XCR0 check reports); ``auto`` stays at or below the
+    level ``ATEN_CPU_CAPABILITY=aten_capability`` allows PyTorch."""
     if requested == "auto":
-        return max(supported, key=LEVELS.index)
+        ceiling = ATEN_CEILING.get((aten_capability or "").strip().lower())
+        allowed = [lv for lv in supported if ceiling is None or LEVELS.index(lv) <= LEVELS.index(ceiling)]
+        return max(allowed or supported, key=LEVELS.index)
     if requested not in LEVELS:
         raise KernelLibraryError(f"EDGECTL_KERNEL_ISA={requested!r} is not a level: use auto, {', '.join(LEVELS)}")
     if requested not in supported:
@@ -92,8 +101,9 @@ def load(environ: Mapping[str, str] | None = None) -> str:
     from edgectl.contract import environment as runtime_env
 
     _loaded()
-    requested = runtime_env.read("EDGECTL_KERNEL_ISA", os.environ if environ is None else environ)
-    level = choose_level(requested, list(torch.ops.edgectl.supported_isas()))
+    environ = os.environ if environ is None else environ
+    requested = runtime_env.read("EDGECTL_KERNEL_ISA", environ)
+    level = choose_level(requested, list(torch.ops.edgectl.supported_isas()), environ.get("ATEN_CPU_CAPABILITY"))
     return str(torch.ops.edgectl.set_kernel_isa(level))
 
 

@@ -59,14 +59,16 @@ def test_asking_for_vllms_int4_kernel_on_avx2_is_refused(host: str):
 
 
 def test_an_unknown_format_is_refused():
-    with pytest.raises(EdgectlError, match=r"unknown weight format 'int3'.*w4a16, w4a8-amx, w4a16-vllm, bf16"):
+    with pytest.raises(EdgectlError, match=r"unknown weight format 'int3'.*w4a16, w4a8, w4a8-amx, w4a16-vllm, bf16"):
         make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), weight_format="int3")
 
 
-def test_aarch64_gets_neither_vllm_int4_nor_amx():
+def test_aarch64_gets_neither_vllm_int4_nor_amx_nor_edgectls_kernels():
     p = make_plan(host_facts("arm64-board"), shape(SMOLLM2))
     assert p.weight_format == "w4a16"
-    assert reasons_by_decision(p)["formats_not_runnable"][0]["value"] == ["w4a16-vllm", "w4a8-amx"]
+    skipped = reasons_by_decision(p)["formats_not_runnable"][0]
+    assert skipped["value"] == ["w4a16-vllm", "w4a8", "w4a8-amx"]
+    assert "no vector build for aarch64" in skipped["detail"]
 
 
 # ---- AMX only when verified ----------------------------------------------------------------------
@@ -82,7 +84,8 @@ def test_amx_not_checked_is_not_used():
     # the (frozen) SPR profile: w4a8-amx 74.4 > w4a16 71.6 > w4a16-vllm 32.3 tok/s; AMX is out, so w4a16
     assert p.weight_format == "w4a16"
     skipped = reasons_by_decision(p)["formats_not_runnable"][0]
-    assert skipped["value"] == ["w4a8-amx"]
+    assert skipped["value"] == ["w4a8", "w4a8-amx"]  # w4a8: not measured on the SPR profile
+    assert "w4a8: not measured on x86_64-amx-spr" in skipped["detail"]
     assert "not-checked" in skipped["detail"] and "edgectl probe" in skipped["detail"]
     with pytest.raises(EdgectlError, match=r"--format w4a8-amx cannot run here: .*not-checked"):
         make_plan(facts, shape(QWEN3_17B), weight_format="w4a8-amx")
@@ -340,3 +343,62 @@ def test_the_tables_plan_with_the_frozen_profiles():
     # the set every hand-computed expectation in these files rests on (a new shipped profile is not in it)
     assert {p.name for p in frozen_profiles()} == {"generic", "x86_64-avx2", "x86_64-amx-spr"}
     assert all(Path(p.file).parent == FROZEN_PROFILES for p in frozen_profiles())
+
+
+# ---- edgectl's own kernels (w4a8): offered where they run and a profile measured them -------------
+
+W4A8_FASTER = ("  w4a8:\n    runs: true\n    decode_tok_s: {median: 80, min: 78, max: 81, passes: 3}\n"
+               "  w4a16:\n    runs: true\n    decode_tok_s: {median: 50, min: 49, max: 52, passes: 3}\n")
+
+
+@pytest.mark.parametrize("host", AVX2_HOSTS + ("kvm-xeon-avx512-2c",))
+def test_w4a8_is_chosen_where_measured_fastest_with_the_int8_head(host: str, tmp_path: Path):
+    prof = profile_from_yaml(tmp_path, profile_yaml(
+        name="lab-x86", device_class="x86_64-avx2", match="  arch: x86_64\n  isa_all: [avx2, fma]\n",
+        formats=W4A8_FASTER))
+    p = make_plan(host_facts(host), shape(SMOLLM2), [prof])
+    assert p.weight_format == "w4a8"
+    why = reasons_by_decision(p)
+    assert why["weight_format"][0]["source"] == "profile"
+    assert "fastest measured decode on lab-x86: 80 tok/s" in why["weight_format"][0]["detail"]
+    assert "w4a16 50" in why["weight_format"][0]["detail"]
+    # the output head: edgectl's int8 blocks, by default next to w4a8 layers
+    assert p.quantize_lm_head and p.lm_head_format == "int8"
+    assert why["quantize_lm_head"][0]["source"] == "default"
+    from edgectl.contract import environment
+
+    env = environment.runtime_levers(p)
+    assert env["EDGECTL_INT4_KERNEL"] == "edgectl" and env["EDGECTL_LM_HEAD"] == "int8"
+    # asked otherwise: a bf16 head
+    p = make_plan(host_facts(host), shape(SMOLLM2), [prof], quantize_lm_head=False)
+    assert p.weight_format == "w4a8" and p.lm_head_format == "dense"
+    assert environment.runtime_levers(p)["EDGECTL_LM_HEAD"] == "dense"
+
+
+def test_w4a8_is_not_offered_where_no_profile_measured_it():
+    # the frozen AVX2 profile has no w4a8 figures: PyTorch's kernel stays, and the plan says why
+    p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2))
+    assert p.weight_format == "w4a16" and p.lm_head_format == "dense"
+    skipped = reasons_by_decision(p)["formats_not_runnable"][0]
+    assert "w4a8" in skipped["value"] and "w4a8: not measured on" in skipped["detail"]
+    # asked for by name (how the bench measures it), it is planned where the kernels run
+    p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2), weight_format="w4a8")
+    assert p.weight_format == "w4a8" and reasons_by_decision(p)["weight_format"][0]["source"] == "flag"
+    with pytest.raises(EdgectlError, match=r"--format w4a8 cannot run here: edgectl's kernels have no vector build"):
+        make_plan(host_facts("arm64-board"), shape(SMOLLM2), weight_format="w4a8")
+
+
+def test_w4a8_weights_are_sized_in_edgectls_blocks():
+    """Every linear layer in 4-bit blocks of 32 (320 bytes per 16 rows x 32 columns), the tied
+    head in 8-bit blocks (544 bytes), the rest as the model's bf16."""
+    from edgectl.contract.int4_layout import block_packed_bytes
+    from edgectl.planner.ledger import weights_bytes_for
+
+    model = shape(SMOLLM2)
+    layers = sum(block_packed_bytes(layer.out_features, layer.in_features, 4) for layer in model.linear_layers)
+    pb = model.param_bytes
+    rest = pb.embedding + pb.lm_head + pb.other
+    assert weights_bytes_for(model, "w4a8", 128, False)[0] == rest + layers
+    head = block_packed_bytes(model.vocab_size, model.hidden_size, 8)
+    assert head == -(-49152 // 16) * -(-576 // 32) * 544
+    assert weights_bytes_for(model, "w4a8", 128, True)[0] == rest + layers + head - (pb.lm_head or pb.embedding)

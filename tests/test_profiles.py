@@ -152,7 +152,7 @@ def _swap(old: str, new: str) -> str:
                  "lab.yaml: match.isa_all[1]: 'fma3' is not one of avx2, fma, avx512f, avx512bw, avx512vl, "
                  "avx512dq, avx512_vnni, avx512_bf16, amx_tile, amx_int8, amx_bf16, asimd, sve", id="unknown-isa"),
     pytest.param(_swap("  w4a16:\n    runs: true\n", "  w4a4:\n    runs: true\n"),
-                 "lab.yaml: formats.w4a4: 'w4a4' is not one of w4a16, w4a8-amx, w4a16-vllm, bf16",
+                 "lab.yaml: formats.w4a4: 'w4a4' is not one of w4a16, w4a8, w4a8-amx, w4a16-vllm, bf16",
                  id="unknown-format"),
     pytest.param(_swap('    edgectl_commit: "0165d14"\n', ""),
                  "lab.yaml: sources.bench.edgectl_commit: missing (a figure measured with edgectl records the "

@@ -25,9 +25,10 @@ from installed import RUNTIME_PYTHON
 from models_helpers import REPO
 
 
-def _plan_for(model: str, port: int, tmp_path: Path, **changes) -> Path:
-    """A plan for the catalog model (from its shipped config if it is not pulled), on ``port``."""
-    out = subprocess.run([sys.executable, "-m", "edgectl", "plan", model, "--max-model-len", "1024", "--json"],
+def _plan_for(model: str, port: int, tmp_path: Path, *args: str, **changes) -> Path:
+    """A plan for the catalog model (from its shipped config if it is not pulled), on ``port``;
+    ``args`` are more `edgectl plan` options."""
+    out = subprocess.run([sys.executable, "-m", "edgectl", "plan", model, "--max-model-len", "1024", *args, "--json"],
                          capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
@@ -184,3 +185,46 @@ def test_sigterm_finishes_the_running_request_refuses_new_ones_and_exits_0(tmp_p
         assert ready_while_draining[0] == 503 and ready_while_draining[1]["phase"] == "stopping", ready_while_draining
         assert live_while_draining == 200
     assert any("stopping: finishing running requests" in line for line in log), "".join(log)[-2000:]
+
+
+@pytest.mark.engine
+def test_a_w4a8_plan_serves_on_edgectls_kernels(tmp_path, pulled_smollm2):
+    """`--format w4a8` (x86-64 with AVX2: the planner's host rule): the worker serves only once the
+    engine's read-back matches the plan (edgectl/contract/effective.py), and reports the kernel
+    ISA level it dispatched to."""
+    torch = pytest.importorskip("torch")
+    if not torch.cpu._is_avx2_supported():
+        pytest.skip("w4a8 is planned on x86-64 with AVX2 only")
+    port = _free_port()
+    plan = _plan_for("smollm2-135m", port, tmp_path, "--format", "w4a8")
+    assert json.loads(plan.read_text())["quantize_lm_head"] is True  # the int8 head, by default
+    proc = _worker(plan, python=RUNTIME_PYTHON)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        body: dict = {}
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            try:
+                status, body = _get(base + "/edgectl/effective")
+                if status == 200 and body.get("phase") == "serving":
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("the worker did not become ready")
+        # ISA of this CPU: avx512vnni where AVX-512 VNNI is usable, else avx2; capped by ATEN_CPU_CAPABILITY
+        assert body["kernel_isa"] in ("avx2", "avx512vnni"), body.get("kernel_isa")
+        counts = body["linear_format_counts"]
+        assert counts.get("w4a8/b32") == 120, counts  # 30 x qkv, o, gate_up, down: all on edgectl's W4
+        assert body["lm_head_format"] == "w8a8/b32-tied-embedding"
+        req = urllib.request.Request(base + "/v1/completions", headers={"content-type": "application/json"},
+                                     data=json.dumps({"model": "smollm2-135m", "prompt": "The capital of France is",
+                                                      "max_tokens": 8, "temperature": 0}).encode())
+        with urllib.request.urlopen(req, timeout=120) as r:
+            text = json.loads(r.read())["choices"][0]["text"]
+        assert text.strip(), text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)

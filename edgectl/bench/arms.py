@@ -67,6 +67,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("reserve-core-off", "worker", {"reserve_frontend_core": False}, "the plan with every core for OpenMP"),
     ArmSpec("lm-head-int4", "worker", {"quantize_lm_head": True}, "the plan with the output head in int4"),
     ArmSpec("bf16", "worker", {"weight_format": "bf16"}, "the plan with bf16 weights (the fidelity reference)"),
+    ArmSpec("w4a16", "worker", {"weight_format": "w4a16"}, "the plan with int4 weights on PyTorch's kernel"),
+    ArmSpec("w4a8", "worker", {"weight_format": "w4a8"},
+            "the plan with int4 weights and int8 activations on edgectl's own kernels (and their int8 head)"),
     ArmSpec("compiled", "worker", {"compilation": "default"}, "the plan with vLLM's default torch.compile mode"),
     ArmSpec("eager", "worker", {"compilation": "eager"}, "the plan in eager mode (the control of a compiled plan)"),
     ArmSpec("llama.cpp", "llama.cpp", {}, "llama-server on the GGUF the model was converted from"),
@@ -339,6 +342,7 @@ class VllmArm(PreparedArm):
                 "resident": described.get("resident"),
                 "threads": (described.get("kernel") or {}).get("torch_threads"),
                 "kernel": described.get("kernel"),
+                "kernel_isa": (described.get("kernel") or {}).get("edgectl_isa"),
             })
         return eff
 

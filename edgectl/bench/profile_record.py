@@ -4,7 +4,8 @@ What is written, each figure the median of the run's passes with min, max and th
 each naming a source that carries the run's provenance:
 
 - ``formats.<planned format>`` decode/prefill from the ``planned`` arm (and its measured
-  resident/planned weight ratio), ``formats.bf16`` from the ``bf16`` arm; formats the run did
+  resident/planned weight ratio), ``formats.bf16`` / ``w4a16`` / ``w4a8`` from the arms of those
+  names (the plan with that weight format, measured in the same passes); formats the run did
   not measure are carried over from the profile of that name already installed, if any;
 - ``runtime.process_bytes``: solved so that the planner's ledger for the planned request
   (runtime × processes + weights + KV + RoPE + workspace) equals the measured steady PSS —
@@ -127,8 +128,10 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
         formats[arm_fmt] = entry
 
     add_format(base_name, fmt)
-    if fmt != "bf16" and "bf16" in arms and arms["bf16"].get("median"):
-        add_format("bf16", "bf16")
+    # the format arms (the plan with another weight format), each where the run measured it
+    for other in ("bf16", "w4a16", "w4a8"):
+        if other != fmt and other in arms and arms[other].get("median"):
+            add_format(other, other)
     planned_key = f"bench-{date}-{fmt}"
     # formats this run did not measure: keep what the installed profile of this name says
     for other, entry in (existing_raw.get("formats") or {}).items():

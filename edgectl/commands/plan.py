@@ -18,7 +18,7 @@ OUTPUTS = ("text", "json", "k8s")
 # Options shared with deploy, serve and bench.
 MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Context length in tokens (default: the largest that fits, up to 4096 or the model's maximum).")]
 MaxNumSeqs = Annotated[int, typer.Option("--max-num-seqs", help="Sequences served at once; KV is sized for each at full context.")]
-Format = Annotated[Optional[str], typer.Option("--format", help="Weight format: w4a16, w4a8-amx, w4a16-vllm or bf16 (default: the fastest measured that runs here).")]
+Format = Annotated[Optional[str], typer.Option("--format", help="Weight format: w4a16, w4a8, w4a8-amx, w4a16-vllm or bf16 (default: the fastest measured that runs here).")]
 GroupSize = Annotated[Optional[int], typer.Option("--group-size", help="Preferred int4 group size (32, 64, 128, 256; default: what suits the model, else 128); chosen per layer where K is not a multiple.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="OpenMP threads (default: one per usable physical core).")]
 Compilation = Annotated[Optional[str], typer.Option("--compilation", help="eager, or default (vLLM's torch.compile mode: faster decode, more memory, a slower start); default: the profile's.")]

@@ -13,6 +13,8 @@ a pass invalid). The fields it compares:
                            weights quantized at load; a 4-bit checkpoint keeps its own groups)
     linear_in_features     {layer: in_features}, for that rule
     lm_head_format         the output head's format
+    kernel_isa             the ISA level edgectl's own kernels dispatch to (avx512vnni | avx2 | scalar),
+                           None where the library is not loaded
     threads                torch's intra-op threads in the engine
     processes              processes in the server's tree (itself included): 1 in the single-process
                            topology, more in vLLM's own
@@ -36,6 +38,13 @@ SCHEMA = "edgectl.effective/1"
 def is_int4(fmt: str | None) -> bool:
     """Whether a read-back layer format is 4-bit (edgectl's cpu_int4, or a w4a* kernel)."""
     return bool(fmt) and (fmt.startswith("cpu_int4") or fmt.startswith("w4a"))
+
+
+def head_family(fmt: str | None) -> str:
+    """A read-back head format as the plan names it: int4, int8 (edgectl's W8) or dense."""
+    if is_int4(fmt):
+        return "int4"
+    return "int8" if fmt and fmt.startswith("w8a8") else "dense"
 
 
 def mismatches(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
@@ -79,10 +88,12 @@ def mismatches(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
             if plan.model.checkpoint_format == "bf16":  # quantized at load by the plan's rule
                 out += _group_mismatches(plan, body, effective.get("linear_in_features"))
         head = effective.get("lm_head_format", formats.get("lm_head"))
-        if plan.quantize_lm_head and not is_int4(head):
-            out.append(f"the output head is {head}, the plan quantizes it")
-        if not plan.quantize_lm_head and is_int4(head):
-            out.append(f"the output head is {head}, the plan keeps it unquantized")
+        if head_family(head) != plan.lm_head_format:
+            planned = "keeps it unquantized" if plan.lm_head_format == "dense" else f"has it {plan.lm_head_format}"
+            out.append(f"the output head is {head}, the plan {planned}")
+        if ((plan.weight_format == "w4a8" or plan.lm_head_format == "int8")
+                and "kernel_isa" in effective and not effective["kernel_isa"]):
+            out.append(f"edgectl's kernel library is not loaded, the plan's {plan.weight_format} runs on it")
 
     processes = effective.get("processes")
     if plan.topology == "single-process" and processes != 1:

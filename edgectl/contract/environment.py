@@ -225,7 +225,7 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
     env = {
         "EDGECTL_ROPE_CAP": "1" if plan.levers.rope_cap else "0",
         "EDGECTL_LAYERWISE_REPACK": "1" if plan.levers.layerwise_repack else "0",
-        "EDGECTL_LM_HEAD": "int4" if plan.quantize_lm_head else "dense",
+        "EDGECTL_LM_HEAD": plan.lm_head_format,
         "EDGECTL_INT4_GROUP_SIZE": str(plan.group_size),
         # edgectl's worker always loads what an earlier start compiled (a no-op in eager mode);
         # the unmodified-vLLM comparison is the bench's stock arm, without edgectl's plugin.

@@ -52,6 +52,9 @@ class WeightFormat(StrEnum):
     """How the linear layers' weights are stored and multiplied."""
 
     W4A16 = "w4a16"  # int4 weights, bf16 activations: PyTorch's _weight_int4pack_mm_for_cpu
+    # int4 weights in blocks of 32 (GGUF Q4_1), activations quantized to int8 per call: edgectl's
+    # own kernels (runtime/edgectl_runtime/ops, docs/kernels.md), AVX2 or AVX-512 VNNI at run time
+    W4A8 = "w4a8"
     W4A8_AMX = "w4a8-amx"  # int4 weights, int8 activations on AMX (no runtime path yet)
     W4A16_VLLM = "w4a16-vllm"  # int4 weights on vLLM's cpu_gemm_wna16 (its AVX-512 libraries)
     BF16 = "bf16"
@@ -240,6 +243,8 @@ class Plan:
     profile: ProfileRef
     weight_format: WeightFormat
     group_size: int
+    # The output head (and a tied embedding) is quantized: int4 next to w4a16 layers, edgectl's
+    # int8 blocks next to w4a8 layers (lm_head_format).
     quantize_lm_head: bool
     max_model_len: int = field(metadata=check(_at_least(1)))
     max_num_seqs: int = field(metadata=check(_at_least(1)))
@@ -268,6 +273,13 @@ class Plan:
     @property
     def kv_cache_bytes(self) -> int:
         return self.memory.kv_cache_bytes
+
+    @property
+    def lm_head_format(self) -> str:
+        """The output head's format: dense (the model dtype), int4 or int8 (edgectl's W8)."""
+        if not self.quantize_lm_head:
+            return "dense"
+        return "int8" if self.weight_format is WeightFormat.W4A8 else "int4"
 
     def with_serve(self, **changes: Any) -> Plan:
         """The same plan served elsewhere (another name, host or port)."""

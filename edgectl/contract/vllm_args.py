@@ -6,6 +6,7 @@ without importing vLLM.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from edgectl.contract.plan import Compilation, Topology, WeightFormat
@@ -16,6 +17,15 @@ if TYPE_CHECKING:
 CPU_INT4 = "cpu_int4"
 # vLLM's worker extension (``--worker-extension-cls``) that adds edgectl's read-back RPCs.
 READBACK_EXTENSION = "edgectl_runtime.readback.ReadbackExtension"
+# vLLM's ``ir_op_priority`` that puts its RMSNorm IR ops on edgectl's fused op (the provider the
+# plugin registers, runtime/edgectl_runtime/fused_norm.py); vLLM appends its own ``native`` after.
+EDGECTL_NORMS = {"rms_norm": ["edgectl"], "fused_add_rms_norm": ["edgectl"]}
+
+
+def fused_norms(plan: Plan) -> bool:
+    """Whether the plan runs vLLM's norms on edgectl's fused op: with edgectl's kernels (w4a8), in
+    eager mode (compiled, inductor fuses the norm into its graph itself). docs/kernels.md."""
+    return plan.weight_format is WeightFormat.W4A8 and plan.compilation is Compilation.EAGER
 
 
 def quantization_for(plan: Plan) -> str | None:
@@ -24,8 +34,8 @@ def quantization_for(plan: Plan) -> str | None:
         return None
     if plan.model.checkpoint_format in ("cpu_int4", "gptq", "awq"):
         return None  # config.json's quantization_config names the method
-    if plan.weight_format in (WeightFormat.W4A16, WeightFormat.W4A16_VLLM):
-        return CPU_INT4  # the plugin's kernel (torch or vLLM's) comes from EDGECTL_INT4_KERNEL
+    if plan.weight_format in (WeightFormat.W4A16, WeightFormat.W4A16_VLLM, WeightFormat.W4A8):
+        return CPU_INT4  # the plugin's kernel (torch, vLLM's or edgectl's) comes from EDGECTL_INT4_KERNEL
     raise ValueError(f"no runtime path for weight format {plan.weight_format!r}")
 
 
@@ -55,6 +65,8 @@ def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
         quant = quantization_for(plan)
         if quant:
             args += ["--quantization", quant]
+        if fused_norms(plan):
+            args += ["--ir-op-priority", json.dumps(EDGECTL_NORMS, separators=(",", ":"))]
         if plan.topology is Topology.SINGLE_PROCESS:
             args += ["--distributed-executor-backend", "uni"]
         else:

@@ -24,11 +24,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from edgectl.contract.plan import Levers, ModelRef, Plan, ProfileRef, Request, Serve
+from edgectl.contract.plan import Levers, ModelRef, Plan, ProfileRef, Request, Serve, WeightFormat
 from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Reasons
-from edgectl.planner.engine import choose_batched_tokens, choose_compilation, choose_levers, choose_topology
+from edgectl.planner.engine import (
+    choose_batched_tokens,
+    choose_compilation,
+    choose_levers,
+    choose_lm_head,
+    choose_topology,
+)
 from edgectl.planner.fit import fit_weights_and_context
 from edgectl.planner.formats import checkpoint_format, choose_group_size, runnable_formats
 from edgectl.planner.profile import choose_profile
@@ -56,10 +62,13 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     group_size, levers = choose_group_size(request), choose_levers(request)
     fit = why.take(fit_weights_and_context(
         facts.memory.budget_bytes, model, profile, request, formats, group_size.value,
-        levers.value.quantize_lm_head, levers.value.rope_cap, costs))
+        request.quantize_lm_head, levers.value.rope_cap, costs))
+    lm_head = choose_lm_head(request, fit.weight_format)
     if fit.weight_format.is_int4:
-        why.take(group_size)
+        if fit.weight_format is not WeightFormat.W4A8:  # edgectl's blocks are 32 columns, whatever the group
+            why.take(group_size)
         why.take(levers)
+        why.take(lm_head)
     batched = why.take(choose_batched_tokens(fit.max_model_len))
     why.take(ledger.kv_cache(model, request, fit.memory, fit.max_model_len))
     rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.value.rope_cap))
@@ -73,7 +82,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         profile=ProfileRef(profile.name, profile.file, profile.kind),
         weight_format=fit.weight_format,
         group_size=group_size.value,
-        quantize_lm_head=levers.value.quantize_lm_head,
+        quantize_lm_head=lm_head.value if fit.weight_format.is_int4 else False,
         max_model_len=fit.max_model_len,
         max_num_seqs=request.max_num_seqs,
         max_num_batched_tokens=batched,

@@ -15,6 +15,7 @@ from edgectl.contract.plan import Memory, Reason, Request, Source, WeightFormat
 from edgectl.errors import EdgectlError
 from edgectl.output import mib
 from edgectl.planner.decided import Decided
+from edgectl.planner.engine import lm_head_quantized
 from edgectl.planner.ledger import Costs, Ledger, weights_bytes_for
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ class _Sized:
 
 def fit_weights_and_context(budget: int | None, model: ModelFacts, profile: Profile, request: Request,
                             candidates: list[tuple[WeightFormat, Reason]], group_size: int,
-                            quantize_lm_head: bool, rope_capped: bool, costs: Costs) -> Decided[Fit]:
+                            quantize_lm_head: bool | None, rope_capped: bool, costs: Costs) -> Decided[Fit]:
+    """``quantize_lm_head``: as asked, or None for each format's default (``engine.lm_head_quantized``)."""
     if budget is None:
         raise EdgectlError("the probe could not tell how much memory this host has (see `edgectl probe`): "
                            "cannot plan without a memory budget")
@@ -56,7 +58,7 @@ def fit_weights_and_context(budget: int | None, model: ModelFacts, profile: Prof
 
     sized: list[_Sized] = []
     for fmt, why in candidates:
-        weights = _weights(model, profile, fmt, group_size, quantize_lm_head)
+        weights = _weights(model, profile, fmt, group_size, lm_head_quantized(fmt, quantize_lm_head))
         ledger = Ledger(model, request, costs, weights.value, rope_capped)
         if ledger.at(target).limit_bytes <= budget:
             sized.append(_Sized(fmt, why, weights, ledger, target))
@@ -116,7 +118,10 @@ def _weights(model: ModelFacts, profile: Profile, fmt: WeightFormat, group_size:
     weights_bytes, n_quant, n_kept = weights_bytes_for(model, fmt, group_size, quantize_lm_head)
     detail = f"{model.param_bytes.total / MiB:.0f} MiB of parameters as {fmt}"
     source = Source.MODEL_CONFIG
-    if fmt.is_int4:
+    if fmt is WeightFormat.W4A8:
+        detail += f": {n_quant} linear layers in edgectl's 4-bit blocks of 32"
+        detail += ", the output head in 8-bit blocks" if quantize_lm_head else ""
+    elif fmt.is_int4:
         detail += f": {n_quant} linear layers int4 (groups ≤ {group_size}, per layer by K), {n_kept} kept bf16"
         figures = profile.formats.get(fmt)
         if figures and figures.weights_bytes_ratio:

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 # Order among formats nobody measured here: 4-bit on PyTorch's kernel reads the fewest bytes
 # per token and runs everywhere; the others need a measurement to be chosen at all.
-FORMAT_PRIOR = (WeightFormat.W4A16, WeightFormat.W4A16_VLLM, WeightFormat.W4A8_AMX, WeightFormat.BF16)
+FORMAT_PRIOR = (WeightFormat.W4A16, WeightFormat.W4A8, WeightFormat.W4A16_VLLM, WeightFormat.W4A8_AMX,
+                WeightFormat.BF16)
+# Chosen only where a profile of the device class measured them running (or asked for by name).
+MEASURED_ONLY = (WeightFormat.W4A8, WeightFormat.W4A16_VLLM, WeightFormat.W4A8_AMX)
 
 
 def checkpoint_format(model: ModelFacts) -> str:
@@ -55,6 +58,13 @@ def host_runs(fmt: WeightFormat, facts: HostFacts) -> tuple[bool, str]:
         if arch in ("x86_64", "aarch64"):
             return True, "PyTorch's _weight_int4pack_mm_for_cpu has AVX2, AVX-512, NEON and scalar kernels"
         return False, f"PyTorch's CPU int4 kernel is not available for {arch}"
+    if fmt is WeightFormat.W4A8:
+        if arch == "x86_64" and isa.avx2 and isa.fma:
+            return True, ("edgectl's own kernels (set-up compiles them with the system g++): an AVX2 and an "
+                          "AVX-512 VNNI build, the level chosen at run time from cpuid (docs/kernels.md)")
+        if arch == "x86_64":
+            return False, "edgectl's kernels below AVX2 + FMA have only a plain C++ build, too slow to plan"
+        return False, f"edgectl's kernels have no vector build for {arch} yet (plain C++ only, too slow to plan)"
     if fmt is WeightFormat.W4A16_VLLM:
         if arch == "x86_64" and isa.avx512:
             return True, "vLLM loads its AVX-512 library here, which has cpu_gemm_wna16"
@@ -94,14 +104,15 @@ def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile,
         figures = profile.formats.get(fmt)
         if ok and figures is not None and not figures.runs:
             ok, why = False, f"profile {profile.name}: {figures.reason}"
-        if ok and fmt in (WeightFormat.W4A16_VLLM, WeightFormat.W4A8_AMX) and (
-                figures is None or figures.decode_tok_s is None):
+        if (ok and fmt in MEASURED_ONLY and (figures is None or figures.decode_tok_s is None)
+                and request.weight_format != fmt):  # asked for by name, e.g. to measure it
             # these kernels are chosen only where a measurement showed them running
             ok, why = False, f"not measured on {profile.name}: chosen only where a profile shows it runs"
         if ok and checkpoint in ("gptq", "awq") and fmt is WeightFormat.BF16:
             ok, why = False, f"the checkpoint is {checkpoint} 4-bit: edgectl serves it as 4-bit, not bf16"
-        if ok and checkpoint == "cpu_int4" and fmt is not WeightFormat.W4A16:
-            ok, why = False, "the checkpoint is a cpu_int4 portable checkpoint (PyTorch's int4 kernel)"
+        if ok and checkpoint == "cpu_int4" and fmt not in (WeightFormat.W4A16, WeightFormat.W4A8):
+            ok, why = False, ("the checkpoint is a cpu_int4 portable checkpoint (PyTorch's int4 kernel, or "
+                              "edgectl's, which keeps its int4 values)")
         (runnable if ok else refused)[fmt] = why
     not_runnable = ([Reason("formats_not_runnable", sorted(refused), Source.PROBE,
                             "; ".join(f"{f}: {why}" for f, why in refused.items()))] if refused else [])

@@ -121,6 +121,13 @@ def weights_bytes_for(model: ModelFacts, weight_format: WeightFormat | str, grou
     rest = pb.embedding + pb.lm_head + pb.other
     if weight_format == WeightFormat.BF16:
         return pb.total, 0, len(model.linear_layers)
+    if weight_format == WeightFormat.W4A8:
+        # edgectl's blocks hold every linear layer (any N and K); the head as int8 blocks
+        total = rest + sum(int4_layout.block_packed_bytes(layer.out_features, layer.in_features, 4)
+                           for layer in model.linear_layers)
+        if quantize_lm_head:
+            total += int4_layout.block_packed_bytes(model.vocab_size, model.hidden_size, 8) - (pb.lm_head or pb.embedding)
+        return total, len(model.linear_layers), 0
     total = rest
     quantized = kept = 0
     for layer in model.linear_layers:

@@ -26,7 +26,7 @@ from torch import Tensor
 
 logger = logging.getLogger("edgectl.fused_norm")
 
-PROVIDER = "edgectl"
+PROVIDER = "edgectl"  # the name edgectl/contract/vllm_args.py EDGECTL_NORMS gives vLLM
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _registered: list[str] = []
 
@@ -34,7 +34,9 @@ _registered: list[str] = []
 def priority() -> dict[str, list[str]]:
     """vLLM's ``ir_op_priority`` that selects edgectl's norms (vLLM appends ``native`` after them:
     a call the op does not support, e.g. a weight in another dtype, falls back to it)."""
-    return {"rms_norm": [PROVIDER], "fused_add_rms_norm": [PROVIDER]}
+    from edgectl.contract.vllm_args import EDGECTL_NORMS
+
+    return {op: list(providers) for op, providers in EDGECTL_NORMS.items()}
 
 
 def _supported(x: Tensor, weight: Tensor | None) -> bool:

@@ -19,7 +19,7 @@ Output (``edgectl.readback/1``)::
                  "format": "cpu_int4/g64", "out_features": 960, "in_features": 576,
                  "group_size": 64, "reason": "..."}, ...],
      "formats": {"cpu_int4/g64": 120, "cpu_int4/g128": 30, "bf16-tied-embedding": 1},
-     # or, on edgectl's kernels: {"w4a8/b32": 210, "w8a8/b32-tied-embedding": 1, "w8a8/b32": 1}
+     # or, on edgectl's kernels: {"w4a8/b32": 120, "w8a8/b32-tied-embedding": 1, "w8a8/b32": 1}
      # (layers also carry "kernel": torch | vllm | edgectl and "bits")
      "rope": [{"name": "...rotary_emb", "class": "RotaryEmbedding", "rows": 2048,
                "full_rows": 8192, "capped": true, "dtype": "bfloat16", "bytes": 262144}],
@@ -276,6 +276,7 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         "levers": described.get("levers"),
         "kernel": described.get("kernel"),
         "compile": compile_cache.facts(getattr(worker, "vllm_config", None)),
+        "kernel_isa": (described.get("kernel") or {}).get("edgectl_isa"),
         "threads": torch.get_num_threads(),
         "omp_cpus": sorted(os.sched_getaffinity(0)),
     }

@@ -326,7 +326,8 @@ def _release_freed_memory() -> None:
 
 
 def _summary(effective: dict[str, Any]) -> dict[str, Any]:
-    keys = ("kv_cache_bytes", "rope_rows", "threads", "processes", "max_model_len", "linear_format_counts")
+    keys = ("kv_cache_bytes", "rope_rows", "threads", "processes", "max_model_len", "linear_format_counts",
+            "kernel_isa")
     return {k: effective.get(k) for k in keys}
 
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-BLOCK = 32
-TILE_ROWS = 16
-W4_RECORD = 320
-W8_RECORD = 544
+from edgectl.contract.int4_layout import BLOCK, BLOCK_RECORD_BYTES, TILE_ROWS
+
+W4_RECORD = BLOCK_RECORD_BYTES[4]
+W8_RECORD = BLOCK_RECORD_BYTES[8]
 # Rows quantized and packed at a time: bounds the fp32 transient to ROWS x K x 4 bytes.
 PACK_ROWS = 256
 

@@ -64,7 +64,7 @@ def check_plan_json(d: dict) -> None:
     assert d["schema"] == "edgectl.plan/1"
     assert set(d["model"]) == MODEL and d["model"]["checkpoint_format"] in ("bf16", "cpu_int4", "gptq", "awq")
     assert set(d["profile"]) == PROFILE and d["profile"]["kind"] in ("measured", "external", "fallback")
-    assert d["weight_format"] in ("w4a16", "w4a8-amx", "w4a16-vllm", "bf16")
+    assert d["weight_format"] in ("w4a16", "w4a8", "w4a8-amx", "w4a16-vllm", "bf16")
     assert d["topology"] in ("single-process", "stock") and d["compilation"] in ("eager", "default")
     assert set(d["levers"]) == LEVERS
     assert set(d["memory"]) == MEMORY and all(isinstance(v, int) for v in d["memory"].values())
@@ -244,6 +244,8 @@ def _check_plan_for_this_host(d: dict, model_path: Path) -> None:
     # never a kernel this host cannot run
     if not facts.cpu.isa.avx512f:
         assert d["weight_format"] not in ("w4a16-vllm", "w4a8-amx")
+    if not (facts.cpu.isa.avx2 and facts.cpu.isa.fma):
+        assert d["weight_format"] != "w4a8"  # edgectl's kernels: AVX2 + FMA builds only
     if d["profile"]["kind"] == "fallback":
         assert d["weight_format"] == "w4a16"  # nothing measured: 4-bit reads the fewest bytes
     # a context and a KV budget that fit; RoPE rows = the context

@@ -130,8 +130,8 @@ def choose_lm_head(request: Request, fmt: WeightFormat) -> Decided[bool]:
 
 # Why w4a8 plans quantize the output head to int8 (measured, docs/kernels.md "Engine decode").
 LM_HEAD_INT8_EVIDENCE = ("the output head in edgectl's int8 blocks: SmolLM2-135M decoded 50.6 tok/s with it and "
-                         "35.3 with a bf16 head (x86_64-amx, medians of 3 interleaved passes, docs/kernels.md "
-                         "\"Engine decode\")")
+                         "35.3 with a bf16 head on x86_64-amx, 32.7 and 24.3 on the AVX2 path (medians of 3 "
+                         "interleaved passes, docs/kernels.md \"Engine decode\")")
 
 
 def choose_batched_tokens(max_model_len: int) -> Decided[int]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from edgectl.contract import environment
 from edgectl.contract.effective import head_family, mismatches
+from edgectl.contract.int4_layout import choose_group_size
 from edgectl.contract.plan import Compilation, Plan, WeightFormat
 from edgectl.contract.vllm_args import server_args
 
@@ -22,6 +23,7 @@ def _effective(plan: Plan, body: str, head: str, **extra) -> dict:
             "kv_cache_bytes": plan.kv_cache_bytes, "threads": plan.threads, "processes": 1,
             "rope_rows": {"model.layers.0.self_attn.rotary_emb": plan.rope_rows},
             "linear_formats": {"model.layers.0.mlp.down_proj": body, "lm_head": head},
+            "linear_in_features": {"model.layers.0.mlp.down_proj": 1536},
             "lm_head_format": head, **extra}
 
 
@@ -47,7 +49,8 @@ def test_a_head_in_another_format_than_planned_is_named():
     got = mismatches(plan, _effective(plan, "w4a8/b32", "w8a8/b32-tied-embedding", kernel_isa="avx2"))
     assert got == ["the output head is w8a8/b32-tied-embedding, the plan keeps it unquantized"]
     plan = replace(PLAN, weight_format=WeightFormat.W4A16, quantize_lm_head=True)
-    got = mismatches(plan, _effective(plan, "cpu_int4/g64", "w8a8/b32-tied-embedding"))
+    group = choose_group_size(1536, plan.group_size)
+    got = mismatches(plan, _effective(plan, f"cpu_int4/g{group}", "w8a8/b32-tied-embedding"))
     assert got == ["the output head is w8a8/b32-tied-embedding, the plan has it int4"]
 
 

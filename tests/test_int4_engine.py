@@ -435,8 +435,11 @@ def test_portable_checkpoint_on_edgectl_kernels(work, portable, tiny):
     dumped = load_file(result["dump_path"])
     for name, (q, s, z) in reference_int4(tiny).items():
         assert torch.equal(dumped[f"{name}.q"], q), name
-        # (q - 8) * s + z == d * q + m with d = s, m = z - 8 s rounded to fp16
-        torch.testing.assert_close(dumped[f"{name}.scales"], s.float(), rtol=2 ** -10, atol=0)
+        # (q - 8) * s + z == d * q + m with d = s, m = z - 8 s rounded to fp16; edgectl's blocks are
+        # 32 columns, so each of the checkpoint's groups of g columns is g / 32 blocks with its scale
+        per_group = q.shape[1] // s.shape[1] // 32
+        torch.testing.assert_close(dumped[f"{name}.scales"], s.float().repeat_interleave(per_group, dim=1),
+                                   rtol=2 ** -10, atol=0)
     assert all(err < 2e-2 for err in result["matmul_check"].values()), result["matmul_check"]
 
 

@@ -358,6 +358,18 @@ def _add_edgectl_routes(app, service: Service) -> None:
         ok, why = service.health()
         return probe(ok and service.phase == contract.SERVING, why)
 
+    @app.get("/edgectl/memory")
+    async def memory() -> JSONResponse:
+        """Where this process's PSS goes (``edgectl_runtime/memory.py``), read in the engine thread."""
+        client = service.engine_client
+        if client is None or service.plan.topology is not Topology.SINGLE_PROCESS:
+            return JSONResponse({"error": "the memory attribution needs the single-process topology, serving"},
+                                status_code=409)
+        from edgectl_runtime.memory import collect_in_worker
+
+        results = await client.collective_rpc(collect_in_worker, kwargs={"model_dir": service.plan.model.path})
+        return JSONResponse(results[0] if isinstance(results, list) else results)
+
 
 class DrainGuard:
     """The app as uvicorn sees it: once draining, new API requests get 503 instead of a slot.

@@ -243,6 +243,41 @@ def mallinfo2() -> dict[str, int] | None:
     return {name: int(getattr(mi, name)) for name, _ in _Mallinfo2._fields_}
 
 
+def other_allocator_stats(path: str) -> dict[str, int] | None:
+    """In-use and resident bytes of a preloaded tcmalloc or jemalloc, from its own statistics
+    (tcmalloc: ``MallocExtension_GetNumericProperty``; jemalloc: ``mallctl`` after an
+    ``epoch`` refresh)."""
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    name = os.path.basename(path)
+    out: dict[str, int] = {}
+    if "tcmalloc" in name:
+        fn = lib.MallocExtension_GetNumericProperty
+        fn.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]
+        for key, prop in (("in_use", b"generic.current_allocated_bytes"), ("heap", b"generic.heap_size"),
+                          ("free", b"tcmalloc.pageheap_free_bytes"), ("unmapped", b"tcmalloc.pageheap_unmapped_bytes")):
+            v = ctypes.c_size_t()
+            if fn(prop, ctypes.byref(v)):
+                out[key] = v.value
+        if "heap" in out:
+            out["resident"] = out["heap"] - out.get("unmapped", 0)
+    elif "jemalloc" in name:
+        fn = lib.mallctl
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.c_size_t]
+        epoch = ctypes.c_uint64(1)
+        size = ctypes.c_size_t(8)
+        fn(b"epoch", ctypes.byref(epoch), ctypes.byref(size), ctypes.byref(epoch), 8)
+        for key, prop in (("in_use", b"stats.allocated"), ("active", b"stats.active"), ("resident", b"stats.resident"),
+                          ("mapped", b"stats.mapped"), ("metadata", b"stats.metadata")):
+            v = ctypes.c_size_t()
+            size = ctypes.c_size_t(ctypes.sizeof(v))
+            if fn(prop, ctypes.byref(v), ctypes.byref(size), None, 0) == 0:
+                out[key] = v.value
+    return out or None
+
+
 def glibc_arena_heaps(maps: list[Mapping]) -> list[Mapping]:
     """Mappings that are glibc malloc heaps: ``[heap]`` (the main arena) and the non-main arenas'
     heaps — anonymous, HEAP_MAX-aligned, whose ``heap_info.size`` (third word) equals the
@@ -373,7 +408,8 @@ def attribute(maps: list[Mapping], *, tensors: dict[str, list[tuple[int, int]]] 
               pagemap: Pagemap | None = None, stacks: list[dict[str, Any]] | None = None,
               mallinfo: dict[str, int] | None = None, pymalloc: dict[str, int] | None = None,
               arena_heaps: list[Mapping] | None = None, model_dir: str | None = None,
-              site_dirs: list[str] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+              site_dirs: list[str] | None = None, extra: dict[str, Any] | None = None,
+              other_alloc: tuple[str, dict[str, int]] | None = None) -> dict[str, Any]:
     """The attribution (``edgectl.memory/1``) from the parts read above. Pure given its inputs
     except for ``pagemap`` reads, so tests can hand in recorded smaps."""
     site_dirs = site_dirs if site_dirs is not None else _site_dirs()
@@ -439,7 +475,14 @@ def attribute(maps: list[Mapping], *, tensors: dict[str, list[tuple[int, int]]] 
 
     # 4. the allocators
     anon_rest = sum(m.pss for m in heap_like)
-    if mallinfo is not None:
+    if other_alloc is not None:
+        name, st = other_alloc
+        rows.append({"group": f"malloc ({name})", "part": "in use: native allocations and Python objects > 512 B",
+                     "bytes": max(0, st.get("in_use", 0) - tensor_total), "source": f"{name} statistics, less the tensors"})
+        rows.append({"group": f"malloc ({name})", "part": "free or metadata, still resident",
+                     "bytes": max(0, st.get("resident", 0) - st.get("in_use", 0)), "source": f"{name} statistics"})
+        extra_info = {"allocator_stats": st}
+    elif mallinfo is not None:
         heaps = arena_heaps if arena_heaps is not None else []
         heap_starts = {m.start for m in heaps}
         heap_rss = sum(m.pss for m in heaps)
@@ -471,6 +514,8 @@ def attribute(maps: list[Mapping], *, tensors: dict[str, list[tuple[int, int]]] 
         "pss_bytes": total_pss,
         "anon_bytes": total_anon,
         "file_bytes": total_pss - total_anon,
+        # file pages also mapped by other processes are charged only in part to this one's PSS
+        "file_rss_bytes": sum(max(0, m.rss - m.anonymous) for m in maps if m.file_backed),
         "attributed_bytes": attributed,
         "unattributed_fraction": (total_pss - attributed) / total_pss if total_pss else None,
         "rows": rows,
@@ -480,19 +525,35 @@ def attribute(maps: list[Mapping], *, tensors: dict[str, list[tuple[int, int]]] 
     return out
 
 
+def process_settings() -> dict[str, Any]:
+    """The memory-relevant settings this process runs with, read inside it (for the read-back)."""
+    from edgectl_runtime.lean import optional_imports_state
+
+    return {"python_optimize": sys.flags.optimize, "optional_imports": optional_imports_state(),
+            "environ": {k: os.environ.get(k) for k in ("LD_PRELOAD", "MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_",
+                                                       "PYTHONOPTIMIZE", "OMP_NUM_THREADS")},
+            "threads": threading.active_count(), "modules": len(sys.modules)}
+
+
 def collect(model=None, kv_caches=None, model_dir: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The attribution of this process, now."""
     tensors = tensor_ranges(model, kv_caches) if (model is not None or kv_caches is not None) else None
     stacks, unlocated = thread_stack_pointers()
+    maps = read_smaps()
+    preloaded = allocator_preloaded(maps)
+    other = None
+    if preloaded:
+        st = other_allocator_stats(preloaded)
+        other = (os.path.basename(preloaded).split(".")[0].removeprefix("lib"), st) if st else None
     mi = mallinfo2()
     py = pymalloc_stats()
     maps = read_smaps()
     pm = Pagemap()
     try:
         result = attribute(maps, tensors=tensors, pagemap=pm, stacks=stacks, mallinfo=mi, pymalloc=py,
-                           arena_heaps=glibc_arena_heaps(maps), model_dir=model_dir,
+                           arena_heaps=glibc_arena_heaps(maps), model_dir=model_dir, other_alloc=other,
                            extra={"threads_not_located": unlocated, "allocator": allocator_preloaded(maps) or "glibc",
-                                  **(extra or {})})
+                                  "process": process_settings(), **(extra or {})})
     finally:
         pm.close()
     return result
@@ -506,7 +567,8 @@ def collect_in_worker(worker, model_dir: str | None = None) -> dict[str, Any]:
 
 def render_text(att: dict[str, Any]) -> str:
     lines = [f"PSS {_mib(att['pss_bytes'])} MiB (anonymous {_mib(att['anon_bytes'])}, file-backed "
-             f"{_mib(att['file_bytes'])}), pid {att['pid']}, allocator {att['details'].get('allocator')}",
+             f"{_mib(att['file_bytes'])} of {_mib(att.get('file_rss_bytes'))} resident: the rest is charged to other "
+             f"processes mapping the same files), pid {att['pid']}, allocator {att['details'].get('allocator')}",
              f"{'part':<62} {'MiB':>8}  source"]
     group = None
     for r in att["rows"]:

@@ -428,6 +428,13 @@ def main(argv: list[str] | None = None) -> int:
         notifier.status(f"refused: {exc}")
         return exc.code
 
+    from edgectl_runtime import env as runtime_env
+
+    if runtime_env.read("EDGECTL_OPTIONAL_IMPORTS", os.environ) == "skip":
+        from edgectl_runtime.lean import skip_optional_imports
+
+        log.info("kept out (optional for vLLM): %s", ", ".join(skip_optional_imports()))
+
     service = Service(plan, notifier)
     watchdog = Watchdog(notifier, service.health, watchdog_interval_s(dict(os.environ), plan.timeouts.watchdog_s))
     watchdog.start()

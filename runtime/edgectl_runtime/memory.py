@@ -525,6 +525,50 @@ def attribute(maps: list[Mapping], *, tensors: dict[str, list[tuple[int, int]]] 
     return out
 
 
+def _malloc_in_use(preloaded: str | None) -> int | None:
+    if preloaded:
+        st = other_allocator_stats(preloaded) or {}
+        return st.get("in_use")
+    mi = mallinfo2()
+    return None if mi is None else mi["uordblks"] + mi["hblkhd"]
+
+
+def tokenizer_facts(model_dir: str | None, preloaded: str | None) -> dict[str, Any]:
+    """How many tokenizer objects this process holds, and what one costs: a second copy is
+    loaded from the model's ``tokenizer.json`` and the allocator's in-use bytes compared
+    (after the PSS was read, so the copy is not in the figures above)."""
+    import gc
+    import warnings
+
+    seen: set[int] = set()
+    wrappers = 0
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return {"instances": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:  # the instance dict only: getattr could run arbitrary __getattr__ code
+                inner = object.__getattribute__(obj, "__dict__").get("_tokenizer")
+            except (AttributeError, TypeError):
+                continue
+            if isinstance(inner, Tokenizer):
+                wrappers += 1
+                seen.add(id(inner))
+    out: dict[str, Any] = {"instances": len(seen), "python_wrappers": wrappers}
+    path = os.path.join(model_dir, "tokenizer.json") if model_dir else None
+    if path and os.path.exists(path):
+        gc.collect()
+        before = _malloc_in_use(preloaded)
+        tok = Tokenizer.from_file(path)
+        after = _malloc_in_use(preloaded)
+        del tok
+        if before is not None and after is not None:
+            out["bytes_per_instance"] = after - before
+    return out
+
+
 def process_settings() -> dict[str, Any]:
     """The memory-relevant settings this process runs with, read inside it (for the read-back)."""
     from edgectl_runtime.lean import optional_imports_state
@@ -556,6 +600,12 @@ def collect(model=None, kv_caches=None, model_dir: str | None = None, extra: dic
                                   "process": process_settings(), **(extra or {})})
     finally:
         pm.close()
+    tok = tokenizer_facts(model_dir, preloaded)
+    result["details"]["tokenizer"] = tok
+    if tok.get("instances") and tok.get("bytes_per_instance"):
+        result["of_which"] = result.get("of_which", []) + [{
+            "part": f"tokenizer ({tok['instances']} instance(s), each measured by loading a copy)",
+            "bytes": tok["instances"] * tok["bytes_per_instance"], "within": "malloc in use"}]
     return result
 
 
@@ -579,6 +629,8 @@ def render_text(att: dict[str, Any]) -> str:
         if "file_bytes" in r and r.get("anon_bytes"):
             label += f" (file {_mib(r['file_bytes'])} + data {_mib(r['anon_bytes'])})"
         lines.append(f"  {label:<60} {_mib(r['bytes']):>8}  {r['source']}")
+    for r in att.get("of_which", []):
+        lines.append(f"  of which (inside {r['within']}): {r['part']:<36} {_mib(r['bytes']):>8}")
     frac = att.get("unattributed_fraction")
     lines.append(f"attributed {_mib(att['attributed_bytes'])} of {_mib(att['pss_bytes'])} MiB"
                  + (f" ({(1 - frac) * 100:.1f}%)" if frac is not None else ""))

@@ -492,8 +492,9 @@ def attribute(maps: list[Mapping], *, tensors: dict[str, list[tuple[int, int]]] 
         rows.append({"group": "malloc (glibc)", "part": "in use: native allocations and Python objects > 512 B",
                      "bytes": max(0, in_use - tensor_total),
                      "source": "mallinfo2 uordblks + hblkhd, less the tensors"})
+        # uordblks counts what is in use in the arenas, tensors included
         rows.append({"group": "malloc (glibc)", "part": f"free, still resident in {len(heaps)} arena heap(s)",
-                     "bytes": max(0, heap_rss - tensors_in_heaps - mallinfo["uordblks"]),
+                     "bytes": max(0, heap_rss - mallinfo["uordblks"]),
                      "free_bytes": mallinfo["fordblks"],
                      "source": "smaps of [heap] and arena heaps, less mallinfo2 uordblks"})
         extra_info = {"mallinfo2": mallinfo, "arena_heaps": len(heaps), "arena_heaps_pss": heap_rss,
@@ -534,34 +535,37 @@ def _malloc_in_use(preloaded: str | None) -> int | None:
 
 
 def tokenizer_facts(model_dir: str | None, preloaded: str | None) -> dict[str, Any]:
-    """How many tokenizer objects this process holds, and what one costs: a second copy is
-    loaded from the model's ``tokenizer.json`` and the allocator's in-use bytes compared
-    (after the PSS was read, so the copy is not in the figures above)."""
+    """How many tokenizer objects this process holds, and what one costs: a second copy of the
+    backend is loaded from the model's ``tokenizer.json`` and the allocator's in-use bytes
+    compared (after the PSS was read, so the copy is not in the figures above)."""
     import gc
     import warnings
 
-    seen: set[int] = set()
+    base = getattr(sys.modules.get("transformers.tokenization_utils_base"), "PreTrainedTokenizerBase", None)
+    if base is None:
+        return {"instances": 0, "python_wrappers": 0}
+    inner_by_id: dict[int, Any] = {}
     wrappers = 0
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return {"instances": None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for obj in gc.get_objects():
+            if not isinstance(obj, base):
+                continue
+            wrappers += 1
             try:  # the instance dict only: getattr could run arbitrary __getattr__ code
                 inner = object.__getattribute__(obj, "__dict__").get("_tokenizer")
             except (AttributeError, TypeError):
-                continue
-            if isinstance(inner, Tokenizer):
-                wrappers += 1
-                seen.add(id(inner))
-    out: dict[str, Any] = {"instances": len(seen), "python_wrappers": wrappers}
+                inner = None
+            if inner is not None:
+                inner_by_id[id(inner)] = inner
+    backends = sorted({f"{type(i).__module__}.{type(i).__name__}" for i in inner_by_id.values()})
+    out: dict[str, Any] = {"instances": len(inner_by_id), "python_wrappers": wrappers, "backends": backends}
     path = os.path.join(model_dir, "tokenizer.json") if model_dir else None
-    if path and os.path.exists(path):
+    loader = next((type(i) for i in inner_by_id.values() if hasattr(type(i), "from_file")), None)
+    if path and os.path.exists(path) and loader is not None:
         gc.collect()
         before = _malloc_in_use(preloaded)
-        tok = Tokenizer.from_file(path)
+        tok = loader.from_file(path)
         after = _malloc_in_use(preloaded)
         del tok
         if before is not None and after is not None:
@@ -576,7 +580,16 @@ def process_settings() -> dict[str, Any]:
     return {"python_optimize": sys.flags.optimize, "optional_imports": optional_imports_state(),
             "environ": {k: os.environ.get(k) for k in ("LD_PRELOAD", "MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_",
                                                        "PYTHONOPTIMIZE", "OMP_NUM_THREADS")},
-            "threads": threading.active_count(), "modules": len(sys.modules)}
+            "threads": threading.active_count(), "modules": len(sys.modules),
+            "modules_by_package": _modules_by_package()}
+
+
+def _modules_by_package(top: int = 25) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for name in list(sys.modules):
+        root = name.split(".", 1)[0]
+        counts[root] = counts.get(root, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:top])
 
 
 def collect(model=None, kv_caches=None, model_dir: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -408,7 +408,8 @@ def _configure_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgectl-worker", description=__doc__.splitlines()[0])
+    # (no docstrings under python -OO)
+    parser = argparse.ArgumentParser(prog="edgectl-worker", description=(__doc__ or "edgectl's worker").splitlines()[0])
     parser.add_argument("--plan", required=True, help="the deployment's plan file (edgectl.plan/1)")
     ns = parser.parse_args(argv)
     _configure_logging()

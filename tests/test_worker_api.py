@@ -1,0 +1,144 @@
+"""The OpenAI API the worker serves stays whole with the memory levers on: completions, chat,
+streaming, tool calls, structured output; and the worker's memory attribution adds up.
+
+One engine start (the real SmolLM2). The levers under test are passed the way the worker reads
+them; each is read back from the running process, so a lever that silently did not apply fails
+here rather than passing for the wrong reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+PYTHON = os.environ.get("EDGECTL_RUNTIME_PYTHON", "/opt/edgectl/venv/bin/python")
+LEVERS = {"EDGECTL_OPTIONAL_IMPORTS": "skip"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(base: str, path: str, body: dict, timeout: float = 300) -> dict:
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"{path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
+
+
+def _get(base: str, path: str, timeout: float = 300) -> dict:
+    with urllib.request.urlopen(base + path, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, pulled_smollm2):
+    tmp = tmp_path_factory.mktemp("api")
+    port = _free_port()
+    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "smollm2-135m", "--max-model-len", "2048", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    plan["serve"]["port"] = port
+    (tmp / "plan.json").write_text(json.dumps(plan))
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "VLLM_CPU_KVCACHE_SPACE")}
+    env.update(LEVERS)
+    log = (tmp / "worker.log").open("w")
+    proc = subprocess.Popen([PYTHON, "-m", "edgectl_runtime.worker", "--plan", str(tmp / "plan.json")], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while True:
+        assert proc.poll() is None, (tmp / "worker.log").read_text()[-3000:]
+        try:
+            if _get(base, "/edgectl/effective", timeout=5).get("phase") == "serving":
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the worker did not become ready"
+        time.sleep(0.5)
+    yield base, plan
+    proc.terminate()
+    proc.wait(timeout=120)
+    log.close()
+
+
+@pytest.mark.engine
+def test_completion_and_chat(server):
+    base, plan = server
+    comp = _post(base, "/v1/completions", {"model": "smollm2-135m", "prompt": "The capital of France is",
+                                           "max_tokens": 8, "temperature": 0})
+    assert comp["usage"]["completion_tokens"] > 0 and comp["choices"][0]["text"]
+    chat = _post(base, "/v1/chat/completions", {"model": "smollm2-135m", "max_tokens": 16, "temperature": 0,
+                                                "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    assert chat["choices"][0]["message"]["content"]
+
+
+@pytest.mark.engine
+def test_streaming_chat_ends_with_done(server):
+    base, _ = server
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps({
+        "model": "smollm2-135m", "max_tokens": 12, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "Count to five."}]}).encode(),
+        headers={"content-type": "application/json"})
+    events = []
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for line in r:
+            line = line.strip()
+            if line.startswith(b"data: "):
+                events.append(line[6:])
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join((c["choices"][0]["delta"].get("content") or "") for c in chunks if c.get("choices"))
+    assert text and chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+@pytest.mark.engine
+def test_a_required_tool_call_comes_back_as_a_call_with_valid_arguments(server):
+    base, _ = server
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    out = _post(base, "/v1/chat/completions", {
+        "model": "smollm2-135m", "max_tokens": 64, "temperature": 0, "tools": [tool], "tool_choice": "required",
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}]})
+    calls = out["choices"][0]["message"]["tool_calls"]
+    assert calls and calls[0]["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(calls[0]["function"]["arguments"])["city"], str)
+
+
+@pytest.mark.engine
+def test_structured_output_follows_the_json_schema(server):
+    base, _ = server
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    out = _post(base, "/v1/chat/completions", {
+        "model": "smollm2-135m", "max_tokens": 64, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+        "messages": [{"role": "user", "content": "Describe a person as JSON."}]})
+    data = json.loads(out["choices"][0]["message"]["content"])
+    assert set(data) == {"name", "age"} and isinstance(data["age"], int)
+
+
+@pytest.mark.engine
+def test_the_memory_attribution_adds_up_and_reads_the_levers_back(server):
+    base, _ = server
+    att = _get(base, "/edgectl/memory")
+    assert att["schema"] == "edgectl.memory/1"
+    parts = {r["part"]: r["bytes"] for r in att["rows"]}
+    assert abs(att["unattributed_fraction"]) < 0.05, json.dumps(att["rows"], indent=1)
+    assert parts["weights"] > 50 << 20 and parts["KV cache"] > 0
+    assert att["details"]["process"]["optional_imports"] == {
+        "opentelemetry": "kept out", "cv2": "kept out", "accelerate": "kept out"}

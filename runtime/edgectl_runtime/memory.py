@@ -345,6 +345,22 @@ def pymalloc_stats() -> dict[str, int] | None:
 # -- tensors ---------------------------------------------------------------------------------------
 
 
+def _all_gc_objects() -> list:
+    """Every object the garbage collector tracks, including the frozen ones: vLLM freezes the
+    heap after start-up (``vllm/v1/engine/core.py:253`` ``freeze_gc_heap``), and
+    ``gc.get_objects()`` leaves the permanent generation out."""
+    import gc
+
+    frozen = gc.get_freeze_count()
+    if frozen:
+        gc.unfreeze()
+    try:
+        return gc.get_objects()
+    finally:
+        if frozen:
+            gc.freeze()
+
+
 def tensor_ranges(model=None, kv_caches=None) -> dict[str, list[tuple[int, int]]]:
     """Address ranges of the tensors this process holds, by role (unique storages).
 
@@ -391,7 +407,7 @@ def tensor_ranges(model=None, kv_caches=None) -> dict[str, list[tuple[int, int]]
 
     with warnings.catch_warnings():  # isinstance() on deprecated torch aliases warns
         warnings.simplefilter("ignore")
-        for obj in gc.get_objects():
+        for obj in _all_gc_objects():
             if isinstance(obj, torch.Tensor):
                 add("other tensors", obj)
     return out
@@ -548,7 +564,7 @@ def tokenizer_facts(model_dir: str | None, preloaded: str | None) -> dict[str, A
     wrappers = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for obj in gc.get_objects():
+        for obj in _all_gc_objects():
             if not isinstance(obj, base):
                 continue
             wrappers += 1
@@ -571,6 +587,35 @@ def tokenizer_facts(model_dir: str | None, preloaded: str | None) -> dict[str, A
         if before is not None and after is not None:
             out["bytes_per_instance"] = after - before
     return out
+
+
+def python_heap_by_package(site_dirs: list[str] | None = None, top: int = 20) -> dict[str, Any] | None:
+    """Live Python allocations grouped by the package whose code made them — only when the worker
+    runs under ``PYTHONTRACEMALLOC`` (tracing from the interpreter's start, at a cost in memory
+    and speed). Code objects and module dicts built while a module is imported are allocated by
+    the import machinery: they form their own group ("import machinery")."""
+    import tracemalloc
+
+    if not tracemalloc.is_tracing():
+        return None
+    site_dirs = site_dirs if site_dirs is not None else _site_dirs()
+    snap = tracemalloc.take_snapshot()
+    groups: dict[str, int] = {}
+    for stat in snap.statistics("filename"):
+        fname = stat.traceback[0].filename
+        if fname.startswith("<frozen importlib") or "/importlib/" in fname:
+            key = "import machinery (code objects, module namespaces)"
+        elif fname.startswith("<"):
+            key = fname
+        else:
+            key = package_of(fname, site_dirs)
+            if key == "other files" and fname.startswith(sysconfig.get_paths()["stdlib"]):
+                key = "python stdlib"
+        groups[key] = groups.get(key, 0) + stat.size
+    traced, peak = tracemalloc.get_traced_memory()
+    return {"traced_bytes": traced, "tracemalloc_overhead_bytes": tracemalloc.get_tracemalloc_memory(),
+            "frames": tracemalloc.get_traceback_limit(),
+            "by_package": dict(sorted(groups.items(), key=lambda kv: -kv[1])[:top])}
 
 
 def process_settings() -> dict[str, Any]:
@@ -613,6 +658,7 @@ def collect(model=None, kv_caches=None, model_dir: str | None = None, extra: dic
                                   "process": process_settings(), **(extra or {})})
     finally:
         pm.close()
+    result["details"]["python_heap"] = python_heap_by_package()
     tok = tokenizer_facts(model_dir, preloaded)
     result["details"]["tokenizer"] = tok
     if tok.get("instances") and tok.get("bytes_per_instance"):
@@ -642,6 +688,12 @@ def render_text(att: dict[str, Any]) -> str:
         if "file_bytes" in r and r.get("anon_bytes"):
             label += f" (file {_mib(r['file_bytes'])} + data {_mib(r['anon_bytes'])})"
         lines.append(f"  {label:<60} {_mib(r['bytes']):>8}  {r['source']}")
+    heap = (att.get("details") or {}).get("python_heap")
+    if heap:
+        lines.append(f"Python heap by allocating package (tracemalloc, {_mib(heap['traced_bytes'])} MiB traced, "
+                     f"{_mib(heap['tracemalloc_overhead_bytes'])} MiB of tracing overhead):")
+        for name, n in heap["by_package"].items():
+            lines.append(f"  {name:<60} {_mib(n):>8}")
     for r in att.get("of_which", []):
         lines.append(f"  of which (inside {r['within']}): {r['part']:<36} {_mib(r['bytes']):>8}")
     frac = att.get("unattributed_fraction")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 PYTHON = os.environ.get("EDGECTL_RUNTIME_PYTHON", "/opt/edgectl/venv/bin/python")
-LEVERS = {"EDGECTL_OPTIONAL_IMPORTS": "skip"}
+LEVERS = {"EDGECTL_OPTIONAL_IMPORTS": "skip", "EDGECTL_EMBEDDING_PACK": "lm-head", "PYTHONOPTIMIZE": "2"}
 
 
 def _free_port() -> int:
@@ -142,3 +142,7 @@ def test_the_memory_attribution_adds_up_and_reads_the_levers_back(server):
     assert parts["weights"] > 50 << 20 and parts["KV cache"] > 0
     assert att["details"]["process"]["optional_imports"] == {
         "opentelemetry": "kept out", "cv2": "kept out", "accelerate": "kept out"}
+    assert att["details"]["process"]["python_optimize"] == 2
+    # SmolLM2's LM head is tied to its input embedding: only the head keeps a packed copy
+    packs = {p["name"]: p["state"] for p in att["details"]["embedding_pack"]}
+    assert packs == {"model.embed_tokens": "not packed", "lm_head": "packed"}, packs

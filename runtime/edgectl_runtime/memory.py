@@ -670,8 +670,18 @@ def collect(model=None, kv_caches=None, model_dir: str | None = None, extra: dic
 
 def collect_in_worker(worker, model_dir: str | None = None) -> dict[str, Any]:
     """``collect`` for a vLLM worker (sent with ``collective_rpc``): its model and KV cache."""
+    from edgectl_runtime.embedding import packed_copies
+
     runner = worker.model_runner
-    return collect(model=runner.model, kv_caches=getattr(runner, "kv_caches", None), model_dir=model_dir)
+    result = collect(model=runner.model, kv_caches=getattr(runner, "kv_caches", None), model_dir=model_dir)
+    packed = packed_copies(runner.model)
+    result["details"]["embedding_pack"] = packed
+    copies = [p for p in packed if p["state"] == "packed"]
+    if copies:
+        result["of_which"] = result.get("of_which", []) + [{
+            "part": f"prepacked GEMM copies of embedding tables ({', '.join(p['name'] for p in copies)})",
+            "bytes": sum(p["bytes"] for p in copies), "within": "malloc in use"}]
+    return result
 
 
 def render_text(att: dict[str, Any]) -> str:

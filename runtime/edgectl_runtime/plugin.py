@@ -30,10 +30,12 @@ def register() -> None:
 
     request_amx()
     capped = rope.install(os.environ)
-    from edgectl_runtime import compile_cache
+    from edgectl_runtime import compile_cache, embedding
 
     compile_cache.install(os.environ)
-    logger.debug("edgectl plugin: %s registered, RoPE cap %s", cpu_int4.NAME, "on" if capped else "off")
+    pack = embedding.install(os.environ)
+    logger.debug("edgectl plugin: %s registered, RoPE cap %s, embedding pack %s", cpu_int4.NAME,
+                 "on" if capped else "off", pack)
 
 
 def request_amx() -> bool | None:

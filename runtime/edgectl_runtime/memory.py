@@ -408,7 +408,7 @@ def tensor_ranges(model=None, kv_caches=None) -> dict[str, list[tuple[int, int]]
     with warnings.catch_warnings():  # isinstance() on deprecated torch aliases warns
         warnings.simplefilter("ignore")
         for obj in _all_gc_objects():
-            if isinstance(obj, torch.Tensor):
+            if issubclass(type(obj), torch.Tensor):  # type(): no __class__ lookup on lazy proxies
                 add("other tensors", obj)
     return out
 
@@ -565,7 +565,7 @@ def tokenizer_facts(model_dir: str | None, preloaded: str | None) -> dict[str, A
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for obj in _all_gc_objects():
-            if not isinstance(obj, base):
+            if not issubclass(type(obj), base):
                 continue
             wrappers += 1
             try:  # the instance dict only: getattr could run arbitrary __getattr__ code
@@ -638,8 +638,11 @@ def _modules_by_package(top: int = 25) -> dict[str, int]:
 
 
 def collect(model=None, kv_caches=None, model_dir: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The attribution of this process, now."""
-    tensors = tensor_ranges(model, kv_caches) if (model is not None or kv_caches is not None) else None
+    """The attribution of this process, now.
+
+    The kernel's and the allocators' figures are read first, the object walks (tensors,
+    tokenizers) after: a walk over every Python object allocates a list of them, which must not
+    be in the figures it explains. Tensor addresses do not move in between."""
     stacks, unlocated = thread_stack_pointers()
     maps = read_smaps()
     preloaded = allocator_preloaded(maps)
@@ -649,7 +652,7 @@ def collect(model=None, kv_caches=None, model_dir: str | None = None, extra: dic
         other = (os.path.basename(preloaded).split(".")[0].removeprefix("lib"), st) if st else None
     mi = mallinfo2()
     py = pymalloc_stats()
-    maps = read_smaps()
+    tensors = tensor_ranges(model, kv_caches) if (model is not None or kv_caches is not None) else None
     pm = Pagemap()
     try:
         result = attribute(maps, tensors=tensors, pagemap=pm, stacks=stacks, mallinfo=mi, pymalloc=py,

@@ -10,6 +10,9 @@ d = Path(sys.argv[1])
 runs: dict[str, list[dict]] = {}
 for f in sorted(d.glob("*-p*.json")):
     r = json.loads(f.read_text())
+    for item in [*r["fidelity_raw"]["prompts"], r["fidelity_raw"]["perplexity"]]:  # JSON keys are strings
+        item["positions"] = [None if d is None else {int(k): v for k, v in d.items()} for d in item["positions"]]
+        item["next"] = {int(k): v for k, v in item["next"].items()}
     runs.setdefault(r["kv_cache_dtype"], []).append(r)
 ref = {r["order"] // 3: r for r in runs.get("auto", [])}
 print("| KV dtype | passes | decode tok/s | prefill tok/s | KV tensor dtype (read back) | attention ISA | top-1 vs bf16 KV | mean KL | next-token top-1 | perplexity |")

@@ -5,6 +5,9 @@ kv_dtype, order, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 model = os.environ.get("MODEL_DIR", "/var/lib/edgectl/models/smollm2-135m")
 mml = int(os.environ.get("MML", "4096"))
 kv_bytes = int(os.environ.get("KV_BYTES", "97320960"))
+if os.environ.get("STUDY_INIT_AMX") == "1":  # request the AMX tile permission up front (see docs/memory.md)
+    import torch
+    torch._C._cpu._init_amx()
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 llm = LLM(model=model, quantization=os.environ.get("QUANT", "cpu_int4") or None, enforce_eager=True, dtype="bfloat16",
@@ -40,7 +43,7 @@ rng = random.Random(1000 + order)
 ids = [rng.randrange(100, 49000) for _ in range(512)]
 t4 = time.perf_counter(); llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False); t5 = time.perf_counter()
 res = {"kv_cache_dtype": kv_dtype, "order": order, "readback": rb, "decode_tok_s": decode, "prefill_tok_s": 512 / (t5 - t4),
-       "env": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}, "fidelity_raw": fid}
+       "env": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "STUDY_INIT_AMX")}, "fidelity_raw": fid}
 json.dump(res, open(out, "w"))
 print(json.dumps({k: v for k, v in res.items() if k != "fidelity_raw"}))
 os._exit(0)

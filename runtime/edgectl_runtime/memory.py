@@ -135,7 +135,7 @@ def package_of(path: str, site_dirs: list[str], model_dir: str | None = None) ->
         return "python interpreter"
     stdlib = sysconfig.get_paths()["stdlib"].rstrip("/") + "/"
     if path.startswith(stdlib):
-        return "python stdlib (extension modules)"
+        return "python stdlib"
     if path.startswith(("/usr/lib/", "/lib/", "/lib64/", "/usr/lib64/", "/usr/local/lib/")):
         return "system libraries"
     return "other files"
@@ -609,8 +609,6 @@ def python_heap_by_package(site_dirs: list[str] | None = None, top: int = 20) ->
             key = fname
         else:
             key = package_of(fname, site_dirs)
-            if key == "other files" and fname.startswith(sysconfig.get_paths()["stdlib"]):
-                key = "python stdlib"
         groups[key] = groups.get(key, 0) + stat.size
     traced, peak = tracemalloc.get_traced_memory()
     return {"traced_bytes": traced, "tracemalloc_overhead_bytes": tracemalloc.get_tracemalloc_memory(),

@@ -15,10 +15,10 @@ holds three copies of the largest matrix of a small model (SmolLM2-135M: 3 × 54
   should anything call it);
 
 Not offered: no packed copy at all (the LM head on ``F.linear``). Measured on x86_64-amx
-(docs/memory.md): the worker died at its first forward pass with SIGILL in vLLM's AMX attention
-kernel — with no oneDNN GEMM in the model, nothing had requested the AMX tile permission
-(``arch_prctl(ARCH_REQ_XCOMP_PERM)``) before vLLM's own AMX code ran — and a bf16 ``F.linear``
-GEMV of SmolLM2's head took 15.5 ms against 8.7 ms for the packed one (50 calls, M = 1).
+(docs/memory.md): a bf16 ``F.linear`` GEMV of SmolLM2's head took 15.5 ms against 8.7 ms for the
+packed one (50 calls, M = 1), a slower decode for 54 MiB; and the worker died at its first
+forward pass with SIGILL in vLLM's AMX attention kernel, since no oneDNN GEMM was left to request
+the AMX tile permission (the plugin now requests it itself: ``plugin.request_amx``).
 """
 
 from __future__ import annotations

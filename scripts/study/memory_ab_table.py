@@ -10,7 +10,8 @@ print("|---|---|---|---|---|---|---|---|---|---|")
 for name, arm in a["arms"].items():
     ok = [r for r in arm["passes"] if r["status"] == "ok"]
     g = lambda k: [r[k] for r in ok if r.get(k) is not None]
-    alone = [(r["attribution"]["anon_bytes"] + r["attribution"]["file_rss_bytes"]) for r in ok]
+    # anonymous PSS of the tree (read before the attribution call) + file-backed resident bytes
+    alone = [(r["pss_anon_steady_bytes"] + r["attribution"]["file_rss_bytes"]) for r in ok]
     frss = [r["attribution"]["file_rss_bytes"] for r in ok]
     env = ",".join(f"{k}={v.split('/')[-1]}" for k, v in arm["env"].items()) or "(control)"
     print(f"| {name} | {env} | {len(ok)}/{len(arm['passes'])} | {fmt(g('decode_tok_s'), lambda v: f'{v:.1f}')} | {fmt(g('prefill_tok_s'), lambda v: f'{v:.0f}')} | "

@@ -269,7 +269,8 @@ def render_unit(plan: Plan, *, plan_path: str, python: str) -> str:
     start_s, watchdog_s, stop_s = (math.ceil(t) for t in (plan.timeouts.start_s, plan.timeouts.watchdog_s,
                                                            plan.timeouts.stop_s))
     scope = _host_scope(host)
-    exec_start = " ".join(worker.command(quote_word(python, dollar=True), quote_word(plan_path, dollar=True)))
+    exec_start = " ".join(worker.command(quote_word(python, dollar=True), quote_word(plan_path, dollar=True),
+                                         plan.levers.python_optimize))
     values = {
         "UNIT": unit_name(name),
         "UNIT_STEM": f"edgectl-{name}",

@@ -37,23 +37,3 @@ def test_a_package_already_loaded_is_left_alone():
     assert lean.optional_imports_state(modules)["cv2"] == "loaded"
     assert lean.optional_imports_state({})["accelerate"] == "not imported"
     assert importlib.util.find_spec("json") is not None
-
-
-def test_the_worker_is_restarted_only_when_an_allocator_or_optimize_level_is_not_in_effect():
-    # this test process runs on glibc with optimize 0 (pytest itself is started that way)
-    assert lean.startup_environment("glibc", sys.flags.optimize, {}) is None
-    env = lean.startup_environment("jemalloc", sys.flags.optimize, {"LD_PRELOAD": "/opt/x/libgomp.so.1", "A": "1"})
-    assert env["LD_PRELOAD"] == f"{lean.ALLOCATORS['jemalloc']}:/opt/x/libgomp.so.1" and env["A"] == "1"
-    # switching back to glibc drops a replacement allocator from LD_PRELOAD, keeps the rest
-    other = lean.startup_environment("glibc", sys.flags.optimize + 1,
-                                     {"LD_PRELOAD": f"{lean.ALLOCATORS['tcmalloc']}:/opt/x/libgomp.so.1"})
-    assert other["LD_PRELOAD"] == "/opt/x/libgomp.so.1"
-    assert other["PYTHONOPTIMIZE"] == str(sys.flags.optimize + 1)
-
-
-def test_the_allocator_is_read_back_from_the_process_maps(tmp_path):
-    maps = tmp_path / "maps"
-    maps.write_text("7f00-7f10 r-xp 00000000 fe:00 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
-    assert lean.allocator_in_effect("glibc", str(maps)) and not lean.allocator_in_effect("jemalloc", str(maps))
-    maps.write_text(maps.read_text() + "7f20-7f30 r-xp 00000000 fe:00 2 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n")
-    assert lean.allocator_in_effect("jemalloc", str(maps)) and not lean.allocator_in_effect("glibc", str(maps))

@@ -1,9 +1,9 @@
-"""The OpenAI API the worker serves stays whole with the memory levers on: completions, chat,
-streaming, tools, structured output; and the worker's memory attribution adds up.
+"""The OpenAI API the worker serves stays whole with the memory levers on (the default plan's:
+docs/memory.md): completions, chat, streaming, tools, structured output; the worker's memory
+attribution adds up; and a plan with fp8 KV runs with fp8 KV.
 
-One engine start (the real SmolLM2). The levers under test are passed the way the worker reads
-them; each is read back from the running process, so a lever that silently did not apply fails
-here rather than passing for the wrong reason.
+The real SmolLM2, on the plan `edgectl plan` makes. Each lever is read back from the running
+process, so a lever that silently did not apply fails here rather than passing for the wrong reason.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from edgectl.contract.worker import command as worker_command
+
 PYTHON = os.environ.get("EDGECTL_RUNTIME_PYTHON", "/opt/edgectl/venv/bin/python")
-LEVERS = {"EDGECTL_OPTIONAL_IMPORTS": "skip", "EDGECTL_EMBEDDING_PACK": "lm-head", "PYTHONOPTIMIZE": "2"}
 
 
 def _free_port() -> int:
@@ -43,21 +44,22 @@ def _get(base: str, path: str, timeout: float = 300) -> dict:
         return json.loads(r.read())
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, pulled_smollm2):
-    tmp = tmp_path_factory.mktemp("api")
+def _start(tmp: Path, plan_args: list[str]):
+    """The worker on the plan `edgectl plan smollm2-135m ARGS` makes, started as the unit starts it
+    (edgectl/contract/worker.py's command: python -OO for the plan's levers); (process, base URL, plan)."""
     port = _free_port()
-    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "smollm2-135m", "--max-model-len", "2048", "--json"],
+    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "smollm2-135m", *plan_args, "--json"],
                          capture_output=True, text=True, timeout=120)
+    if out.returncode == 2 and "cannot run here" in out.stderr:
+        pytest.skip(out.stderr.strip())  # the planner asked this CPU and refuses the setting here
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     plan["serve"]["port"] = port
     (tmp / "plan.json").write_text(json.dumps(plan))
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "VLLM_CPU_KVCACHE_SPACE")}
-    env.update(LEVERS)
     log = (tmp / "worker.log").open("w")
-    proc = subprocess.Popen([PYTHON, "-m", "edgectl_runtime.worker", "--plan", str(tmp / "plan.json")], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    command = worker_command(PYTHON, str(tmp / "plan.json"), plan["levers"]["python_optimize"])
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900
     while True:
@@ -69,10 +71,20 @@ def server(tmp_path_factory, pulled_smollm2):
             pass
         assert time.monotonic() < deadline, "the worker did not become ready"
         time.sleep(0.5)
-    yield base, plan
+    return proc, log, base, plan
+
+
+def _stop(proc, log) -> None:
     proc.terminate()
     proc.wait(timeout=120)
     log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, pulled_smollm2):
+    proc, log, base, plan = _start(tmp_path_factory.mktemp("api"), ["--max-model-len", "2048"])
+    yield base, plan
+    _stop(proc, log)
 
 
 @pytest.mark.engine
@@ -151,3 +163,35 @@ def test_the_memory_attribution_adds_up_and_reads_the_levers_back(server):
     # SmolLM2's LM head is tied to its input embedding: only the head keeps a packed copy
     packs = {p["name"]: p["state"] for p in att["details"]["embedding_pack"]}
     assert packs == {"model.embed_tokens": "not packed", "lm_head": "packed"}, packs
+
+
+@pytest.mark.engine
+def test_the_worker_reads_the_memory_levers_back_and_they_match_the_plan(server):
+    base, plan = server
+    assert (plan["levers"]["embedding_pack"], plan["levers"]["optional_imports"],
+            plan["levers"]["python_optimize"]) == ("lm-head", "skip", 2)
+    eff = _get(base, "/edgectl/effective")
+    assert eff["python_optimize"] == 2
+    assert eff["optional_imports"] == {"opentelemetry": "kept out", "cv2": "kept out", "accelerate": "kept out"}
+    assert {n: e["state"] for n, e in eff["embedding_pack"].items()} == {
+        "model.embed_tokens": "not packed", "lm_head": "packed"}
+    assert (eff["kv_cache_dtype"], eff["kv_tensor_dtypes"]) == (["auto"], ["bfloat16"])
+
+
+@pytest.mark.engine
+def test_a_plan_with_fp8_kv_runs_with_fp8_kv(tmp_path, pulled_smollm2):
+    """ISA-dependent: vLLM's CPU attention runs fp8 KV only with AVX-512 or AMX; where the planner
+    (asking this CPU) refuses it, the test is skipped with the planner's reason."""
+    proc, log, base, plan = _start(tmp_path, ["--max-model-len", "2048", "--kv-cache-dtype", "fp8_e4m3"])
+    try:
+        assert plan["kv_cache_dtype"] == "fp8_e4m3"
+        eff = _get(base, "/edgectl/effective")
+        # read back in the engine: the attention layers' dtype, the KV tensors' own, their bytes (half of bf16's)
+        assert (eff["kv_cache_dtype"], eff["kv_tensor_dtypes"]) == (["fp8_e4m3"], ["uint8"])
+        assert eff["kv_cache_bytes"] == plan["kv_cache_bytes"] == 2048 // 128 * 128 * plan["kv_bytes_per_token"] + \
+            128 * plan["kv_bytes_per_token"]  # 16 blocks + vLLM's null block, at 11520 B/token
+        comp = _post(base, "/v1/completions", {"model": "smollm2-135m", "prompt": "The capital of France is",
+                                               "max_tokens": 8, "temperature": 0})
+        assert comp["usage"]["completion_tokens"] == 8
+    finally:
+        _stop(proc, log)

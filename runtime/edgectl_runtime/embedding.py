@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import torch
 
-from edgectl_runtime import env as runtime_env
+from edgectl.contract import environment as runtime_env
 
 INFO_ATTR = "edgectl_embedding_pack"  # "packed" | "not packed" on every dense embedding layer
 _ORIGINAL: list = []
@@ -63,12 +63,14 @@ def install(environ: Mapping[str, str]) -> str:
 def packed_copies(model: torch.nn.Module) -> list[dict]:
     """Read-back: every dense embedding layer with a prepacked copy, and its size (rows × cols ×
     element size: the packed copy holds the same values)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
     out = []
     for name, module in model.named_modules():
         state = getattr(module, INFO_ATTR, None)
         weight = getattr(module, "weight", None)
         if state is None or not isinstance(weight, torch.Tensor):
             continue
-        out.append({"name": name, "state": state, "bytes": weight.numel() * weight.element_size()
-                    if state == "packed" else 0})
+        out.append({"name": name, "state": state, "lm_head": isinstance(module, ParallelLMHead),
+                    "bytes": weight.numel() * weight.element_size() if state == "packed" else 0})
     return out

@@ -35,7 +35,7 @@ from edgectl.contract import environment
 from edgectl.contract import worker as contract
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
 from edgectl.contract.effective import mismatches
-from edgectl.contract.plan import Plan, Topology
+from edgectl.contract.plan import OptionalImports, Plan, Topology
 from edgectl.contract.vllm_args import server_args
 from edgectl.errors import EdgectlError
 
@@ -164,6 +164,7 @@ class Service:
 
 async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
     """The settings the running engine actually has, read from the process that holds the model."""
+    from edgectl_runtime.lean import optional_imports_state
     from edgectl_runtime.readback import collect_worker_facts, process_tree_facts
 
     if plan.topology is Topology.SINGLE_PROCESS:
@@ -182,6 +183,9 @@ async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
         "enforce_eager": bool(vc.model_config.enforce_eager),
         **worker,
         **process_tree_facts(os.getpid()),
+        # read in the server's own process, where the worker applied them before importing vLLM
+        "python_optimize": sys.flags.optimize,
+        "optional_imports": optional_imports_state(),
     }
     return eff
 
@@ -358,7 +362,7 @@ def _add_edgectl_routes(app, service: Service) -> None:
         ok, why = service.health()
         return probe(ok and service.phase == contract.SERVING, why)
 
-    @app.get("/edgectl/memory")
+    @app.get(contract.MEMORY_ROUTE)
     async def memory() -> JSONResponse:
         """Where this process's PSS goes (``edgectl_runtime/memory.py``), read in the engine thread."""
         client = service.engine_client
@@ -429,9 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         notifier.status(f"refused: {exc}")
         return exc.code
 
-    from edgectl_runtime import env as runtime_env
-
-    if runtime_env.read("EDGECTL_OPTIONAL_IMPORTS", os.environ) == "skip":
+    if plan.levers.optional_imports is OptionalImports.SKIP:  # before anything imports vLLM
         from edgectl_runtime.lean import skip_optional_imports
 
         log.info("kept out (optional for vLLM): %s", ", ".join(skip_optional_imports()))

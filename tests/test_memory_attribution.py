@@ -109,7 +109,7 @@ def test_a_live_process_is_attributed_within_five_percent(tmp_path):
         "print(json.dumps(memory.collect(model=M(), kv_caches=[kv])))\n"
     )
     out = subprocess.run([runtime_python, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(REPO / "runtime"), "PATH": "/usr/bin:/bin"})
+                         env={"PYTHONPATH": f"{REPO}:{REPO / 'runtime'}", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     att = json.loads(out.stdout.strip().splitlines()[-1])
     rows = {r["part"]: r for r in att["rows"]}

@@ -30,8 +30,8 @@ Sources, by part:
   traces every Python allocation from the interpreter's start at a cost in memory and
   speed): live Python allocations grouped by the package whose code made them.
 
-The result is plain data (``edgectl.memory/1``); :func:`render_text` prints it. The control
-plane fetches it (``edgectl status --memory``), the bench records it per pass.
+The result is plain data (``edgectl.memory/1``, ``edgectl/contract/memory.py``, which also
+prints it). The control plane fetches it: ``edgectl status --memory``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA = "edgectl.memory/1"
+from edgectl.contract.memory import SCHEMA, render_text  # noqa: F401  (the schema and its text view)
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 HEAP_MAX = 64 << 20  # glibc: HEAP_MAX_SIZE = 2 * DEFAULT_MMAP_THRESHOLD_MAX on 64-bit (malloc/arena.c)
 
@@ -685,34 +686,6 @@ def collect_in_worker(worker, model_dir: str | None = None) -> dict[str, Any]:
     return result
 
 
-def render_text(att: dict[str, Any]) -> str:
-    lines = [f"PSS {_mib(att['pss_bytes'])} MiB (anonymous {_mib(att['anon_bytes'])}, file-backed "
-             f"{_mib(att['file_bytes'])} of {_mib(att.get('file_rss_bytes'))} resident: the rest is charged to other "
-             f"processes mapping the same files), pid {att['pid']}, allocator {att['details'].get('allocator')}",
-             f"{'part':<62} {'MiB':>8}  source"]
-    group = None
-    for r in att["rows"]:
-        if r["group"] != group:
-            group = r["group"]
-            lines.append(f"{group}:")
-        label = r["part"]
-        if "file_bytes" in r and r.get("anon_bytes"):
-            label += f" (file {_mib(r['file_bytes'])} + data {_mib(r['anon_bytes'])})"
-        lines.append(f"  {label:<60} {_mib(r['bytes']):>8}  {r['source']}")
-    heap = (att.get("details") or {}).get("python_heap")
-    if heap:
-        lines.append(f"Python heap by allocating package (tracemalloc, {_mib(heap['traced_bytes'])} MiB traced, "
-                     f"{_mib(heap['tracemalloc_overhead_bytes'])} MiB of tracing overhead):")
-        for name, n in heap["by_package"].items():
-            lines.append(f"  {name:<60} {_mib(n):>8}")
-    for r in att.get("of_which", []):
-        lines.append(f"  of which (inside {r['within']}): {r['part']:<36} {_mib(r['bytes']):>8}")
-    frac = att.get("unattributed_fraction")
-    lines.append(f"attributed {_mib(att['attributed_bytes'])} of {_mib(att['pss_bytes'])} MiB"
-                 + (f" ({(1 - frac) * 100:.1f}%)" if frac is not None else ""))
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m edgectl_runtime.memory URL``: fetch a worker's attribution and print it."""
     import argparse
@@ -723,7 +696,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("url", help="the worker's base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--json", action="store_true")
     ns = parser.parse_args(argv)
-    with urllib.request.urlopen(ns.url.rstrip("/") + "/edgectl/memory", timeout=120) as r:
+    from edgectl.contract.worker import MEMORY_ROUTE
+
+    with urllib.request.urlopen(ns.url.rstrip("/") + MEMORY_ROUTE, timeout=120) as r:
         att = json.loads(r.read())
     print(json.dumps(att, indent=1) if ns.json else render_text(att))
     return 0

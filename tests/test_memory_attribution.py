@@ -118,3 +118,48 @@ def test_a_live_process_is_attributed_within_five_percent(tmp_path):
     assert abs(att["unattributed_fraction"]) < 0.05, memory.render_text(att)
     threads = [r for r in att["rows"] if r["group"] == "threads"][0]
     assert sum(threads["threads"].values()) >= 4  # the main thread and the three waiting ones
+
+
+def test_status_fetches_the_attribution_from_the_worker_and_prints_it():
+    """`edgectl status --memory`: the control plane asks the worker's route (a stand-in HTTP
+    server here, serving an attribution made from the fixture above) and prints it."""
+    import http.server
+    import threading
+
+    from edgectl.client import Client
+    from edgectl.contract.worker import MEMORY_ROUTE
+    from edgectl.status import DeploymentStatus, attribution_of
+
+    att = memory.attribute(memory.parse_smaps(SMAPS), site_dirs=[SITE], mallinfo=None, pymalloc=None, arena_heaps=[])
+    answers = {MEMORY_ROUTE: att}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = json.dumps(answers.get(self.path, {"error": "no"})).encode()
+            self.send_response(200 if self.path in answers else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = Client("127.0.0.1", httpd.server_address[1])
+        got, why = attribution_of(client)
+        assert (got, why) == (att, None)
+        st = DeploymentStatus("x", "edgectl-x.service", "active", "running", "", 0, 1.0, None, None, None, None,
+                              attribution=got)
+        text = st.render_text()
+        assert "where the worker's memory goes" in text and f"attributed" in text and "torch" in text
+        assert st.to_dict()["attribution"] == att
+        answers[MEMORY_ROUTE] = {"schema": "something/1"}
+        assert attribution_of(client) == (None, "the worker answered something else than edgectl.memory/1")
+        del answers[MEMORY_ROUTE]
+        got, why = attribution_of(client)
+        assert got is None and why.startswith("the worker did not give one")
+    finally:
+        httpd.shutdown()

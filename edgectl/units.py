@@ -277,7 +277,9 @@ def render_unit(plan: Plan, *, plan_path: str, python: str) -> str:
         "NAME": name,
         "PLAN_PATH_NOTE": _c_escape(plan_path),
         "MODEL": _free_text(plan.model.name),
-        "WEIGHT_FORMAT": _free_text(plan.weight_format),
+        # the KV dtype only when it is not the model's own (a plan that fits only with fp8 KV)
+        "WEIGHT_FORMAT": _free_text(str(plan.weight_format) + ("" if plan.kv_cache_dtype == "auto"
+                                                              else f", {plan.kv_cache_dtype} KV")),
         "ENDPOINT": _free_text(worker.host_port(plan.serve)),
         "NETWORK_ORDERING": _network_ordering(scope),
         "START_LIMIT_BURST": str(START_LIMIT_BURST),

@@ -54,6 +54,11 @@ def test_what_the_worker_is_started_with_carries_the_levers():
     fp8 = make_plan(host_facts(AMX), shape(SMOLLM2), kv_cache_dtype="fp8_e4m3")
     args = server_args(fp8, stock=True)  # the control arm runs the same KV dtype
     assert args[args.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    assert "Description=edgectl default: smollm2-135m (w4a16) served" in unit
+    fp8_unit = render_unit(fp8, plan_path="/etc/edgectl/default/plan.json", python="/opt/edgectl/venv/bin/python")
+    assert "Description=edgectl default: smollm2-135m (w4a16, fp8_e4m3 KV) served" in fp8_unit
+    # MemoryMax follows the ledger, whose KV bytes halved
+    assert f"MemoryMax={fp8.memory.limit_bytes}" in fp8_unit and fp8.memory.limit_bytes < p.memory.limit_bytes
 
 
 def test_fp8_kv_halves_the_bytes_per_token_in_the_ledger():

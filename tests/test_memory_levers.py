@@ -41,13 +41,19 @@ def test_each_lever_can_be_switched_back_to_unmodified_vllm():
         make_plan(host_facts(AMX), shape(SMOLLM2), kv_cache_dtype="fp8_e5m2")
 
 
+def _pulled(p):
+    """The plan with its model where `edgectl models pull` keeps it (the shape's directory lies in
+    the checkout, which may be under /tmp, where the unit refuses a model)."""
+    return replace(p, model=replace(p.model, path="/var/lib/edgectl/models/smollm2-135m"))
+
+
 def test_what_the_worker_is_started_with_carries_the_levers():
     p = make_plan(host_facts(AMX), shape(SMOLLM2))
     assert environment.runtime_levers(p)["EDGECTL_EMBEDDING_PACK"] == "lm-head"
     assert worker.command("/py", "/plan.json", p.levers.python_optimize) == [
         "/py", "-OO", "-m", "edgectl_runtime.worker", "--plan", "/plan.json"]
     assert worker.command("/py", "/plan.json", 0) == ["/py", "-m", "edgectl_runtime.worker", "--plan", "/plan.json"]
-    unit = render_unit(p, plan_path="/etc/edgectl/default/plan.json", python="/opt/edgectl/venv/bin/python")
+    unit = render_unit(_pulled(p), plan_path="/etc/edgectl/default/plan.json", python="/opt/edgectl/venv/bin/python")
     assert "ExecStart=/opt/edgectl/venv/bin/python -OO -m edgectl_runtime.worker --plan" in unit
     args = server_args(p)
     assert args[args.index("--kv-cache-dtype") + 1] == "auto"
@@ -55,7 +61,7 @@ def test_what_the_worker_is_started_with_carries_the_levers():
     args = server_args(fp8, stock=True)  # the control arm runs the same KV dtype
     assert args[args.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
     assert "Description=edgectl default: smollm2-135m (w4a16) served" in unit
-    fp8_unit = render_unit(fp8, plan_path="/etc/edgectl/default/plan.json", python="/opt/edgectl/venv/bin/python")
+    fp8_unit = render_unit(_pulled(fp8), plan_path="/etc/edgectl/default/plan.json", python="/opt/edgectl/venv/bin/python")
     assert "Description=edgectl default: smollm2-135m (w4a16, fp8_e4m3 KV) served" in fp8_unit
     # MemoryMax follows the ledger, whose KV bytes halved
     assert f"MemoryMax={fp8.memory.limit_bytes}" in fp8_unit and fp8.memory.limit_bytes < p.memory.limit_bytes

@@ -56,7 +56,8 @@ def render_plan(plan: Plan) -> str:
         "  memory (steady, predicted):",
         f"    runtime    {mib(m.runtime_bytes)}",
         f"    weights    {mib(m.weights_bytes)}",
-        f"    KV cache   {mib(m.kv_cache_bytes)} ({plan.kv_bytes_per_token} B/token)",
+        f"    KV cache   {mib(m.kv_cache_bytes)} ({plan.kv_bytes_per_token} B/token, "
+        f"{'bf16' if plan.kv_cache_dtype == 'auto' else plan.kv_cache_dtype})",
         f"    RoPE       {mib(m.rope_bytes)}",
         f"    workspace  {mib(m.workspace_bytes)}",
         f"    total      {mib(m.total_bytes)}   MemoryHigh {mib(m.high_bytes)}   MemoryMax {mib(m.limit_bytes)}",

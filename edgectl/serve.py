@@ -54,7 +54,7 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
         plan_path.write_text(plan.to_json())
         # systemd's notify variables are for a service's main process, not for this child
         env = {k: v for k, v in environ.items() if k not in environment.SYSTEMD_NOTIFY}
-        proc = subprocess.Popen(worker.command(python, str(plan_path)), env=env)
+        proc = subprocess.Popen(worker.command(python, str(plan_path), plan.levers.python_optimize), env=env)
 
         def forward(signum, _frame):
             proc.send_signal(signum)

@@ -5,7 +5,8 @@ ledger from the service's cgroup (PSS of every process in it, anonymous vs file-
 against the plan's prediction and limit; in compiled mode, whether the running worker loaded its
 graph from the cache or compiled it at this start (the worker's read-back,
 ``runtime/edgectl_runtime/compile_cache.py``); and the requests and tokens served, from vLLM's
-``/metrics``.
+``/metrics``. With ``--memory``, the worker's own attribution of its PSS (``GET /edgectl/memory``,
+edgectl/contract/memory.py).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from edgectl.client import Client
+from edgectl.client import Client, HttpFailed
 from edgectl.contract import worker
+from edgectl.contract.memory import SCHEMA as MEMORY_SCHEMA
+from edgectl.contract.memory import render_text as render_attribution
 from edgectl.contract.plan import Compilation, Plan
 from edgectl.contract.procmem import TreeMem
 from edgectl.deployment import Layout, deployment_names, service_memory
@@ -67,6 +70,9 @@ class DeploymentStatus:
     load_peak: dict[str, Any] | None = None
     warmup: dict[str, Any] | None = None  # the worker's warm-up answer and, if it looks broken, why
     compile: dict[str, Any] | None = None  # the worker's read-back of its compiled graph (None: not known)
+    # --memory: the worker's attribution of its PSS (edgectl.memory/1), or why there is none
+    attribution: dict[str, Any] | None = None
+    attribution_unavailable: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         planned = self.plan.memory if self.plan else None
@@ -86,7 +92,10 @@ class DeploymentStatus:
                 "status_text": self.status_text, "restarts": self.restarts, "uptime_s": self.uptime_s,
                 "endpoint": self.endpoint, "model": self.plan.model.name if self.plan else None,
                 "weight_format": str(self.plan.weight_format) if self.plan else None, "memory": mem,
-                "compiled_graph": self.compiled_graph(), "served": self.metrics, "warmup": self.warmup}
+                "compiled_graph": self.compiled_graph(), "served": self.metrics, "warmup": self.warmup,
+                **({"attribution": self.attribution} if self.attribution is not None else {}),
+                **({"attribution_unavailable": self.attribution_unavailable}
+                   if self.attribution_unavailable is not None else {})}
 
     def compiled_graph(self) -> dict[str, Any] | None:
         """Where the running worker's compiled graph came from: ``cache`` (loaded, with the seconds
@@ -131,6 +140,11 @@ class DeploymentStatus:
             m = self.metrics
             lines.append(f"  served: {m['requests']:.0f} requests, {m['prompt_tokens']:.0f} prompt + "
                          f"{m['generated_tokens']:.0f} generated tokens")
+        if self.attribution is not None:
+            lines.append("  where the worker's memory goes (edgectl.memory/1, docs/memory.md):")
+            lines += ["    " + line for line in render_attribution(self.attribution).splitlines()]
+        elif self.attribution_unavailable:
+            lines.append(f"  memory attribution: {self.attribution_unavailable}")
         return "\n".join(lines)
 
 
@@ -147,7 +161,19 @@ class StatusReport:
         return "\n".join(d.render_text() for d in self.deployments)
 
 
-def status_of(name: str, environ: Mapping[str, str]) -> DeploymentStatus:
+def attribution_of(client: Client) -> tuple[dict[str, Any] | None, str | None]:
+    """The worker's memory attribution, or why it has none (the worker walks its own memory:
+    seconds on a small box, hence the long timeout)."""
+    try:
+        att = client.get_json(worker.MEMORY_ROUTE, timeout=180)
+    except HttpFailed as exc:
+        return None, f"the worker did not give one ({exc})"
+    if not isinstance(att, dict) or att.get("schema") != MEMORY_SCHEMA:
+        return None, f"the worker answered something else than {MEMORY_SCHEMA}"
+    return att, None
+
+
+def status_of(name: str, environ: Mapping[str, str], memory_attribution: bool = False) -> DeploymentStatus:
     layout = Layout.of(name, environ)
     plan = layout.existing_plan()
     sd = Systemd(layout.unit_dir)
@@ -159,26 +185,29 @@ def status_of(name: str, environ: Mapping[str, str]) -> DeploymentStatus:
     if state.active == "active" and entered:
         uptime = max(0.0, (_monotonic_us() - entered) / 1e6)
     memory = service_memory(state) if state.active in ("active", "activating", "deactivating") else None
-    metrics = report = None
+    metrics = report = attribution = None
+    unavailable = "the service is not active" if memory_attribution else None
     if plan and state.active == "active":
         client = Client.of(plan.serve)
         text = client.metrics()
         metrics = parse_metrics(text) if text is not None else None
         report = client.worker_state()
+        if memory_attribution:
+            attribution, unavailable = attribution_of(client)
     return DeploymentStatus(name, layout.unit, state.active or "unknown", state.sub, state.status_text,
                             state.restarts, uptime, worker.endpoint(plan.serve) if plan else None, plan, memory, metrics,
                             (report or {}).get("load_peak") or None, (report or {}).get("warmup"),
-                            (report or {}).get("compile") or None)
+                            (report or {}).get("compile") or None, attribution, unavailable)
 
 
-def status(name: str | None, environ: Mapping[str, str]) -> StatusReport:
+def status(name: str | None, environ: Mapping[str, str], memory_attribution: bool = False) -> StatusReport:
     if name is not None:
         validate_name(name)
     if not systemd_running():
         raise EdgectlError("systemd is not running on this machine: there are no deployments to show "
                            "(`edgectl serve` runs a model in the foreground)")
     names = [name] if name else deployment_names(environ)
-    return StatusReport([status_of(n, environ) for n in names])
+    return StatusReport([status_of(n, environ, memory_attribution) for n in names])
 
 
 def logs(name: str, environ: Mapping[str, str], follow: bool, lines: int) -> int:

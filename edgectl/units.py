@@ -269,14 +269,17 @@ def render_unit(plan: Plan, *, plan_path: str, python: str) -> str:
     start_s, watchdog_s, stop_s = (math.ceil(t) for t in (plan.timeouts.start_s, plan.timeouts.watchdog_s,
                                                            plan.timeouts.stop_s))
     scope = _host_scope(host)
-    exec_start = " ".join(worker.command(quote_word(python, dollar=True), quote_word(plan_path, dollar=True)))
+    exec_start = " ".join(worker.command(quote_word(python, dollar=True), quote_word(plan_path, dollar=True),
+                                         plan.levers.python_optimize))
     values = {
         "UNIT": unit_name(name),
         "UNIT_STEM": f"edgectl-{name}",
         "NAME": name,
         "PLAN_PATH_NOTE": _c_escape(plan_path),
         "MODEL": _free_text(plan.model.name),
-        "WEIGHT_FORMAT": _free_text(plan.weight_format),
+        # the KV dtype only when it is not the model's own (a plan that fits only with fp8 KV)
+        "WEIGHT_FORMAT": _free_text(str(plan.weight_format) + ("" if plan.kv_cache_dtype == "auto"
+                                                              else f", {plan.kv_cache_dtype} KV")),
         "ENDPOINT": _free_text(worker.host_port(plan.serve)),
         "NETWORK_ORDERING": _network_ordering(scope),
         "START_LIMIT_BURST": str(START_LIMIT_BURST),

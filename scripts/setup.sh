@@ -88,5 +88,15 @@ import json, pathlib, sys, edgectl
 info = {"commit": sys.argv[1] or None, "dirty": sys.argv[2] == "true", "checkout": sys.argv[3]}
 (pathlib.Path(edgectl.__file__).parent / "data" / "build.json").write_text(json.dumps(info) + "\n")
 PYEOF
+# The worker runs under python -OO (the plan's levers.python_optimize, docs/memory.md): the
+# .opt-2.pyc of what it imports are written now, while the venv is writable. The service's
+# sandbox cannot write them, and compiling ~6000 modules at every start costs ~10 s. Importing
+# what the worker imports writes them (a second run finds them up to date).
+"$PY" -OO -c "
+import edgectl_runtime.worker, edgectl_runtime.plugin, edgectl_runtime.inproc, edgectl_runtime.readback
+import edgectl_runtime.memory, edgectl_runtime.embedding, edgectl_runtime.lean, edgectl_runtime.rope
+import vllm.entrypoints.openai.api_server, vllm.entrypoints.launchers.api_server.entry, vllm.entrypoints.launchers.app
+import vllm.model_executor.models.llama, vllm.v1.attention.backends.cpu_attn, vllm.v1.worker.cpu_worker
+" || { echo "error: the runtime does not import under python -OO; see above" >&2; exit 1; }
 ln -sf "$VENV/bin/edgectl" /usr/local/bin/edgectl
 echo "setup: edgectl is $(command -v edgectl) ($VENV)"

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.contract import int4_layout, worker
+from edgectl.contract.effective import KV_TENSOR_DTYPE
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
 from edgectl.contract.plan import Plan
 
@@ -116,6 +117,17 @@ class State:
                 "linear_in_features": widths,
                 "processes": self.processes(), "resident": {"parameters_bytes": p.memory.weights_bytes,
                                                             "outside_parameters_bytes": 0},
+                # the memory levers and the KV dtype as the worker reads them back; the optimize
+                # level is this process's own (the launcher passes -OO as the worker's command does)
+                "kv_cache_dtype": [str(p.kv_cache_dtype)],
+                "kv_tensor_dtypes": [KV_TENSOR_DTYPE[str(p.kv_cache_dtype)]],
+                "python_optimize": sys.flags.optimize,
+                "optional_imports": {n: "kept out" if p.levers.optional_imports == "skip" else "not imported"
+                                     for n in ("opentelemetry", "cv2", "accelerate")},
+                "embedding_pack": {} if p.quantize_lm_head else {
+                    "model.embed_tokens": {"state": "not packed" if p.levers.embedding_pack == "lm-head" else "packed",
+                                           "lm_head": False},
+                    "lm_head": {"state": "packed", "lm_head": True}},
                 "compile": self.graph, "phase": worker.SERVING if self.ready() else "loading"}
 
     def vllm_config(self) -> dict[str, Any]:

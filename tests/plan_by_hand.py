@@ -172,8 +172,9 @@ def kv_blocks_per_seq(s: ShapeByHand, max_len: int) -> int:
     return math.ceil(max_len / BLOCK)
 
 
-def kv_bytes(s: ShapeByHand, max_len: int, seqs: int = 1) -> int:
-    return s.layers * (kv_blocks_per_seq(s, max_len) * seqs + 1) * BLOCK * s.kv_per_token_layer
+def kv_bytes(s: ShapeByHand, max_len: int, seqs: int = 1, fp8: bool = False) -> int:
+    # fp8 KV: one byte per value instead of bf16's two, the same blocks
+    return s.layers * (kv_blocks_per_seq(s, max_len) * seqs + 1) * BLOCK * s.kv_per_token_layer // (2 if fp8 else 1)
 
 
 @dataclass(frozen=True)
@@ -188,9 +189,9 @@ class Ledger:
     limit: int
 
 
-def ledger(s: ShapeByHand, fmt: str, max_len: int, runtime: int, seqs: int = 1) -> Ledger:
+def ledger(s: ShapeByHand, fmt: str, max_len: int, runtime: int, seqs: int = 1, fp8: bool = False) -> Ledger:
     weights = s.w4a16_bytes if fmt == "w4a16" else s.bf16_bytes
-    kv = kv_bytes(s, max_len, seqs)
+    kv = kv_bytes(s, max_len, seqs, fp8)
     rope = max_len * s.head_dim * 2
     workspace = s.workspace_per_token * min(max_len, MAX_BATCHED_TOKENS)
     total = runtime + weights + kv + rope + workspace

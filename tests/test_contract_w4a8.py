@@ -24,7 +24,19 @@ def _effective(plan: Plan, body: str, head: str, **extra) -> dict:
             "rope_rows": {"model.layers.0.self_attn.rotary_emb": plan.rope_rows},
             "linear_formats": {"model.layers.0.mlp.down_proj": body, "lm_head": head},
             "linear_in_features": {"model.layers.0.mlp.down_proj": 1536},
-            "lm_head_format": head, **extra}
+            "lm_head_format": head,
+            # the KV dtype and the memory levers (docs/memory.md) as the plan has them; a quantized head
+            # is no dense embedding table, so no prepacked copy is reported
+            "kv_cache_dtype": [str(plan.kv_cache_dtype)],
+            "kv_tensor_dtypes": ["uint8" if plan.kv_cache_dtype == "fp8_e4m3" else "bfloat16"],
+            "python_optimize": plan.levers.python_optimize,
+            "optional_imports": {n: "kept out" if plan.levers.optional_imports == "skip" else "loaded"
+                                 for n in ("opentelemetry", "cv2", "accelerate")},
+            "embedding_pack": {} if head_family(head) != "dense" else {
+                "model.embed_tokens": {"state": "not packed" if plan.levers.embedding_pack == "lm-head" else "packed",
+                                       "lm_head": False},
+                "lm_head": {"state": "packed", "lm_head": True}},
+            **extra}
 
 
 def test_head_family_names_the_read_back_formats():

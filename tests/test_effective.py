@@ -36,7 +36,17 @@ def read_back(p: Plan, group_of=lambda k, g: g if k % g == 0 else 64) -> dict:
     return {"max_model_len": p.max_model_len, "max_num_seqs": p.max_num_seqs, "kv_cache_bytes": p.kv_cache_bytes,
             "threads": p.threads, "rope_rows": {"model.rotary_emb": p.rope_rows}, "linear_formats": formats,
             "linear_in_features": widths, "lm_head_format": head,
-            "processes": 1 if p.topology == "single-process" else 3}
+            "processes": 1 if p.topology == "single-process" else 3,
+            # the KV dtype and the memory levers (docs/memory.md), as the plan has them
+            "kv_cache_dtype": [str(p.kv_cache_dtype)],
+            "kv_tensor_dtypes": ["uint8" if p.kv_cache_dtype == "fp8_e4m3" else "bfloat16"],
+            "python_optimize": p.levers.python_optimize,
+            "optional_imports": {n: "kept out" if p.levers.optional_imports == "skip" else "loaded"
+                                 for n in ("opentelemetry", "cv2", "accelerate")},
+            "embedding_pack": {} if p.quantize_lm_head else {
+                "model.embed_tokens": {"state": "not packed" if p.levers.embedding_pack == "lm-head" else "packed",
+                                       "lm_head": False},
+                "lm_head": {"state": "packed", "lm_head": True}}}
 
 
 @pytest.mark.parametrize("name", ["deployed-w4a16.json", "bf16-1024.json", "stock-topology.json"])

@@ -42,13 +42,14 @@ from probe_helpers import FIXTURE_NAMES
 TOP = {
     "schema": str, "model": dict, "device_class": str, "profile": dict, "weight_format": str, "group_size": int,
     "quantize_lm_head": bool, "max_model_len": int, "max_num_seqs": int, "max_num_batched_tokens": int,
-    "kv_cache_bytes": int, "kv_bytes_per_token": int, "block_size": int, "rope_rows": int, "threads": int,
+    "kv_cache_bytes": int, "kv_bytes_per_token": int, "kv_cache_dtype": str, "block_size": int, "rope_rows": int, "threads": int,
     "cpus": list, "topology": str, "compilation": str, "levers": dict, "memory": dict, "predicted": dict,
     "serve": dict, "timeouts": dict, "env": dict, "reasons": list, "request": dict,
 }
 MODEL = {"name", "path", "architecture", "checkpoint_format"}
 PROFILE = {"name", "file", "kind"}
-LEVERS = {"rope_cap", "kv_exact", "layerwise_repack", "topology", "reserve_frontend_core"}
+LEVERS = {"rope_cap", "kv_exact", "layerwise_repack", "topology", "reserve_frontend_core", "embedding_pack",
+          "optional_imports", "python_optimize"}
 MEMORY = {"weights_bytes", "kv_cache_bytes", "rope_bytes", "runtime_bytes", "workspace_bytes", "total_bytes",
           "high_bytes", "limit_bytes"}
 PREDICTED = {"decode_tok_s", "prefill_tok_s", "ready_s"}

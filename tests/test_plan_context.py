@@ -104,8 +104,9 @@ def test_an_over_large_request_is_refused_with_need_budget_and_a_hint_that_holds
     # + workspace 163840 × 512 = 83886080 + runtime 671088640 = 2611726336 B (2491 MiB, KV 462 MiB);
     # × 1.625 → 4048 MiB against a 3994 MiB budget. The largest that fits is 3584 (above).
     assert (need.total, need.limit) == (2611726336, 4048 * MIB)
+    # (bf16 KV asked: without the flag, fp8 KV is tried next on this AVX-512 host, test below)
     with pytest.raises(EdgectlError) as exc:
-        make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=4096)
+        make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=4096, kv_cache_dtype="auto")
     msg = exc.value.message
     assert exc.value.exit_code == 2 and "\n" not in msg
     assert msg.startswith("qwen3-1.7b at --max-model-len 4096 does not fit: needs 4048 MiB as w4a16")
@@ -114,9 +115,54 @@ def test_an_over_large_request_is_refused_with_need_budget_and_a_hint_that_holds
     # the hint holds: planning exactly that fits, and the next step of 256 does not
     p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=3584)
     assert p.max_model_len == 3584 and p.memory.limit_bytes == 3957 * MIB <= h.budget
+    assert p.kv_cache_dtype == "auto"
     with pytest.raises(EdgectlError, match=r"at --max-model-len 3840 does not fit: needs 4002 MiB .*"
                                            r"fits with --max-model-len 3584$"):
-        make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=3840)
+        make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=3840, kv_cache_dtype="auto")
+
+
+def test_a_context_that_fits_only_with_fp8_kv_is_planned_with_fp8_kv_and_says_so():
+    # The request above (4096 tokens, bf16 KV 462 MiB: 4048 MiB > 3994) with the planner's
+    # choice: fp8 KV holds the same blocks in half the bytes, 242221056 B: total 2369505280 B
+    # (2260 MiB) × 1.625 → 3673 MiB ≤ 3994 MiB.
+    h = HOSTS["host-cgroup1"]
+    want = ledger(QWEN17, "w4a16", 4096, h.runtime, fp8=True)
+    assert (want.kv, want.total, want.limit) == (242221056, 2369505280, 3673 * MIB) and want.limit <= h.budget
+    p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=4096)
+    assert (p.max_model_len, p.kv_cache_dtype) == (4096, "fp8_e4m3")
+    assert (p.kv_cache_bytes, p.memory.total_bytes, p.memory.limit_bytes) == (want.kv, want.total, want.limit)
+    assert p.kv_bytes_per_token == QWEN17.kv_per_token // 2
+    why = reasons_by_decision(p)["kv_cache_dtype"][0]
+    assert why["value"] == "fp8_e4m3" and why["source"] == "default"
+    # the reason names what did not fit and the measured cost
+    assert "4096 tokens do not fit with bf16 KV" in why["detail"] and "bf16 KV fits 3584 tokens" in why["detail"]
+    assert "top-1 agreement 0.930" in why["detail"] and "docs/memory.md" in why["detail"]
+    assert "one byte per value" in reasons_by_decision(p)["kv_cache_bytes"][0]["detail"]
+
+
+def test_fp8_kv_is_never_planned_where_vllm_refuses_it():
+    # The same shortfall on an AVX2-only host (vLLM's CPU attention refuses fp8 KV there): refused,
+    # with the bf16 numbers; asking for fp8 is refused naming the reason.
+    facts = with_memory(host_facts("kvm-epyc-avx2-2c"), budget_bytes=HOSTS["host-cgroup1"].budget)
+    with pytest.raises(EdgectlError, match=r"^qwen3-1.7b at --max-model-len 8192 does not fit: .*"
+                                           r"fits with --max-model-len \d+$") as exc:
+        make_plan(facts, shape(QWEN3_17B), max_model_len=8192)
+    assert "fp8" not in exc.value.message
+    with pytest.raises(EdgectlError, match=r"^--kv-cache-dtype fp8_e4m3 cannot run here: vLLM's CPU attention "
+                                           r"refuses fp8 KV without AVX-512 or AMX"):
+        make_plan(facts, shape(SMOLLM2), kv_cache_dtype="fp8_e4m3")
+    p = make_plan(facts, shape(SMOLLM2))
+    assert p.kv_cache_dtype == "auto"
+    assert "fp8 KV cannot run here" in reasons_by_decision(p)["kv_cache_dtype"][0]["detail"]
+
+
+def test_without_a_requested_context_bf16_kv_is_kept_and_fp8_offered_in_the_reason():
+    # host-cgroup1 × Qwen3-1.7B without --max-model-len: bf16 KV fits 3584 tokens (the table);
+    # the plan keeps bf16 and names the longer context fp8 KV would hold.
+    p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B))
+    assert (p.max_model_len, p.kv_cache_dtype) == (3584, "auto")
+    detail = reasons_by_decision(p)["kv_cache_dtype"][0]["detail"]
+    assert "with --kv-cache-dtype fp8_e4m3 the budget holds 4096 tokens instead of 3584" in detail
 
 
 def test_nothing_fits_at_the_shortest_context():
@@ -124,7 +170,7 @@ def test_nothing_fits_at_the_shortest_context():
     # 671088640 + 1371260928 + KV 28 × 5 × 128 × 4096 (73400320) + RoPE 131072 + workspace 163840 × 512
     # (83886080) = 2199767040 B steady, × 1.625 → 3410 MiB
     with pytest.raises(EdgectlError) as exc:
-        make_plan(host_facts("container-cgroup2"), shape(QWEN3_17B))
+        make_plan(host_facts("container-cgroup2"), shape(QWEN3_17B), kv_cache_dtype="auto")
     assert exc.value.message == (
         "qwen3-1.7b does not fit: needs 3410 MiB as w4a16 (the format that comes closest) (steady 2098 MiB incl. "
         "KV 70 MiB), budget is 2755 MiB; does not fit at any context: free memory, raise the cgroup limit, or "
@@ -177,7 +223,7 @@ def test_too_many_sequences_at_any_context_suggests_one():
     # 24 × (4 × 128 + 1) × 128 × 512 B = 806879232 B of KV alone: more than the budget leaves
     with pytest.raises(EdgectlError, match=r"^qwen2.5-0.5b-instruct with --max-num-seqs 128 does not fit: .*"
                                            r"does not fit even at the shortest context: try --max-num-seqs 1$"):
-        make_plan(host_facts("container-cgroup2"), shape(QWEN25_05B), max_num_seqs=128)
+        make_plan(host_facts("container-cgroup2"), shape(QWEN25_05B), max_num_seqs=128, kv_cache_dtype="auto")
 
 
 def test_max_num_seqs_below_one_is_refused():

@@ -105,6 +105,17 @@ OUTCOME = {
 }
 
 
+# Hosts where vLLM's CPU attention runs fp8 KV (AVX-512 or AMX; every shape's head size is a
+# multiple of 32): a model that does not fit with bf16 KV is tried with fp8 KV (planner/kv_dtype.py).
+FP8_HOSTS = {"container-cgroup2", "host-cgroup1", "kvm-xeon-avx512-2c", "xeon-spr-amx-2s"}
+
+
+def test_the_fp8_hosts_are_those_with_avx512_or_amx():
+    from edgectl.planner.kv_dtype import fp8_runs
+
+    assert {n for n in HOSTS if fp8_runs(host_facts(n), shape(SMOLLM2))[0]} == FP8_HOSTS
+
+
 def test_the_table_covers_every_fixture_and_shape():
     assert sorted(HOSTS) == FIXTURE_NAMES
     assert set(OUTCOME) == {(h, m) for h in HOSTS for m in SHAPE_NAMES}
@@ -123,14 +134,18 @@ def test_plan_table(host_name: str, model_name: str):
     outcome = OUTCOME[(host_name, model_name)]
 
     if outcome is REFUSED:
-        # Not even 512 tokens fit, in the smaller format (w4a16): need vs budget, no context hint.
-        need = ledger(s, "w4a16", 512, h.runtime)
+        # Not even 512 tokens fit, in the smaller format (w4a16), with bf16 KV nor (on the hosts
+        # that run it) fp8 KV: need vs budget of the last tried, no context hint.
+        fp8 = host_name in FP8_HOSTS
+        assert ledger(s, "w4a16", 512, h.runtime).limit > h.budget
+        need = ledger(s, "w4a16", 512, h.runtime, fp8=fp8)
         assert need.limit > h.budget
         with pytest.raises(EdgectlError) as exc:
             make_plan(facts, model)
         msg = exc.value.message
         assert exc.value.exit_code == 2 and "\n" not in msg
         assert f"needs {_mib_text(need.limit)} as w4a16" in msg, msg
+        assert ("with fp8_e4m3 KV (bf16 KV needs more)" in msg) == fp8, msg
         assert f"steady {_mib_text(need.total)} incl. KV {_mib_text(need.kv)}" in msg, msg
         assert f"budget is {_mib_text(h.budget)}" in msg and "does not fit at any context" in msg, msg
         return

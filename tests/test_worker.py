@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from edgectl.contract.worker import command as worker_command
+
 from installed import RUNTIME_PYTHON
 from models_helpers import REPO
 
@@ -53,8 +55,12 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _worker(plan: Path, env: dict[str, str] | None = None, python: str = sys.executable, **kw) -> subprocess.Popen:
-    """The worker of this checkout, started as the unit starts it."""
-    return subprocess.Popen([python, "-m", "edgectl_runtime.worker", "--plan", str(plan)], env=_env(env),
+    """The worker of this checkout, started as the unit starts it (python -OO when the plan says so)."""
+    try:
+        optimize = int(json.loads(plan.read_text())["levers"]["python_optimize"])
+    except (ValueError, KeyError, TypeError):  # a plan that is not one: the worker refuses it anyway
+        optimize = 0
+    return subprocess.Popen(worker_command(python, str(plan), optimize), env=_env(env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, **kw)
 
 

@@ -72,6 +72,16 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
             "the plan with int4 weights and int8 activations on edgectl's own kernels (and their int8 head)"),
     ArmSpec("compiled", "worker", {"compilation": "default"}, "the plan with vLLM's default torch.compile mode"),
     ArmSpec("eager", "worker", {"compilation": "eager"}, "the plan in eager mode (the control of a compiled plan)"),
+    # the memory levers (docs/memory.md), each switched back to unmodified vLLM's behaviour
+    ArmSpec("embedding-pack-vllm", "worker", {"embedding_pack": "vllm"},
+            "the plan with a prepacked copy of every dense embedding table (a tied one twice), as vLLM does"),
+    ArmSpec("optional-imports-load", "worker", {"optional_imports": "load"},
+            "the plan with opentelemetry, cv2 and accelerate imported"),
+    ArmSpec("optimize-off", "worker", {"python_optimize": 0}, "the plan with the worker under python without -OO"),
+    ArmSpec("memory-levers-off", "worker", {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0},
+            "the plan with none of the memory levers"),
+    ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
+            "the plan with fp8_e4m3 KV (half the KV bytes at the same context; AVX-512 or AMX only)"),
     ArmSpec("llama.cpp", "llama.cpp", {}, "llama-server on the GGUF the model was converted from"),
 ]}
 DEFAULT_ARMS = ("stock", "planned", "llama.cpp")
@@ -244,7 +254,8 @@ class WorkerArm(PreparedArm):
         _write_plan(self.plan, port, pass_dir)
 
     def default_command(self, port: int, pass_dir: Path) -> list[str]:
-        return worker.command(self.ctx.runtime_python, str(pass_dir / "plan.json"))
+        assert self.plan is not None
+        return worker.command(self.ctx.runtime_python, str(pass_dir / "plan.json"), self.plan.levers.python_optimize)
 
     def wait_ready(self, client: Client, server: ServerProcess, deadline: float) -> None:
         # The worker answers /edgectl/effective once its app is up; "serving" after its warm-up.
@@ -292,7 +303,9 @@ class VllmArm(PreparedArm):
         super().__init__(spec, ctx)
         self.plan = ctx.planner(_same_shape(ctx, {
             "weight_format": "bf16", "topology": "stock", "compilation": "default", "rope_cap": False,
-            "kv_cache_bytes": ctx.planned.kv_cache_bytes, **spec.overrides}))
+            "kv_cache_bytes": ctx.planned.kv_cache_bytes, "kv_cache_dtype": str(ctx.planned.kv_cache_dtype),
+            # what unmodified vLLM does (edgectl's plugin is not loaded; the plan says so)
+            "embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, **spec.overrides}))
 
     def server_args(self, port: int) -> list[str]:
         return server_args(_with_port(self.plan, port), stock=True) + ["--worker-extension-cls", READBACK_EXTENSION]

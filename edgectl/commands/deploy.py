@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from edgectl.commands.plan import Compilation, Format, GroupSize, MaxModelLen, MaxNumSeqs, Threads
+from edgectl.commands.plan import Compilation, Format, GroupSize, KvDtype, MaxModelLen, MaxNumSeqs, Threads
 from edgectl.contract.plan import DEFAULT_HOST, DEFAULT_NAME, DEFAULT_PORT, Request
 from edgectl.output import emit, progress
 
@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
         group_size: GroupSize = None,
         threads: Threads = None,
         compilation: Compilation = None,
+        kv_cache_dtype: KvDtype = None,
         watchdog_sec: Annotated[Optional[int], typer.Option("--watchdog-sec", help="WatchdogSec (default: 3 × the longest predicted engine step, at least 30 s).")] = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the unit; write nothing.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -39,7 +40,8 @@ def register(app: typer.Typer) -> None:
 
         request = Request(model=model, name=name, host=host, port=port, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, weight_format=weight_format, group_size=group_size,
-                          threads=threads, watchdog_s=watchdog_sec, compilation=compilation)
+                          threads=threads, watchdog_s=watchdog_sec, compilation=compilation,
+                          kv_cache_dtype=kv_cache_dtype)
         emit(deploy(request, os.environ, dry_run=dry_run, progress=progress), as_json)
 
     @app.command("serve")
@@ -53,6 +55,7 @@ def register(app: typer.Typer) -> None:
         group_size: GroupSize = None,
         threads: Threads = None,
         compilation: Compilation = None,
+        kv_cache_dtype: KvDtype = None,
         ask: Annotated[Optional[str], typer.Option("--ask", help="Once serving, ask this question and print the answer.")] = None,
     ) -> None:
         """Run the same worker in the foreground, with the same plan (for hosts without systemd)."""
@@ -60,7 +63,7 @@ def register(app: typer.Typer) -> None:
 
         request = Request(model=model, host=host, port=port, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, weight_format=weight_format, group_size=group_size,
-                          threads=threads, compilation=compilation)
+                          threads=threads, compilation=compilation, kv_cache_dtype=kv_cache_dtype)
         raise typer.Exit(serve(request, os.environ, question=ask, progress=progress))
 
     @app.command("undeploy")

@@ -21,6 +21,7 @@ MaxNumSeqs = Annotated[int, typer.Option("--max-num-seqs", help="Sequences serve
 Format = Annotated[Optional[str], typer.Option("--format", help="Weight format: w4a16, w4a8, w4a8-amx, w4a16-vllm or bf16 (default: the fastest measured that runs here).")]
 GroupSize = Annotated[Optional[int], typer.Option("--group-size", help="Preferred int4 group size (32, 64, 128, 256; default: what suits the model, else 128); chosen per layer where K is not a multiple.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="OpenMP threads (default: one per usable physical core).")]
+KvDtype = Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache dtype: auto (bf16) or fp8_e4m3 (half the bytes per token, AVX-512/AMX only; top-1 0.930 against bf16 KV, docs/memory.md). Default: bf16, fp8_e4m3 where the context fits only with it.")]
 Compilation = Annotated[Optional[str], typer.Option("--compilation", help="eager, or default (vLLM's torch.compile mode: faster decode, more memory, a slower start); default: the profile's.")]
 
 
@@ -34,6 +35,7 @@ def register(app: typer.Typer) -> None:
         group_size: GroupSize = None,
         threads: Threads = None,
         compilation: Compilation = None,
+        kv_cache_dtype: KvDtype = None,
         facts: Annotated[Optional[Path], typer.Option("--facts", help="Plan for the host described by this `edgectl probe --json` output instead of this one.")] = None,
         root: Annotated[str, typer.Option("--root", help="Probe /proc and /sys under this directory.")] = "/",
         as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (schema edgectl.plan/1); the same as --output json.")] = False,
@@ -48,7 +50,7 @@ def register(app: typer.Typer) -> None:
         fmt = _output_format(output, as_json, fleet=fleet is not None, image=image)
         request = Request(model=model, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                           weight_format=weight_format, group_size=group_size, threads=threads,
-                          compilation=compilation, name=name)
+                          compilation=compilation, kv_cache_dtype=kv_cache_dtype, name=name)
         if fleet is not None or fmt == "k8s":
             _plan_nodes(request, fmt, fleet=fleet, facts=facts, root=root, image=image)
             return

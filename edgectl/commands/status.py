@@ -15,11 +15,12 @@ def register(app: typer.Typer) -> None:
     def status_cmd(
         name: Annotated[Optional[str], typer.Argument(help="A deployment's name (default: all).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print as JSON (schema edgectl.status/1).")] = False,
+        memory: Annotated[bool, typer.Option("--memory", help="Also where the worker's memory goes: its attribution of its PSS by part (libraries, weights, KV, allocators, Python objects; docs/memory.md).")] = False,
     ) -> None:
         """State, restarts, uptime, endpoint, measured memory (PSS) against the plan, and tokens served."""
         from edgectl.status import status
 
-        emit(status(name, os.environ), as_json)
+        emit(status(name, os.environ, memory_attribution=memory), as_json)
 
     @app.command("logs")
     def logs_cmd(

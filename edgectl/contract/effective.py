@@ -18,6 +18,12 @@ a pass invalid). The fields it compares:
     threads                torch's intra-op threads in the engine
     processes              processes in the server's tree (itself included): 1 in the single-process
                            topology, more in vLLM's own
+    kv_cache_dtype         the attention layers' KV cache dtype, and kv_tensor_dtypes the KV
+                           tensors' own (uint8 for fp8)
+    embedding_pack         {layer: {"state": "packed" | "not packed", "lm_head": bool}} for every
+                           dense embedding table (the LM head included)
+    optional_imports       {package: "kept out" | "loaded" | "not imported"} in the server's process
+    python_optimize        the server process's ``sys.flags.optimize``
     max_model_len, max_num_seqs
 """
 
@@ -101,6 +107,54 @@ def mismatches(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
         out.append(f"{processes} processes serve, the plan's single-process topology has 1")
     if plan.topology == "stock" and not (isinstance(processes, int) and processes > 1):
         out.append(f"{processes} process(es) serve, vLLM's own topology has an API server and an engine")
+    out += _kv_dtype(plan, effective)
+    out += _memory_levers(plan, effective)
+    return out
+
+
+# The KV tensors' element type per KV cache dtype (vLLM's CPU backend keeps fp8 KV as uint8).
+KV_TENSOR_DTYPE = {"auto": "bfloat16", "fp8_e4m3": "uint8"}
+
+
+def _kv_dtype(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
+    want = str(plan.kv_cache_dtype)
+    layers = effective.get("kv_cache_dtype")
+    tensors = effective.get("kv_tensor_dtypes")
+    if not layers or not tensors:
+        return ["the KV cache dtype could not be read back"]
+    out = []
+    if set(layers) != {want}:
+        out.append(f"the attention layers' KV cache dtype is {', '.join(sorted(layers))}, the plan says {want}")
+    if set(tensors) != {KV_TENSOR_DTYPE[want]}:
+        out.append(f"the KV tensors are {', '.join(sorted(tensors))}, the plan's {want} KV is "
+                   f"{KV_TENSOR_DTYPE[want]}")
+    return out
+
+
+def _memory_levers(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
+    out = []
+    optimize = effective.get("python_optimize")
+    if optimize != plan.levers.python_optimize:
+        out.append(f"Python's optimization level is {optimize!r}, the plan says {plan.levers.python_optimize}")
+    imports = effective.get("optional_imports")
+    if not isinstance(imports, Mapping) or not imports:
+        out.append("the optional imports could not be read back")
+    else:
+        skip = str(plan.levers.optional_imports) == "skip"
+        wrong = sorted(n for n, state in imports.items() if state == ("loaded" if skip else "kept out"))
+        if wrong:
+            out.append(f"{', '.join(wrong)} {'loaded' if skip else 'kept out'}, the plan says "
+                       f"{plan.levers.optional_imports}")
+    packs = effective.get("embedding_pack")
+    if not isinstance(packs, Mapping):
+        out.append("the embedding tables' packed copies could not be read back")
+    else:  # empty when no embedding is dense (an int4 tied head)
+        lm_head_only = str(plan.levers.embedding_pack) == "lm-head"
+        wrong = sorted(n for n, layer in packs.items()
+                       if (layer.get("state") == "packed") != (not lm_head_only or bool(layer.get("lm_head"))))
+        if wrong:
+            out.append(f"embedding table(s) {', '.join(wrong)}: {packs[wrong[0]].get('state')}, the plan's "
+                       f"embedding_pack is {plan.levers.embedding_pack}")
     return out
 
 

@@ -103,6 +103,10 @@ _VARS = [
         "(tests; the AVX2 path on an AVX-512 box), refused if this CPU cannot run it; auto stays at or below "
         "what ATEN_CPU_CAPABILITY allows PyTorch", "auto",
         ("auto", "scalar", "avx2", "avx512vnni")),
+    Var("EDGECTL_EMBEDDING_PACK", Role.OWN, "which dense embedding tables keep vLLM's prepacked GEMM copy "
+        "(edgectl_runtime/embedding.py): vllm (every one, as unmodified vLLM: a tied table is packed twice), "
+        "lm-head (only the layer that computes logits; the plan's levers.embedding_pack)", "vllm",
+        ("vllm", "lm-head")),
     # -- third parties' variables edgectl sets ------------------------------------------------------
     Var("VLLM_CPU_OMP_THREADS_BIND", Role.SET, "plan env: the CPUs vLLM binds its OpenMP threads to, one "
         "per thread (vllm/v1/worker/cpu_worker.py)"),
@@ -210,7 +214,8 @@ def runtime_python(environ: Mapping[str, str]) -> str:
 # -- the plan's side of the runtime's variables -----------------------------------------------------
 
 _RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_LAYERWISE_REPACK", "EDGECTL_LM_HEAD",
-                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_KERNEL_ISA", "EDGECTL_COMPILE_CACHE")
+                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_KERNEL_ISA", "EDGECTL_COMPILE_CACHE",
+                   "EDGECTL_EMBEDDING_PACK")
 # weight format → the cpu_int4 plugin's kernel (EDGECTL_INT4_KERNEL)
 _KERNEL = {"w4a16": "torch", "w4a16-vllm": "vllm", "w4a8": "edgectl"}
 
@@ -230,6 +235,7 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
         # edgectl's worker always loads what an earlier start compiled (a no-op in eager mode);
         # the unmodified-vLLM comparison is the bench's stock arm, without edgectl's plugin.
         "EDGECTL_COMPILE_CACHE": "1",
+        "EDGECTL_EMBEDDING_PACK": str(plan.levers.embedding_pack),
     }
     kernel = _KERNEL.get(str(plan.weight_format))
     if kernel:

@@ -78,6 +78,32 @@ class Compilation(StrEnum):
     DEFAULT = "default"
 
 
+class EmbeddingPack(StrEnum):
+    """Which dense embedding tables keep vLLM's prepacked GEMM copy (docs/memory.md)."""
+
+    VLLM = "vllm"  # every one, as unmodified vLLM does: a tied table is packed twice
+    LM_HEAD = "lm-head"  # only the layer that computes logits
+
+
+class OptionalImports(StrEnum):
+    """Whether the worker imports the packages vLLM treats as optional and a CPU text server never
+    runs (opentelemetry, cv2, accelerate: runtime/edgectl_runtime/lean.py)."""
+
+    LOAD = "load"
+    SKIP = "skip"
+
+
+class KvCacheDtype(StrEnum):
+    """The KV cache's element type (vLLM's ``--kv-cache-dtype``)."""
+
+    AUTO = "auto"  # the model's dtype (bf16)
+    FP8_E4M3 = "fp8_e4m3"  # one byte per value; vLLM's CPU attention needs AVX-512 or AMX
+
+    @property
+    def bytes_per_value(self) -> int:
+        return 2 if self is KvCacheDtype.AUTO else 1
+
+
 class Source(StrEnum):
     """Where the number or choice behind a decision comes from."""
 
@@ -120,6 +146,10 @@ def _cpu_list(cpus: list[int]) -> str | None:
     return f"expected a non-empty list of distinct CPU numbers, got {cpus!r}"
 
 
+def _optimize_level(level: int) -> str | None:
+    return None if level in (0, 1, 2) else f"expected a Python optimization level 0, 1 or 2, got {level!r}"
+
+
 def _env_name(name: str) -> str | None:
     return None if _ENV_NAME_RE.fullmatch(name) else f"{name!r} is not a variable name"
 
@@ -150,6 +180,10 @@ class Request:
     compilation: str | None = None
     quantize_lm_head: bool | None = None
     kv_cache_bytes: int | None = None  # exact KV bytes (the bench's stock arm copies the plan's)
+    kv_cache_dtype: str | None = None  # auto | fp8_e4m3; None: bf16, fp8 only where bf16 cannot fit
+    embedding_pack: str | None = None
+    optional_imports: str | None = None
+    python_optimize: int | None = None  # 0 or 2 (python -OO)
     watchdog_s: int | None = None  # WatchdogSec; default: from the predicted longest engine step
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,6 +225,11 @@ class Levers:
     layerwise_repack: bool
     topology: Topology
     reserve_frontend_core: bool
+    # The memory levers (docs/memory.md). Their defaults are unmodified vLLM's behaviour, what a
+    # plan written before them ran with.
+    embedding_pack: EmbeddingPack = field(default=EmbeddingPack.VLLM, kw_only=True)
+    optional_imports: OptionalImports = field(default=OptionalImports.LOAD, kw_only=True)
+    python_optimize: int = field(default=0, kw_only=True, metadata=check(_optimize_level))
 
 
 @dataclass(frozen=True)
@@ -250,6 +289,7 @@ class Plan:
     max_num_seqs: int = field(metadata=check(_at_least(1)))
     max_num_batched_tokens: int = field(metadata=check(_at_least(1)))
     kv_bytes_per_token: int
+    kv_cache_dtype: KvCacheDtype = field(default=KvCacheDtype.AUTO, kw_only=True)
     block_size: int = field(metadata=check(_at_least(1)))
     rope_rows: int
     threads: int = field(metadata=check(_at_least(1)))

@@ -57,6 +57,7 @@ def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
         "--max-num-batched-tokens", str(plan.max_num_batched_tokens),
         "--kv-cache-memory-bytes", str(plan.kv_cache_bytes),
         "--block-size", str(plan.block_size),
+        "--kv-cache-dtype", str(plan.kv_cache_dtype),
         "--seed", "0",
     ]
     if plan.compilation is Compilation.EAGER:

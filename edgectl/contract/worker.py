@@ -16,9 +16,12 @@ if TYPE_CHECKING:
 MODULE = "edgectl_runtime.worker"
 
 
-def command(python: str, plan_path: str) -> list[str]:
-    """The worker's command line: the runtime interpreter and the plan file."""
-    return [python, "-m", MODULE, "--plan", plan_path]
+def command(python: str, plan_path: str, python_optimize: int = 0) -> list[str]:
+    """The worker's command line: the runtime interpreter (``-OO`` for the plan's
+    ``levers.python_optimize`` 2: set when the interpreter starts, so it is on the command line)
+    and the plan file."""
+    flag = ["-" + "O" * python_optimize] if python_optimize else []
+    return [python, *flag, "-m", MODULE, "--plan", plan_path]
 
 
 # -- exit codes ---------------------------------------------------------------------------------
@@ -40,6 +43,8 @@ EFFECTIVE_ROUTE = "/edgectl/effective"
 # not draining; 503 otherwise, with the reason.
 LIVE_ROUTE = "/edgectl/live"
 READY_ROUTE = "/edgectl/ready"
+# GET: where the worker's PSS goes (schema edgectl.memory/1, edgectl/contract/memory.py); single-process only.
+MEMORY_ROUTE = "/edgectl/memory"
 # The phase it reports once its warm-up answered (before: starting, loading, in compiled mode
 # compiling or loading the compiled graph, checking, warming up; after: stopping).
 SERVING = "serving"

@@ -200,7 +200,8 @@ def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
         "name": "worker",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": [_literal(word) for word in worker.command(IMAGE_PYTHON, f"{plan_dir}/plan.json")],
+        "command": [_literal(word) for word in worker.command(IMAGE_PYTHON, f"{plan_dir}/plan.json",
+                                                              plan.levers.python_optimize)],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "env": env_items,
         "resources": {

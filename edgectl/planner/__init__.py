@@ -6,11 +6,13 @@ and returns its value with its reason (the source of the number behind it: a mea
 the model's config, the user's flag, the probe, edgectl's default, or a stated fallback):
 
     profile                        profile.py   the most specific profile matching the host
-    topology, compilation, levers  engine.py    how vLLM's engine runs
+    topology, compilation, levers  engine.py    how vLLM's engine runs (the memory levers too)
+    KV dtypes to try               kv_dtype.py  bf16, then fp8 where vLLM runs it
     cpus, threads, front-end core  cpus.py
     runtime memory, load peak      ledger.py    the fixed costs
     formats, group size            formats.py   what runs here, ranked by measured speed
-    weight format + context        fit.py       the best format that fits, the longest context
+    weight format + context        fit.py       the best format that fits, the longest context,
+                                                with bf16 KV, else fp8 KV
     batched tokens                 engine.py
     KV cache, RoPE rows, limits    ledger.py    the memory ledger
     predictions, timeouts, env     service.py
@@ -33,10 +35,12 @@ from edgectl.planner.engine import (
     choose_compilation,
     choose_levers,
     choose_lm_head,
+    choose_memory_levers,
     choose_topology,
 )
 from edgectl.planner.fit import fit_weights_and_context
 from edgectl.planner.formats import checkpoint_format, choose_group_size, runnable_formats
+from edgectl.planner.kv_dtype import kv_dtype_candidates
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request
 from edgectl.planner.service import choose_timeouts, predict, worker_environment
@@ -56,13 +60,14 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     check_request(request)
     topology = why.take(choose_topology(request))
     compilation = why.take(choose_compilation(request, profile))
+    memory_levers = why.take(choose_memory_levers(request))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request))
     group_size, levers = choose_group_size(request), choose_levers(request)
     fit = why.take(fit_weights_and_context(
         facts.memory.budget_bytes, model, profile, request, formats, group_size.value,
-        request.quantize_lm_head, levers.value.rope_cap, costs))
+        request.quantize_lm_head, levers.value.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
     lm_head = choose_lm_head(request, fit.weight_format)
     if fit.weight_format.is_int4:
         if fit.weight_format is not WeightFormat.W4A8:  # edgectl's blocks are 32 columns, whatever the group
@@ -70,7 +75,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         why.take(levers)
         why.take(lm_head)
     batched = why.take(choose_batched_tokens(fit.max_model_len))
-    why.take(ledger.kv_cache(model, request, fit.memory, fit.max_model_len))
+    why.take(ledger.kv_cache(model, request, fit.memory, fit.max_model_len, fit.kv_dtype))
     rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.value.rope_cap))
     why.take(ledger.memory_limit(fit.memory, costs))
     predicted = predict(profile, fit.weight_format, fit.weights_bytes, compilation)
@@ -86,7 +91,8 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         max_model_len=fit.max_model_len,
         max_num_seqs=request.max_num_seqs,
         max_num_batched_tokens=batched,
-        kv_bytes_per_token=ledger.kv_bytes_per_token(model),
+        kv_bytes_per_token=ledger.kv_bytes_per_token(model, fit.kv_dtype),
+        kv_cache_dtype=fit.kv_dtype,
         block_size=ledger.BLOCK_SIZE_TOKENS,
         rope_rows=rope_rows,
         threads=cpus.threads,
@@ -94,7 +100,9 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         topology=topology,
         compilation=compilation,
         levers=Levers(rope_cap=levers.value.rope_cap, kv_exact=True, layerwise_repack=levers.value.layerwise_repack,
-                      topology=topology, reserve_frontend_core=cpus.reserve_frontend_core),
+                      topology=topology, reserve_frontend_core=cpus.reserve_frontend_core,
+                      embedding_pack=memory_levers.embedding_pack, optional_imports=memory_levers.optional_imports,
+                      python_optimize=memory_levers.python_optimize),
         memory=fit.memory,
         predicted=predicted,
         serve=Serve(request.name, request.host, request.port),

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edgectl.contract.plan import Memory, Reason, Request, Source, WeightFormat
+from edgectl.contract.plan import KvCacheDtype, Memory, Reason, Request, Source, WeightFormat
 from edgectl.errors import EdgectlError
 from edgectl.output import mib
 from edgectl.planner.decided import Decided
 from edgectl.planner.engine import lm_head_quantized
+from edgectl.planner.kv_dtype import FP8_COST
 from edgectl.planner.ledger import Costs, Ledger, weights_bytes_for
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class Fit:
     weights_bytes: int
     max_model_len: int
     memory: Memory
+    kv_dtype: KvCacheDtype = KvCacheDtype.AUTO
 
 
 @dataclass(frozen=True)
@@ -49,28 +51,44 @@ class _Sized:
 
 def fit_weights_and_context(budget: int | None, model: ModelFacts, profile: Profile, request: Request,
                             candidates: list[tuple[WeightFormat, Reason]], group_size: int,
-                            quantize_lm_head: bool | None, rope_capped: bool, costs: Costs) -> Decided[Fit]:
-    """``quantize_lm_head``: as asked, or None for each format's default (``engine.lm_head_quantized``)."""
+                            quantize_lm_head: bool | None, rope_capped: bool, costs: Costs,
+                            kv_dtypes: list[KvCacheDtype] | None = None) -> Decided[Fit]:
+    """``quantize_lm_head``: as asked, or None for each format's default (``engine.lm_head_quantized``).
+    ``kv_dtypes``: the KV dtypes to try, preferred first (``planner/kv_dtype.py``); the next
+    one is tried only when no format fits the target context (or, without --max-model-len, any
+    context) with the one before."""
     if budget is None:
         raise EdgectlError("the probe could not tell how much memory this host has (see `edgectl probe`): "
                            "cannot plan without a memory budget")
     model_max, cap, target = _context_bounds(model, request)
+    kv_dtypes = kv_dtypes or [KvCacheDtype.AUTO]
 
-    sized: list[_Sized] = []
-    for fmt, why in candidates:
-        weights = _weights(model, profile, fmt, group_size, lm_head_quantized(fmt, quantize_lm_head))
-        ledger = Ledger(model, request, costs, weights.value, rope_capped)
-        if ledger.at(target).limit_bytes <= budget:
-            sized.append(_Sized(fmt, why, weights, ledger, target))
+    def size(kv_dtype: KvCacheDtype) -> list[_Sized]:
+        sized: list[_Sized] = []
+        for fmt, why in candidates:
+            weights = _weights(model, profile, fmt, group_size, lm_head_quantized(fmt, quantize_lm_head))
+            ledger = Ledger(model, request, costs, weights.value, rope_capped, kv_dtype)
+            if ledger.at(target).limit_bytes <= budget:
+                sized.append(_Sized(fmt, why, weights, ledger, target))
+                break
+            sized.append(_Sized(fmt, why, weights, ledger, ledger.largest_fitting(budget, MIN_CONTEXT, target)))
+        return sized
+
+    tried: list[tuple[KvCacheDtype, list[_Sized]]] = []
+    for kv_dtype in kv_dtypes:
+        sized = size(kv_dtype)
+        tried.append((kv_dtype, sized))
+        fitting = [c for c in sized
+                   if c.fits_len is not None and (request.max_model_len is None or c.fits_len == target)]
+        if fitting:
             break
-        sized.append(_Sized(fmt, why, weights, ledger, ledger.largest_fitting(budget, MIN_CONTEXT, target)))
-    fitting = [c for c in sized if c.fits_len is not None and (request.max_model_len is None or c.fits_len == target)]
     if not fitting:
-        # Refuse with the numbers of the format that comes closest (its hint is the one that holds).
+        # Refuse with the numbers of the format (and KV dtype) that comes closest: its hint is the one that holds.
         at = target if request.max_model_len is not None else MIN_CONTEXT
         closest = min(sized, key=lambda c: (-(c.fits_len or 0), c.ledger.at(at).limit_bytes))
         raise _wont_fit(closest.ledger.at(at), budget, request, closest.fits_len,
-                        closest.fmt if len(sized) > 1 else None)
+                        closest.fmt if len(sized) > 1 else None,
+                        kv_dtype if kv_dtype is not KvCacheDtype.AUTO and request.kv_cache_dtype is None else None)
     best = max(fitting, key=lambda c: (c.fits_len, -sized.index(c)))
     assert best.fits_len is not None
     why = best.reason
@@ -91,7 +109,35 @@ def fit_weights_and_context(budget: int | None, model: ModelFacts, profile: Prof
         context = Reason("max_model_len", max_len, Source.PROBE if max_len < cap else Source.MODEL_CONFIG,
                          f"largest that fits the budget {mib(budget)} with {request.max_num_seqs} sequence(s), "
                          f"capped at {limited_by}")
-    return Decided(Fit(best.fmt, best.weights.value, max_len, memory), why, best.weights, context)
+    kv_why = _kv_reason(kv_dtype, tried, request, budget, target, cap, best, kv_dtypes)
+    return Decided(Fit(best.fmt, best.weights.value, max_len, memory, kv_dtype), why, best.weights, context, kv_why)
+
+
+def _kv_reason(kv_dtype: KvCacheDtype, tried: list[tuple[KvCacheDtype, list[_Sized]]], request: Request,
+               budget: int, target: int, cap: int, best: _Sized, kv_dtypes: list[KvCacheDtype]) -> Reason:
+    if request.kv_cache_dtype is not None:
+        detail = "asked with --kv-cache-dtype" + (f"; {FP8_COST}" if kv_dtype is not KvCacheDtype.AUTO else "")
+        return Reason("kv_cache_dtype", kv_dtype, Source.FLAG, detail)
+    if kv_dtype is not KvCacheDtype.AUTO:
+        first = tried[0][1]
+        longest = max((c.fits_len or 0) for c in first)
+        wanted = f"{target} tokens" if request.max_model_len is not None else f"{MIN_CONTEXT} tokens (the shortest context planned)"
+        detail = (f"{wanted} do not fit with bf16 KV in the budget {mib(budget)} in any weight format ("
+                  + (f"bf16 KV fits {longest} tokens" if longest else "bf16 KV fits no context")
+                  + f"); {kv_dtype} holds a token in half the bytes, so the context fits. Its cost: {FP8_COST}")
+        return Reason("kv_cache_dtype", kv_dtype, Source.DEFAULT, detail)
+    detail = "bf16, the model's dtype: fp8 KV only when the context does not fit otherwise"
+    fp8 = [d for d in kv_dtypes if d is not KvCacheDtype.AUTO]
+    if not fp8:
+        detail += " (fp8 KV cannot run here)"
+    elif best.fits_len is not None and best.fits_len < cap and request.max_model_len is None:
+        ledger = Ledger(best.ledger.model, request, best.ledger.costs, best.ledger.weights_bytes,
+                        best.ledger.rope_capped, fp8[0])
+        more = ledger.largest_fitting(budget, MIN_CONTEXT, cap)
+        if more and more > best.fits_len:
+            detail += (f"; with --kv-cache-dtype {fp8[0]} the budget holds {more} tokens instead of {best.fits_len} "
+                       f"({FP8_COST})")
+    return Reason("kv_cache_dtype", KvCacheDtype.AUTO, Source.DEFAULT, detail)
 
 
 def _context_bounds(model: ModelFacts, request: Request) -> tuple[int, int, int]:
@@ -132,12 +178,15 @@ def _weights(model: ModelFacts, profile: Profile, fmt: WeightFormat, group_size:
 
 
 def _wont_fit(mem: Memory, budget: int, request: Request, fits_len: int | None,
-              fmt: WeightFormat | None = None) -> EdgectlError:
+              fmt: WeightFormat | None = None, kv_dtype: KvCacheDtype | None = None) -> EdgectlError:
     """The refusal: need vs budget, and the request that would fit.
 
-    ``fmt`` names the weight format the numbers are for when several were tried.
+    ``fmt`` names the weight format the numbers are for when several were tried; ``kv_dtype``
+    the KV dtype, when the planner tried fp8 KV too.
     """
     as_fmt = f" as {fmt} (the format that comes closest)" if fmt is not None else ""
+    if kv_dtype is not None:
+        as_fmt += f" with {kv_dtype} KV (bf16 KV needs more)"
     need = (f"needs {mib(mem.limit_bytes)}{as_fmt} (steady {mib(mem.total_bytes)} incl. KV "
             f"{mib(mem.kv_cache_bytes)}), budget is {mib(budget)}")
     if fits_len is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgectl.contract import int4_layout
-from edgectl.contract.plan import Compilation, Memory, Reason, Source, Topology, WeightFormat
+from edgectl.contract.plan import Compilation, KvCacheDtype, Memory, Reason, Source, Topology, WeightFormat
 from edgectl.output import MiB
 from edgectl.planner.decided import Decided
 
@@ -55,18 +55,19 @@ def batched_tokens(max_model_len: int) -> int:
     return min(max_model_len, MAX_BATCHED_TOKENS)
 
 
-def kv_bytes_per_token_per_layer(model: ModelFacts) -> int:
-    """K and V of every KV head of one layer, for one token."""
-    return 2 * model.num_kv_heads * model.head_dim * DTYPE_BYTES
+def kv_bytes_per_token_per_layer(model: ModelFacts, kv_dtype: KvCacheDtype = KvCacheDtype.AUTO) -> int:
+    """K and V of every KV head of one layer, for one token (bf16: 2 bytes a value; fp8: 1)."""
+    return 2 * model.num_kv_heads * model.head_dim * kv_dtype.bytes_per_value
 
 
-def kv_bytes_per_token(model: ModelFacts) -> int:
+def kv_bytes_per_token(model: ModelFacts, kv_dtype: KvCacheDtype = KvCacheDtype.AUTO) -> int:
     """KV bytes one token occupies in a full-attention layer stack."""
-    return kv_bytes_per_token_per_layer(model) * model.num_layers
+    return kv_bytes_per_token_per_layer(model, kv_dtype) * model.num_layers
 
 
 def kv_cache_bytes_for(model: ModelFacts, max_model_len: int, max_num_seqs: int,
-                       block_size: int = BLOCK_SIZE_TOKENS, max_num_batched_tokens: int | None = None) -> int:
+                       block_size: int = BLOCK_SIZE_TOKENS, max_num_batched_tokens: int | None = None,
+                       kv_dtype: KvCacheDtype = KvCacheDtype.AUTO) -> int:
     """Bytes that hold ``max_num_seqs`` sequences of ``max_model_len`` tokens, in whole blocks.
 
     vLLM's block pool keeps one block aside (the null block, ``v1/core/block_pool.py``), so a
@@ -78,7 +79,7 @@ def kv_cache_bytes_for(model: ModelFacts, max_model_len: int, max_num_seqs: int,
     is off, ``platforms/cpu.py:331``), plus one because the window need not start on a block
     boundary. Below the window that is one block *more* than a full-attention layer.
     """
-    per_layer_token = kv_bytes_per_token_per_layer(model)
+    per_layer_token = kv_bytes_per_token_per_layer(model, kv_dtype)
     full_blocks = math.ceil(max_model_len / block_size)
     in_flight = max_num_batched_tokens if max_num_batched_tokens is not None else batched_tokens(max_model_len)
     total = 0
@@ -205,11 +206,13 @@ class Ledger:
     costs: Costs
     weights_bytes: int
     rope_capped: bool
+    kv_dtype: KvCacheDtype = KvCacheDtype.AUTO
 
     def at(self, max_len: int) -> Memory:
         batched = batched_tokens(max_len)
         kv = (self.request.kv_cache_bytes if self.request.kv_cache_bytes
-              else kv_cache_bytes_for(self.model, max_len, self.request.max_num_seqs, max_num_batched_tokens=batched))
+              else kv_cache_bytes_for(self.model, max_len, self.request.max_num_seqs, max_num_batched_tokens=batched,
+                                      kv_dtype=self.kv_dtype))
         rope = rope_bytes_for(self.model, rope_rows(self.model, max_len, self.rope_capped))
         workspace = int(self.costs.workspace_bytes_per_token * batched)
         total = self.costs.runtime_bytes + self.weights_bytes + kv + rope + workspace
@@ -235,13 +238,15 @@ class Ledger:
         return lo
 
 
-def kv_cache(model: ModelFacts, request: Request, memory: Memory, max_model_len: int) -> Decided[int]:
+def kv_cache(model: ModelFacts, request: Request, memory: Memory, max_model_len: int,
+             kv_dtype: KvCacheDtype = KvCacheDtype.AUTO) -> Decided[int]:
     """The KV bytes in the ledger: every sequence at full context, in whole blocks (or as asked)."""
     kv = memory.kv_cache_bytes
     if request.kv_cache_bytes:
         return Decided(kv, Reason("kv_cache_bytes", kv, Source.FLAG, "asked (exact bytes)"))
     detail = (f"{request.max_num_seqs} × {max_model_len} tokens in {BLOCK_SIZE_TOKENS}-token blocks, "
-              f"{kv_bytes_per_token_per_layer(model)} B per token per layer"
+              f"{kv_bytes_per_token_per_layer(model, kv_dtype)} B per token per layer"
+              + (f" ({kv_dtype}: one byte per value)" if kv_dtype is not KvCacheDtype.AUTO else "")
               + (f", sliding-window layers hold their window ({model.sliding_window}) plus one batch"
                  if "sliding_attention" in (model.layer_types or []) else ""))
     return Decided(kv, Reason("kv_cache_bytes", kv, Source.MODEL_CONFIG, detail))

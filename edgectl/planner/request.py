@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from edgectl.contract import int4_layout
-from edgectl.contract.plan import Compilation, Request, Topology, WeightFormat
+from edgectl.contract.plan import (Compilation, EmbeddingPack, KvCacheDtype, OptionalImports, Request, Topology,
+                                   WeightFormat)
 from edgectl.errors import EdgectlError
 from edgectl.planner.service import MIN_WATCHDOG_S
 
@@ -20,10 +21,15 @@ def check_request(request: Request) -> None:
     _one_of("unknown topology", request.topology, Topology)
     if request.compilation and request.compilation not in set(Compilation):
         raise EdgectlError(f"--compilation {request.compilation!r}: use eager or default")
+    _one_of("--kv-cache-dtype", request.kv_cache_dtype, KvCacheDtype)
+    _one_of("embedding pack", request.embedding_pack, EmbeddingPack)
+    _one_of("optional imports", request.optional_imports, OptionalImports)
+    if request.python_optimize is not None and request.python_optimize not in (0, 1, 2):
+        raise EdgectlError(f"python optimize level {request.python_optimize}: use 0, 1 or 2")
     if request.watchdog_s is not None and request.watchdog_s < MIN_WATCHDOG_S:
         raise EdgectlError(f"--watchdog-sec {request.watchdog_s} is too short (at least {MIN_WATCHDOG_S} s)")
 
 
-def _one_of(what: str, value: str | None, kind: type[WeightFormat] | type[Topology]) -> None:
+def _one_of(what: str, value: str | None, kind: type) -> None:
     if value and value not in set(kind):
         raise EdgectlError(f"{what} {value!r}: use one of {', '.join(kind)}")

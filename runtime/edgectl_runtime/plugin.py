@@ -33,11 +33,12 @@ def register() -> None:
     request_amx()
     capped = rope.install(os.environ)
     norms = fused_norm.register()
-    from edgectl_runtime import compile_cache
+    from edgectl_runtime import compile_cache, embedding
 
     compile_cache.install(os.environ)
-    logger.debug("edgectl plugin: %s registered, norms %s, RoPE cap %s", cpu_int4.NAME, norms or "unavailable",
-                 "on" if capped else "off")
+    pack = embedding.install(os.environ)
+    logger.debug("edgectl plugin: %s registered, norms %s, RoPE cap %s, embedding pack %s", cpu_int4.NAME,
+                 norms or "unavailable", "on" if capped else "off", pack)
 
 
 def request_amx() -> bool | None:

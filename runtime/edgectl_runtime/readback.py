@@ -241,6 +241,14 @@ def _unique_storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
+def _tensor_dtypes(tensors) -> set[str]:
+    if isinstance(tensors, dict):
+        tensors = list(tensors.values())
+    if isinstance(tensors, (list, tuple)):
+        return set().union(*(_tensor_dtypes(t) for t in tensors)) if tensors else set()
+    return {_dtype_name(tensors.dtype)} if isinstance(tensors, torch.Tensor) else set()
+
+
 def collect_worker_facts(worker) -> dict[str, Any]:
     """The effective settings inside the model worker: KV bytes allocated, RoPE rows, linear formats, threads.
 
@@ -263,9 +271,17 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         elif entry.get("kind") == "linear":
             formats[entry["name"]] = entry["format"]
             in_features[entry["name"]] = entry["in_features"]
+    from edgectl_runtime.embedding import packed_copies
+
+    attention = [m.impl for m in runner.model.modules() if hasattr(getattr(m, "impl", None), "kv_cache_dtype")]
     return {
         "worker_pid": os.getpid(),
         "kv_cache_bytes": _unique_storage_bytes(kv) if kv is not None else None,
+        # what the attention kernels were built for, and what the KV tensors hold
+        "kv_cache_dtype": sorted({str(impl.kv_cache_dtype) for impl in attention}),
+        "kv_tensor_dtypes": sorted(_tensor_dtypes(kv)) if kv is not None else [],
+        "embedding_pack": {p["name"]: {"state": p["state"], "lm_head": p["lm_head"]}
+                           for p in packed_copies(runner.model)},
         "rope_rows": {r["name"]: r["rows"] for r in described.get("rope", [])},
         "linear_formats": formats,
         "linear_in_features": in_features,

@@ -35,7 +35,7 @@ from edgectl.contract import environment
 from edgectl.contract import worker as contract
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
 from edgectl.contract.effective import mismatches
-from edgectl.contract.plan import Plan, Topology
+from edgectl.contract.plan import OptionalImports, Plan, Topology
 from edgectl.contract.vllm_args import server_args
 from edgectl.errors import EdgectlError
 
@@ -164,6 +164,7 @@ class Service:
 
 async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
     """The settings the running engine actually has, read from the process that holds the model."""
+    from edgectl_runtime.lean import optional_imports_state
     from edgectl_runtime.readback import collect_worker_facts, process_tree_facts
 
     if plan.topology is Topology.SINGLE_PROCESS:
@@ -182,6 +183,9 @@ async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
         "enforce_eager": bool(vc.model_config.enforce_eager),
         **worker,
         **process_tree_facts(os.getpid()),
+        # read in the server's own process, where the worker applied them before importing vLLM
+        "python_optimize": sys.flags.optimize,
+        "optional_imports": optional_imports_state(),
     }
     return eff
 
@@ -359,6 +363,18 @@ def _add_edgectl_routes(app, service: Service) -> None:
         ok, why = service.health()
         return probe(ok and service.phase == contract.SERVING, why)
 
+    @app.get(contract.MEMORY_ROUTE)
+    async def memory() -> JSONResponse:
+        """Where this process's PSS goes (``edgectl_runtime/memory.py``), read in the engine thread."""
+        client = service.engine_client
+        if client is None or service.plan.topology is not Topology.SINGLE_PROCESS:
+            return JSONResponse({"error": "the memory attribution needs the single-process topology, serving"},
+                                status_code=409)
+        from edgectl_runtime.memory import collect_in_worker
+
+        results = await client.collective_rpc(collect_in_worker, kwargs={"model_dir": service.plan.model.path})
+        return JSONResponse(results[0] if isinstance(results, list) else results)
+
 
 class DrainGuard:
     """The app as uvicorn sees it: once draining, new API requests get 503 instead of a slot.
@@ -397,7 +413,8 @@ def _configure_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgectl-worker", description=__doc__.splitlines()[0])
+    # (no docstrings under python -OO)
+    parser = argparse.ArgumentParser(prog="edgectl-worker", description=(__doc__ or "edgectl's worker").splitlines()[0])
     parser.add_argument("--plan", required=True, help="the deployment's plan file (edgectl.plan/1)")
     ns = parser.parse_args(argv)
     _configure_logging()
@@ -416,6 +433,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         notifier.status(f"refused: {exc}")
         return exc.code
+
+    if plan.levers.optional_imports is OptionalImports.SKIP:  # before anything imports vLLM
+        from edgectl_runtime.lean import skip_optional_imports
+
+        log.info("kept out (optional for vLLM): %s", ", ".join(skip_optional_imports()))
 
     service = Service(plan, notifier)
     watchdog = Watchdog(notifier, service.health, watchdog_interval_s(dict(os.environ), plan.timeouts.watchdog_s))

@@ -1,0 +1,76 @@
+"""Which dense embedding tables get a prepacked GEMM copy (lever ``EDGECTL_EMBEDDING_PACK``).
+
+On CPU, vLLM 0.32's ``UnquantizedEmbeddingMethod.process_weights_after_loading``
+(``vllm/model_executor/layers/vocab_parallel_embedding.py:67-71``) calls
+``dispatch_cpu_unquantized_gemm(layer, remove_weight=False)`` for *every* dense embedding:
+a oneDNN (or sgl-kernel) prepacked copy of the whole table is made so the layer can serve as
+an LM head, and the original is kept for the lookups. For a model whose LM head is tied to its
+input embedding (SmolLM2, Llama-3.2, Qwen2.5-0.5B, Gemma) the table is packed twice — once for
+the input embedding, which only ever does lookups, and once for the LM head — so the process
+holds three copies of the largest matrix of a small model (SmolLM2-135M: 3 × 54 MiB).
+
+- ``vllm``: unmodified vLLM (both copies);
+- ``lm-head``: only the layer that computes logits (``ParallelLMHead``) keeps its packed copy;
+  an input embedding gets none (its GEMM path is never used; ``F.linear`` is left in place
+  should anything call it);
+
+Not offered: no packed copy at all (the LM head on ``F.linear``). Measured on x86_64-amx
+(docs/memory.md): a bf16 ``F.linear`` GEMV of SmolLM2's head took 15.5 ms against 8.7 ms for the
+packed one (50 calls, M = 1), a slower decode for 54 MiB; and the worker died at its first
+forward pass with SIGILL in vLLM's AMX attention kernel, since no oneDNN GEMM was left to request
+the AMX tile permission (the plugin now requests it itself: ``plugin.request_amx``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from edgectl.contract import environment as runtime_env
+
+INFO_ATTR = "edgectl_embedding_pack"  # "packed" | "not packed" on every dense embedding layer
+_ORIGINAL: list = []
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def install(environ: Mapping[str, str]) -> str:
+    """Wrap vLLM's method once per process; the mode read from ``environ``."""
+    mode = runtime_env.read("EDGECTL_EMBEDDING_PACK", environ)
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+    from vllm.platforms import current_platform
+
+    if not _ORIGINAL:
+        _ORIGINAL.append(UnquantizedEmbeddingMethod.process_weights_after_loading)
+    original = _ORIGINAL[0]
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        keep = mode == "vllm" or (mode == "lm-head" and isinstance(layer, ParallelLMHead))
+        if keep or not current_platform.is_cpu():
+            original(self, layer)
+            setattr(layer, INFO_ATTR, "packed" if current_platform.is_cpu() else "not packed")
+            return
+        layer.cpu_linear = _linear  # what dispatch_cpu_unquantized_gemm falls back to
+        setattr(layer, INFO_ATTR, "not packed")
+
+    UnquantizedEmbeddingMethod.process_weights_after_loading = process_weights_after_loading
+    return mode
+
+
+def packed_copies(model: torch.nn.Module) -> list[dict]:
+    """Read-back: every dense embedding layer with a prepacked copy, and its size (rows × cols ×
+    element size: the packed copy holds the same values)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    out = []
+    for name, module in model.named_modules():
+        state = getattr(module, INFO_ATTR, None)
+        weight = getattr(module, "weight", None)
+        if state is None or not isinstance(weight, torch.Tensor):
+            continue
+        out.append({"name": name, "state": state, "lm_head": isinstance(module, ParallelLMHead),
+                    "bytes": weight.numel() * weight.element_size() if state == "packed" else 0})
+    return out

@@ -1,0 +1,130 @@
+"""The memory levers (docs/memory.md) and the KV dtype, from the planner to what the worker runs
+and what its read-back must show: pure, no engine (the engine tests read them back for real:
+test_worker_api.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from edgectl.contract import environment, worker
+from edgectl.contract.effective import mismatches
+from edgectl.contract.plan import EmbeddingPack, KvCacheDtype, OptionalImports
+from edgectl.contract.vllm_args import server_args
+from edgectl.errors import EdgectlError
+from edgectl.units import render_unit
+from plan_helpers import SMOLLM2, host_facts, make_plan, reasons_by_decision, shape
+
+AMX = "xeon-spr-amx-2s"
+
+
+def test_the_planner_takes_the_kept_levers_with_their_measured_reasons():
+    p = make_plan(host_facts(AMX), shape(SMOLLM2))
+    assert (p.levers.embedding_pack, p.levers.optional_imports, p.levers.python_optimize) == (
+        EmbeddingPack.LM_HEAD, OptionalImports.SKIP, 2)
+    why = reasons_by_decision(p)
+    for decision, figure in (("embedding_pack", "−55 MiB anonymous"), ("optional_imports", "−11 MiB anonymous"),
+                             ("python_optimize", "−29 MiB anonymous")):
+        (reason,) = why[decision]
+        assert reason["source"] == "default" and figure in reason["detail"] and "docs/memory.md" in reason["detail"]
+
+
+def test_each_lever_can_be_switched_back_to_unmodified_vllm():
+    p = make_plan(host_facts(AMX), shape(SMOLLM2), embedding_pack="vllm", optional_imports="load", python_optimize=0)
+    assert (p.levers.embedding_pack, p.levers.optional_imports, p.levers.python_optimize) == ("vllm", "load", 0)
+    assert {r["source"] for d in ("embedding_pack", "optional_imports", "python_optimize")
+            for r in reasons_by_decision(p)[d]} == {"flag"}
+    with pytest.raises(EdgectlError, match="^embedding pack 'none': use one of vllm, lm-head$"):
+        make_plan(host_facts(AMX), shape(SMOLLM2), embedding_pack="none")
+    with pytest.raises(EdgectlError, match="^--kv-cache-dtype 'fp8_e5m2': use one of auto, fp8_e4m3$"):
+        make_plan(host_facts(AMX), shape(SMOLLM2), kv_cache_dtype="fp8_e5m2")
+
+
+def _pulled(p):
+    """The plan with its model where `edgectl models pull` keeps it (the shape's directory lies in
+    the checkout, which may be under /tmp, where the unit refuses a model)."""
+    return replace(p, model=replace(p.model, path="/var/lib/edgectl/models/smollm2-135m"))
+
+
+def test_what_the_worker_is_started_with_carries_the_levers():
+    p = make_plan(host_facts(AMX), shape(SMOLLM2))
+    assert environment.runtime_levers(p)["EDGECTL_EMBEDDING_PACK"] == "lm-head"
+    assert worker.command("/py", "/plan.json", p.levers.python_optimize) == [
+        "/py", "-OO", "-m", "edgectl_runtime.worker", "--plan", "/plan.json"]
+    assert worker.command("/py", "/plan.json", 0) == ["/py", "-m", "edgectl_runtime.worker", "--plan", "/plan.json"]
+    unit = render_unit(_pulled(p), plan_path="/etc/edgectl/default/plan.json", python="/opt/edgectl/venv/bin/python")
+    assert "ExecStart=/opt/edgectl/venv/bin/python -OO -m edgectl_runtime.worker --plan" in unit
+    args = server_args(p)
+    assert args[args.index("--kv-cache-dtype") + 1] == "auto"
+    fp8 = make_plan(host_facts(AMX), shape(SMOLLM2), kv_cache_dtype="fp8_e4m3")
+    args = server_args(fp8, stock=True)  # the control arm runs the same KV dtype
+    assert args[args.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    assert "Description=edgectl default: smollm2-135m (w4a16) served" in unit
+    fp8_unit = render_unit(_pulled(fp8), plan_path="/etc/edgectl/default/plan.json", python="/opt/edgectl/venv/bin/python")
+    assert "Description=edgectl default: smollm2-135m (w4a16, fp8_e4m3 KV) served" in fp8_unit
+    # MemoryMax follows the ledger, whose KV bytes halved
+    assert f"MemoryMax={fp8.memory.limit_bytes}" in fp8_unit and fp8.memory.limit_bytes < p.memory.limit_bytes
+
+
+def test_fp8_kv_halves_the_bytes_per_token_in_the_ledger():
+    bf16 = make_plan(host_facts(AMX), shape(SMOLLM2))
+    fp8 = make_plan(host_facts(AMX), shape(SMOLLM2), kv_cache_dtype="fp8_e4m3")
+    assert (bf16.kv_cache_dtype, fp8.kv_cache_dtype) == (KvCacheDtype.AUTO, KvCacheDtype.FP8_E4M3)
+    assert fp8.max_model_len == bf16.max_model_len
+    assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token == 23040  # 30 layers × K,V × 3 heads × 64 × 2 B
+    assert fp8.kv_cache_bytes * 2 == bf16.kv_cache_bytes
+    assert bf16.memory.total_bytes - fp8.memory.total_bytes == fp8.kv_cache_bytes
+
+
+def _effective(plan) -> dict:
+    """What a worker running ``plan`` as planned reads back (the fields compared here)."""
+    head_only = plan.levers.embedding_pack == "lm-head"
+    skip = plan.levers.optional_imports == "skip"
+    return {
+        "max_model_len": plan.max_model_len, "max_num_seqs": plan.max_num_seqs, "kv_cache_bytes": plan.kv_cache_bytes,
+        "threads": plan.threads, "processes": 1, "rope_rows": {"rotary_emb": plan.rope_rows},
+        "linear_formats": {"model.layers.0.mlp.down_proj": f"cpu_int4/g{plan.group_size}",
+                           "lm_head": "bf16-tied-embedding"},
+        "linear_in_features": {"model.layers.0.mlp.down_proj": 1536},
+        "kv_cache_dtype": [str(plan.kv_cache_dtype)],
+        "kv_tensor_dtypes": ["uint8" if plan.kv_cache_dtype == "fp8_e4m3" else "bfloat16"],
+        "python_optimize": plan.levers.python_optimize,
+        "optional_imports": {n: "kept out" if skip else "loaded" for n in ("opentelemetry", "cv2", "accelerate")},
+        "embedding_pack": {"model.embed_tokens": {"state": "not packed" if head_only else "packed", "lm_head": False},
+                           "lm_head": {"state": "packed", "lm_head": True}},
+    }
+
+
+@pytest.mark.parametrize("levers", [{}, {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0},
+                                    {"kv_cache_dtype": "fp8_e4m3"}])
+def test_a_worker_that_runs_the_plan_matches_it(levers):
+    p = make_plan(host_facts(AMX), shape(SMOLLM2), **levers)
+    assert mismatches(p, _effective(p)) == []
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda e: e.update(python_optimize=0), "Python's optimization level is 0, the plan says 2"),
+    (lambda e: e["optional_imports"].update(cv2="loaded"), "cv2 loaded, the plan says skip"),
+    (lambda e: e["embedding_pack"]["model.embed_tokens"].update(state="packed"),
+     "embedding table(s) model.embed_tokens: packed, the plan's embedding_pack is lm-head"),
+    (lambda e: e["embedding_pack"]["lm_head"].update(state="not packed"),
+     "embedding table(s) lm_head: not packed, the plan's embedding_pack is lm-head"),
+    (lambda e: e.update(kv_cache_dtype=["fp8_e4m3"]), "the attention layers' KV cache dtype is fp8_e4m3, the plan says auto"),
+    (lambda e: e.update(kv_tensor_dtypes=["uint8"]), "the KV tensors are uint8, the plan's auto KV is bfloat16"),
+    (lambda e: e.pop("kv_tensor_dtypes"), "the KV cache dtype could not be read back"),
+    (lambda e: e.pop("optional_imports"), "the optional imports could not be read back"),
+    (lambda e: e.pop("embedding_pack"), "the embedding tables' packed copies could not be read back"),
+])
+def test_a_lever_that_did_not_take_effect_is_named(change, says):
+    p = make_plan(host_facts(AMX), shape(SMOLLM2))
+    eff = _effective(p)
+    change(eff)
+    assert mismatches(p, eff) == [says]
+
+
+def test_fp8_planned_but_bf16_running_is_a_mismatch():
+    p = make_plan(host_facts(AMX), shape(SMOLLM2), kv_cache_dtype="fp8_e4m3")
+    eff = _effective(replace(p, kv_cache_dtype=KvCacheDtype.AUTO))
+    assert mismatches(p, eff) == ["the attention layers' KV cache dtype is auto, the plan says fp8_e4m3",
+                                  "the KV tensors are bfloat16, the plan's fp8_e4m3 KV is uint8"]

@@ -453,7 +453,9 @@ def load_profiles(dirs: list[Path]) -> list[Profile]:
 def select_profile(profiles: list[Profile], facts: Any) -> tuple[Profile, list[str]]:
     """The most specific matching measured/external profile, else the fallback for the arch.
 
-    A profile measured on the class itself beats one recorded on an emulated ISA.
+    For the probed class: a profile recorded on the class itself beats one recorded on an emulated
+    ISA, and one edgectl measured (``edgectl bench --record-profile``) beats published external
+    figures; then the most specific rules win.
 
     Returns the profile and one line per profile considered (why it did or did not match).
     """
@@ -467,8 +469,9 @@ def select_profile(profiles: list[Profile], facts: Any) -> tuple[Profile, list[s
             continue
         (fallbacks if p.kind is ProfileKind.FALLBACK else candidates).append(p)
     # Prefer profiles for exactly the probed class, then the most specific rules.
-    def rank(p: Profile) -> tuple[int, int, int]:
-        return (int(p.device_class == facts.device_class), int(not p.emulated), p.specificity())
+    def rank(p: Profile) -> tuple[int, int, int, int]:
+        return (int(p.device_class == facts.device_class), int(not p.emulated),
+                int(p.kind is ProfileKind.MEASURED), p.specificity())
 
     if candidates:
         return max(candidates, key=rank), considered

@@ -410,6 +410,22 @@ def test_the_most_specific_matching_profile_wins(tmp_path: Path):
     assert select_profile([*generic], facts)[0].name == "generic"
 
 
+def test_a_profile_edgectl_measured_beats_external_figures_for_the_class(tmp_path: Path):
+    external = profile_from_yaml(tmp_path, profile_yaml(
+        name="published", device_class="x86_64-avx2",
+        match="  arch: x86_64\n  isa_all: [avx2, fma]\n  vendor: AuthenticAMD\n  model_pattern: 'EPYC 7B13'\n",
+    ).replace("kind: measured", "kind: external"), "published.yaml")
+    measured = profile_from_yaml(tmp_path, profile_yaml(name="measured", device_class="x86_64-avx2",
+                                                        match="  arch: x86_64\n  isa_all: [avx2]\n"), "measured.yaml")
+    generic = [p for p in frozen_profiles() if p.kind == "fallback"]
+    facts = host_facts("kvm-epyc-avx2-2c")
+    assert (external.kind, measured.kind) == ("external", "measured")
+    for order in ([external, measured, *generic], [*generic, measured, external]):
+        # the external rules are more specific, yet edgectl's own measurement on the class wins
+        assert select_profile(order, facts)[0].name == "measured"
+    assert select_profile([external, *generic], facts)[0].name == "published"
+
+
 def test_core_count_rules(tmp_path: Path):
     big = profile_from_yaml(tmp_path, profile_yaml(name="big", device_class="x86_64-avx2",
                                                    match="  arch: x86_64\n  isa_all: [avx2]\n  min_cores: 8\n"))

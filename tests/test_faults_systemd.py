@@ -22,6 +22,7 @@ set for the test run, are passed on to the unit, so the worker under systemd run
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import threading
@@ -118,7 +119,7 @@ def test_a_long_prefill_lives_and_a_stalled_engine_is_restarted(systemd_sandbox,
             print(f"ready in {time.monotonic() - t0:.1f} s")
             assert "paris" in _chat(port).lower()
             state = sb.show(unit, "NRestarts", "MainPID", "WatchdogUSec")
-            assert state["WatchdogUSec"] == f"{plan.timeouts.watchdog_s}s"
+            assert state["WatchdogUSec"] == f"{math.ceil(plan.timeouts.watchdog_s)}s"
 
             # -- 1. a prefill of nearly the whole context: many steps, each one chunk; no restart
             prompt, count = _long_prompt(port, plan.model.name, plan.max_model_len - 32)
@@ -129,7 +130,8 @@ def test_a_long_prefill_lives_and_a_stalled_engine_is_restarted(systemd_sandbox,
             took = time.monotonic() - t0
             print(f"long prefill: {count} prompt tokens answered in {took:.1f} s "
                   f"({count / plan.max_num_batched_tokens:.1f} chunks)")
-            assert answer["usage"]["prompt_tokens"] == count and answer["usage"]["completion_tokens"] >= 1
+            assert answer["usage"]["prompt_tokens"] > 3 * plan.max_num_batched_tokens
+            assert answer["usage"]["completion_tokens"] >= 1
             after = sb.show(unit, "NRestarts", "MainPID")
             assert after == {"NRestarts": state["NRestarts"], "MainPID": state["MainPID"]}, sb.journal(unit, 40)
 

@@ -1,6 +1,9 @@
 """``edgectl status``: what each deployment is doing and what it really costs.
 
-For each deployment: its systemd state, restarts, uptime and endpoint; the measured memory
+For each deployment: its systemd state, restarts and the cause of the last one in words (the
+watchdog, a crash, the OOM killer: from the journal, where systemd records each failed run;
+the unit's properties describe only the current run), the watchdog interval, uptime and
+endpoint; the measured memory
 ledger from the service's cgroup (PSS of every process in it, anonymous vs file-backed)
 against the plan's prediction and limit; in compiled mode, whether the running worker loaded its
 graph from the cache or compiled it at this start (the worker's read-back,
@@ -25,7 +28,7 @@ from edgectl.contract.procmem import TreeMem
 from edgectl.deployment import Layout, deployment_names, service_memory
 from edgectl.errors import EdgectlError
 from edgectl.output import mib
-from edgectl.systemd import Systemd, systemd_running
+from edgectl.systemd import Failure, Systemd, failure_from_properties, systemd_running
 from edgectl.units import validate_name
 
 METRICS = {
@@ -73,6 +76,8 @@ class DeploymentStatus:
     # --memory: the worker's attribution of its PSS (edgectl.memory/1), or why there is none
     attribution: dict[str, Any] | None = None
     attribution_unavailable: str | None = None
+    watchdog_s: float | None = None  # systemd's WatchdogSec for the unit (None: no watchdog)
+    last_failure: Failure | None = None  # the last failed run: why systemd restarted (or stopped) it
 
     def to_dict(self) -> dict[str, Any]:
         planned = self.plan.memory if self.plan else None
@@ -90,6 +95,8 @@ class DeploymentStatus:
                                            and self.memory.pss_bytes else None)}
         return {"name": self.name, "unit": self.unit, "state": self.state, "sub_state": self.sub_state,
                 "status_text": self.status_text, "restarts": self.restarts, "uptime_s": self.uptime_s,
+                "watchdog_s": self.watchdog_s,
+                "last_failure": self.last_failure.to_dict() if self.last_failure else None,
                 "endpoint": self.endpoint, "model": self.plan.model.name if self.plan else None,
                 "weight_format": str(self.plan.weight_format) if self.plan else None, "memory": mem,
                 "compiled_graph": self.compiled_graph(), "served": self.metrics, "warmup": self.warmup,
@@ -111,6 +118,14 @@ class DeploymentStatus:
         lines = [f"{self.name} ({self.unit}): {self.state} ({self.sub_state}){up}, {self.restarts} restart(s)"]
         if self.status_text:
             lines.append(f"  status: {self.status_text}")
+        watchdog = f"watchdog {self.watchdog_s:g} s" if self.watchdog_s else "no watchdog"
+        if self.last_failure:
+            when = ""
+            if self.last_failure.realtime_us:
+                when = time.strftime(" at %Y-%m-%d %H:%M:%S UTC", time.gmtime(self.last_failure.realtime_us / 1e6))
+            lines.append(f"  {watchdog}; last failure{when}: {self.last_failure.describe()}")
+        else:
+            lines.append(f"  {watchdog}; no failure in the journal")
         if self.endpoint:
             lines.append(f"  endpoint: {self.endpoint}/v1   model {self.to_dict()['model']} ({self.to_dict()['weight_format']})")
         graph = self.compiled_graph()
@@ -194,10 +209,15 @@ def status_of(name: str, environ: Mapping[str, str], memory_attribution: bool = 
         report = client.worker_state()
         if memory_attribution:
             attribution, unavailable = attribution_of(client)
+    last_failure = failure_from_properties(state.props) if state.active == "failed" else None
+    if last_failure is None and state.loaded:
+        failures = sd.failures(layout.unit)
+        last_failure = failures[-1] if failures else None
     return DeploymentStatus(name, layout.unit, state.active or "unknown", state.sub, state.status_text,
                             state.restarts, uptime, worker.endpoint(plan.serve) if plan else None, plan, memory, metrics,
                             (report or {}).get("load_peak") or None, (report or {}).get("warmup"),
-                            (report or {}).get("compile") or None, attribution, unavailable)
+                            (report or {}).get("compile") or None, attribution, unavailable,
+                            watchdog_s=state.watchdog_s, last_failure=last_failure)
 
 
 def status(name: str | None, environ: Mapping[str, str], memory_attribution: bool = False) -> StatusReport:

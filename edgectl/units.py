@@ -15,7 +15,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 
-from edgectl.contract import worker
+from edgectl.contract import environment, worker
 from edgectl.contract.plan import Plan
 from edgectl.errors import EdgectlError
 from edgectl.paths import units_dir
@@ -60,7 +60,7 @@ def validate_name(name: str) -> str:
 
 def unit_name(name: str) -> str:
     """The systemd unit of deployment ``name``: ``edgectl-NAME.service``."""
-    return f"edgectl-{validate_name(name)}.service"
+    return f"{worker.UNIT_PREFIX}{validate_name(name)}.service"
 
 
 def state_dir(name: str) -> str:
@@ -254,7 +254,9 @@ def render_unit(plan: Plan, *, plan_path: str, python: str) -> str:
     env_lines: list[str] = []
     for key in sorted(plan.env):
         value = plan.env[key]
-        if key in own and value != own[key]:
+        if key in environment.TEST_ONLY:
+            p.add(f"plan.env.{key}: a test-only fault injection; a deployed unit never carries it")
+        elif key in own and value != own[key]:
             p.add(f"plan.env.{key}: the unit sets it to {own[key]!r} itself; remove it from the plan")
         elif key not in own:
             env_lines.append(f"Environment={quote_word(f'{key}={value}')}")

@@ -107,6 +107,11 @@ _VARS = [
         "(edgectl_runtime/embedding.py): vllm (every one, as unmodified vLLM: a tied table is packed twice), "
         "lm-head (only the layer that computes logits; the plan's levers.embedding_pack)", "vllm",
         ("vllm", "lm-head")),
+    # -- test only: a fault injection, refused in a deployed unit and never rendered into one --------
+    Var("EDGECTL_TEST_STALL", Role.OWN, "TEST ONLY: a file name; when that file exists as the engine is about "
+        "to run a step, the worker deletes it and its engine thread stops coming back (the HTTP server stays "
+        "up), so the watchdog's promise can be tested. The worker refuses to start with it in a unit edgectl "
+        "deployed (edgectl-NAME.service) and the unit writer refuses a plan that sets it", ""),
     # -- third parties' variables edgectl sets ------------------------------------------------------
     Var("VLLM_CPU_OMP_THREADS_BIND", Role.SET, "plan env: the CPUs vLLM binds its OpenMP threads to, one "
         "per thread (vllm/v1/worker/cpu_worker.py)"),
@@ -152,6 +157,9 @@ _VARS = [
 ]
 
 REGISTRY: dict[str, Var] = {v.name: v for v in _VARS}
+
+# Fault injections for tests: never in a deployment (the worker and the unit writer refuse them).
+TEST_ONLY = ("EDGECTL_TEST_STALL",)
 
 # The offline and no-telemetry settings every process edgectl starts gets.
 OFFLINE: dict[str, str] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",

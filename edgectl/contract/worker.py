@@ -14,6 +14,22 @@ if TYPE_CHECKING:
     from edgectl.contract.plan import Serve
 
 MODULE = "edgectl_runtime.worker"
+# A deployment's systemd unit is UNIT_PREFIX + NAME + ".service" (edgectl/units.py: unit_name).
+UNIT_PREFIX = "edgectl-"
+
+
+def systemd_unit(proc_self_cgroup: str) -> str | None:
+    """The ``.service`` unit a process runs in, from its ``/proc/self/cgroup`` (v1 or v2), or None."""
+    for line in proc_self_cgroup.splitlines():
+        for part in reversed(line.rsplit(":", 1)[-1].split("/")):
+            if part.endswith(".service"):
+                return part
+    return None
+
+
+def is_deployment_unit(unit: str | None) -> bool:
+    """Whether ``unit`` is named as the units edgectl writes are."""
+    return bool(unit) and unit.startswith(UNIT_PREFIX) and unit.endswith(".service")
 
 
 def command(python: str, plan_path: str, python_optimize: int = 0) -> list[str]:

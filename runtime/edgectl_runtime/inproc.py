@@ -11,18 +11,28 @@ API server, engine core and model worker share one interpreter.
 
 The engine thread owns everything torch does (model load, OpenMP pool, every
 forward pass); the event loop only queues requests and receives outputs. The thread
-also keeps a heartbeat (:class:`EngineHealth`) that the systemd watchdog reads: a
-forward pass that never returns stops the heartbeat, and the pings with it.
+also keeps a heartbeat (:class:`EngineHealth`): it beats after every engine step and,
+when there is nothing to do, every ``_IDLE_WAIT_S`` (idle is progress), and each beat
+calls ``EngineHealth.on_progress`` — the worker pings systemd's watchdog from there. A
+forward pass that never returns stops the beats, and the pings with them.
+
+``EDGECTL_TEST_STALL`` (tests only; refused in a deployed unit): when the named file
+exists as the engine is about to run a step, the thread deletes it and blocks until
+shutdown, while the HTTP server keeps running — a hung engine, on demand.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+from edgectl.contract import environment
 
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.engine.core_client import EngineCoreClient
@@ -43,9 +53,17 @@ class EngineHealth:
         self.steps = 0
         self.dead_reason: str | None = None
         self.loaded = False
+        # Called on the engine thread at every beat (after a step, or an idle wait).
+        self.on_progress: Callable[[], None] | None = None
 
     def beat(self) -> None:
         self.last_beat_monotonic = time.monotonic()
+        callback = self.on_progress
+        if callback is not None:
+            try:
+                callback()
+            except Exception:  # the engine must not die of a notification
+                log.exception("engine progress callback failed")
 
     def stalled_for_s(self, now: float | None = None) -> float:
         """Seconds the engine thread has gone without coming back to its loop."""
@@ -73,6 +91,7 @@ class InprocAsyncClient(EngineCoreClient):
         self._init_error: BaseException | None = None
         self.engine_core: EngineCore | None = None
         self.on_shutdown = None  # called once when a shutdown starts (the worker notifies STOPPING=1)
+        self._stall_file = environment.read("EDGECTL_TEST_STALL", os.environ) or None
         self._thread = threading.Thread(
             target=self._run, args=(executor_class, log_stats), name="edgectl-engine", daemon=True
         )
@@ -111,6 +130,8 @@ class InprocAsyncClient(EngineCoreClient):
                     except queue.Empty:
                         item = None
                 if core.scheduler.has_requests():
+                    if self._stall_file is not None:
+                        self._maybe_stall()
                     self.health.step_started_monotonic = time.monotonic()
                     outputs, executed = core.step_fn()
                     core.post_step(model_executed=executed)
@@ -122,6 +143,17 @@ class InprocAsyncClient(EngineCoreClient):
             log.exception("engine thread failed")
             self.health.dead_reason = f"engine failed: {exc}"
             self._loop.call_soon_threadsafe(self._outputs.put_nowait, exc)
+
+    def _maybe_stall(self) -> None:
+        """The test-only fault: block this step (until shutdown) if the trigger file exists."""
+        try:
+            os.unlink(self._stall_file)
+        except FileNotFoundError:
+            return
+        log.warning("EDGECTL_TEST_STALL: %s existed; the engine step stalls now (a test's fault injection)",
+                    self._stall_file)
+        self.health.step_started_monotonic = time.monotonic()
+        self._stop.wait()
 
     def _handle(self, core: EngineCore, item: tuple) -> None:
         kind = item[0]

@@ -1,5 +1,12 @@
 """systemd notifications, and the watchdog that sends them only while the engine works.
 
+Who pings: while serving with the engine in this process, the engine thread itself, after
+every step and every idle wait (``Service.engine_progress`` in worker.py, called from
+``inproc.EngineHealth.beat``), so systemd's ``WatchdogSec`` only has to outlast the longest
+single step. The :class:`Watchdog` thread pings during start-up and the drain (guarded by
+``TimeoutStartSec``/``TimeoutStopSec``) and when the engine runs in other processes (the
+stock topology); while serving in-process it only logs why the pings stopped.
+
 ``notify()`` is a harmless no-op without ``NOTIFY_SOCKET`` (a foreground ``edgectl serve``),
 so the worker calls it unconditionally. Every status is also logged, so the journal (or
 the terminal) shows the phases.
@@ -7,6 +14,7 @@ the terminal) shows the phases.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -25,7 +33,7 @@ class Notifier:
             from systemd import daemon  # systemd-python: part of the runtime extra
 
             self._notify = daemon.notify
-        self.sent: list[str] = []
+        self.sent: collections.deque[str] = collections.deque(maxlen=64)  # the last messages, for tests
 
     def send(self, message: str) -> None:
         self.sent.append(message)
@@ -61,11 +69,12 @@ def watchdog_interval_s(environ: dict[str, str], plan_watchdog_s: float) -> floa
 
 
 class Watchdog(threading.Thread):
-    """Sends ``WATCHDOG=1`` every interval, but only while ``check()`` says the service is healthy.
+    """Sends ``WATCHDOG=1`` every interval while ``check()`` says so.
 
-    ``check`` returns ``(healthy, why)``. A hung engine (a forward pass that never returns, a
-    stopped process, a stuck event loop) makes it unhealthy, the pings stop, and systemd kills
-    and restarts the service after ``WatchdogSec``.
+    ``check`` returns ``(ping, why)``: ping, or not because of ``why`` (logged once), or not
+    with ``why`` None because someone else pings (the engine thread, per step). A hung engine
+    (a forward pass that never returns, a stopped process, a stuck event loop) stops the pings,
+    and systemd kills and restarts the service after ``WatchdogSec``.
     """
 
     def __init__(self, notifier: Notifier, check: Callable[[], tuple[bool, str]], interval_s: float) -> None:
@@ -73,12 +82,12 @@ class Watchdog(threading.Thread):
         self.notifier = notifier
         self.check = check
         self.interval_s = interval_s
-        self._stop = threading.Event()
+        self._stopped = threading.Event()
         self.pings = 0
         self._last_problem: str | None = None
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stopped.wait(self.interval_s):
             try:
                 healthy, why = self.check()
             except Exception as exc:  # a broken check must not look healthy
@@ -86,6 +95,7 @@ class Watchdog(threading.Thread):
             if healthy:
                 self.notifier.watchdog()
                 self.pings += 1
+            if healthy or why is None:
                 if self._last_problem is not None:
                     log.info("watchdog: healthy again")
                 self._last_problem = None
@@ -94,7 +104,7 @@ class Watchdog(threading.Thread):
                 self._last_problem = why
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopped.set()
 
 
 class LoopHeartbeat:

@@ -10,8 +10,8 @@ serve``. In order:
 3. read the effective settings back from the engine (KV bytes allocated, RoPE rows, the
    format of every linear layer, threads, processes) and refuse to serve if any differs;
 4. warm up with a generation through its own HTTP API, and only then ``READY=1``;
-5. ping the watchdog only while the engine thread comes back from every step in time and
-   the event loop runs;
+5. ping the watchdog from the engine thread, after every step and while idle, and only while
+   the event loop runs (notify.py says who pings when);
 6. on SIGTERM stop taking requests, let running ones finish (up to the plan's stop
    timeout), exit 0.
 
@@ -61,19 +61,43 @@ def load_plan(path: str) -> Plan:
         raise Refused("; ".join([exc.message, *exc.details])) from None
 
 
-def prepare_environment(plan: Plan, environ) -> None:
-    """Refuse overrides, then put the plan's environment in place (this process only)."""
+def prepare_environment(plan: Plan, environ, proc_self_cgroup: str | None = None) -> None:
+    """Refuse overrides and test-only faults in a deployment, then put the plan's environment in
+    place (this process only)."""
     problems = environment.refused(environ, plan)
+    problems += refused_test_faults(environ, proc_self_cgroup)
     if problems:
         raise Refused("; ".join(problems))
     environ.update(plan.env)
     environ.update(environment.runtime_levers(plan))
 
 
+def refused_test_faults(environ, proc_self_cgroup: str | None = None) -> list[str]:
+    """A test-only fault injection (``environment.TEST_ONLY``) in a unit edgectl deployed: refused.
+
+    ``proc_self_cgroup``: this process's /proc/self/cgroup (read here when None); the unit comes
+    from it, as systemd put the process there.
+    """
+    names = [name for name in environment.TEST_ONLY if environ.get(name)]
+    if not names:
+        return []
+    if proc_self_cgroup is None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                proc_self_cgroup = f.read()
+        except OSError:
+            proc_self_cgroup = ""
+    unit = contract.systemd_unit(proc_self_cgroup)
+    if not contract.is_deployment_unit(unit):
+        return []
+    return [f"{name} is set in {unit}: it is a test-only fault injection and a deployed unit never carries it; "
+            f"remove it (systemctl show {unit} -p Environment)" for name in names]
+
+
 class Service:
     """Holds what the watchdog and the HTTP routes need to see."""
 
-    def __init__(self, plan: Plan, notifier) -> None:
+    def __init__(self, plan: Plan, notifier, ping_every_s: float | None = None) -> None:
         from edgectl_runtime.notify import LoopHeartbeat
 
         self.plan = plan
@@ -85,6 +109,10 @@ class Service:
         self.started_monotonic = time.monotonic()
         self.ready_s: float | None = None
         self.stall_limit_s = max(5.0, float(plan.timeouts.watchdog_s) / 2)
+        # The engine thread pings at most this often (a quarter of WatchdogSec).
+        self.ping_every_s = ping_every_s if ping_every_s is not None else max(0.5, plan.timeouts.watchdog_s / 4)
+        self._last_engine_ping = float("-inf")
+        self.engine_pings = 0
         self.load_peak: dict[str, int] = {}
         self.warmup: dict[str, Any] | None = None  # the warm-up's answer, and why it looks broken (or None)
 
@@ -134,6 +162,35 @@ class Service:
             took = state.get("load_s") if event == "loaded" else state.get("compile_s")
             self.notifier.status(f"graph {'loaded from the cache' if event == 'loaded' else 'compiled and cached'} "
                                  f"in {took:.0f} s; allocating the KV cache and warming up")
+
+    def engine_progress(self) -> None:
+        """On the engine thread, after every step and every idle wait: ping systemd's watchdog
+        (at most every ``ping_every_s``) if the HTTP event loop runs too."""
+        if self.phase != contract.SERVING:
+            return  # start-up and the drain: the Watchdog thread pings
+        now = time.monotonic()
+        if now - self._last_engine_ping < self.ping_every_s:
+            return
+        if self.loop_heartbeat.age_s() > self.stall_limit_s:
+            return  # the watchdog thread logs why (health())
+        self.notifier.watchdog()
+        self._last_engine_ping = now
+        self.engine_pings += 1
+
+    def watchdog_check(self) -> tuple[bool, str | None]:
+        """For the Watchdog thread: ping (start-up, drain, an engine in other processes), or not,
+        with the reason to log, or ``(False, None)``: the engine thread pings (``engine_progress``)."""
+        if self.phase != contract.SERVING:
+            return True, self.phase  # start-up (TimeoutStartSec) and the drain (TimeoutStopSec)
+        ok, why = self.health()
+        if not ok:
+            return False, why
+        if self._engine_health() is not None:
+            return False, None
+        return True, why
+
+    def _engine_health(self):
+        return getattr(getattr(self.engine_client, "engine_core", None), "health", None)
 
     def health(self) -> tuple[bool, str]:
         """Whether the watchdog may ping: the engine and the front end both make progress."""
@@ -255,6 +312,9 @@ async def serve(plan: Plan, service: Service) -> None:
     async with build_async_engine_client(args) as engine_client:
         service.engine_client = engine_client
         core = getattr(engine_client, "engine_core", None)
+        health = getattr(core, "health", None)
+        if health is not None:
+            health.on_progress = service.engine_progress
         if hasattr(core, "on_shutdown"):
             def on_shutdown() -> None:
                 service.phase = "stopping"
@@ -439,8 +499,9 @@ def main(argv: list[str] | None = None) -> int:
 
         log.info("kept out (optional for vLLM): %s", ", ".join(skip_optional_imports()))
 
-    service = Service(plan, notifier)
-    watchdog = Watchdog(notifier, service.health, watchdog_interval_s(dict(os.environ), plan.timeouts.watchdog_s))
+    interval_s = watchdog_interval_s(dict(os.environ), plan.timeouts.watchdog_s)
+    service = Service(plan, notifier, ping_every_s=interval_s)
+    watchdog = Watchdog(notifier, service.watchdog_check, interval_s)
     watchdog.start()
     import threading
 

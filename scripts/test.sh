@@ -1,9 +1,44 @@
 #!/bin/sh
-# Sets everything up, then runs the whole test suite against the installed edgectl.
-# Extra arguments go to pytest (e.g. -m "not engine and not systemd" for the fast tier).
+# Sets everything up, then runs the whole test suite against the installed edgectl, then its
+# AVX2 tier: the tests marked isa_avx2 once more, with PyTorch, oneDNN, vLLM and edgectl's kernels
+# held to AVX2 (tests/isa_helpers.py). Fails if either pass fails.
+#   sh scripts/test.sh                     both passes
+#   sh scripts/test.sh ARGS...             one pass on this machine's own ISA, ARGS go to pytest
+#                                          (e.g. -m "not engine and not systemd" for the fast tier)
+#   sh scripts/test.sh --isa avx2 ARGS...  the AVX2 tier alone (ARGS go to pytest after -m isa_avx2)
 set -eu
 REPO=$(CDPATH='' cd -- "$(dirname -- "$0")/.." && pwd)
+if [ "${1:-}" = "--isa" ] && [ "${2:-}" != "avx2" ]; then
+    echo "error: --isa ${2:-}: the one ISA tier is avx2 (sh scripts/test.sh --isa avx2 [pytest args])" >&2
+    exit 2
+fi
 sh "$REPO/scripts/setup.sh"
 VENV=${EDGECTL_PREFIX:-/opt/edgectl}/venv
 cd "$REPO"
-exec "$VENV/bin/pytest" -p no:cacheprovider "$@"
+
+avx2_tier() {
+    # ATEN_CPU_CAPABILITY: PyTorch's kernels; ONEDNN_MAX_CPU_ISA: oneDNN's JIT; tests/isa_avx2's
+    # sitecustomize: torch.cpu._is_avx512_supported() & co., which vLLM asks; EDGECTL_TEST_ISA:
+    # what tests/test_isa_tier.py checks each of them read back.
+    echo "== the AVX2 tier: the tests marked isa_avx2, held to AVX2"
+    EDGECTL_TEST_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+        PYTHONPATH="$REPO/tests/isa_avx2${PYTHONPATH:+:$PYTHONPATH}" \
+        "$VENV/bin/pytest" -p no:cacheprovider -m isa_avx2 "$@"
+}
+
+if [ "${1:-}" = "--isa" ]; then
+    shift 2
+    avx2_tier "$@"
+    exit
+fi
+if [ $# -gt 0 ]; then
+    exec "$VENV/bin/pytest" -p no:cacheprovider "$@"
+fi
+native=0
+"$VENV/bin/pytest" -p no:cacheprovider || native=$?
+tier=0
+avx2_tier || tier=$?
+if [ "$native" -ne 0 ] || [ "$tier" -ne 0 ]; then
+    echo "== failed: this machine's ISA: pytest exit $native; the AVX2 tier: pytest exit $tier" >&2
+    exit 1
+fi

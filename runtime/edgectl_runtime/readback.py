@@ -273,13 +273,18 @@ def collect_worker_facts(worker) -> dict[str, Any]:
             in_features[entry["name"]] = entry["in_features"]
     from edgectl_runtime.embedding import packed_copies
 
-    attention = [m.impl for m in runner.model.modules() if hasattr(getattr(m, "impl", None), "kv_cache_dtype")]
+    attention_layers = [m for m in runner.model.modules() if hasattr(getattr(m, "impl", None), "kv_cache_dtype")]
+    attention = [m.impl for m in attention_layers]
     return {
         "worker_pid": os.getpid(),
         "kv_cache_bytes": _unique_storage_bytes(kv) if kv is not None else None,
         # what the attention kernels were built for, and what the KV tensors hold
         "kv_cache_dtype": sorted({str(impl.kv_cache_dtype) for impl in attention}),
         "kv_tensor_dtypes": sorted(_tensor_dtypes(kv)) if kv is not None else [],
+        # the CPU attention kernel each layer runs ("amx", "vec", "vec16", ...): vLLM picks it from
+        # torch.cpu's ISA answers (vllm/v1/attention/backends/cpu_attn.py _get_attn_isa, set on the
+        # layer by _set_isa_to_layers)
+        "attention_isa": sorted({str(m.isa) for m in attention_layers if hasattr(m, "isa")}),
         "embedding_pack": {p["name"]: {"state": p["state"], "lm_head": p["lm_head"]}
                            for p in packed_copies(runner.model)},
         "rope_rows": {r["name"]: r["rows"] for r in described.get("rope", [])},

@@ -1,0 +1,109 @@
+"""Which ISA a test run holds the runtime to, and what each ISA must read back (no tests here).
+
+``sh scripts/test.sh`` runs the whole suite on this machine's own ISA, then runs the tests marked
+``isa_avx2`` once more as the **AVX2 tier**, with (scripts/test.sh, ``avx2_tier``)::
+
+    EDGECTL_TEST_ISA=avx2                    # names the tier: the tests below expect AVX2
+    ATEN_CPU_CAPABILITY=avx2                 # PyTorch's kernels (and inductor's code) at AVX2
+    ONEDNN_MAX_CPU_ISA=AVX2                  # oneDNN's JIT at AVX2: no AVX-512, bf16 or AMX code
+    PYTHONPATH=tests/isa_avx2                # vLLM asks torch.cpu._is_avx512_supported() & co.:
+                                             # tests/isa_avx2/sitecustomize.py answers False
+
+``EDGECTL_TEST_ISA`` is what the tier's own check (tests/test_isa_tier.py) holds every layer to,
+so an environment that did not take fails there instead of passing on the wrong ISA.
+
+A test that depends on the ISA asks :func:`host_isa` what the run has — in the tier, this host
+as an AVX2 machine would be; otherwise what ``edgectl probe`` finds — and the planner is asked
+the same question: :func:`plan_args` gives ``edgectl plan`` the ``--facts`` of this host with
+the ISA above AVX2 taken away, so a worker in the tier runs the plan an AVX2 user gets.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TIER = (os.environ.get("EDGECTL_TEST_ISA") or "").strip().lower() or None  # "avx2" in the AVX2 tier
+TIERS = ("avx2",)
+
+# cpu.isa fields of edgectl.probe/1 an AVX2 machine does not have (edgectl/probe/facts.py ISA_FEATURES)
+ABOVE_AVX2 = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+              "amx_bf16")
+
+
+@functools.cache
+def _probe_json() -> dict:
+    """This host's probe, from the checkout's control plane (no torch)."""
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(repo)] + [p for p in [env.get("PYTHONPATH")] if p])
+    out = subprocess.run([sys.executable, "-m", "edgectl", "probe", "--json"], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=repo)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def probe_facts() -> dict:
+    """``edgectl probe --json`` of this host as the run should see it: in the AVX2 tier, with
+    every ISA feature above AVX2 absent, AMX unsupported and the device class ``x86_64-avx2``."""
+    facts = json.loads(json.dumps(_probe_json()))
+    if TIER is None:
+        return facts
+    if TIER not in TIERS:
+        raise AssertionError(f"EDGECTL_TEST_ISA={TIER!r}: the test tiers are {', '.join(TIERS)}")
+    cpu = facts["cpu"]
+    if not (cpu["isa"].get("avx2") and cpu["isa"].get("fma")):
+        raise AssertionError("the AVX2 tier needs a CPU with AVX2 and FMA; this one has "
+                             f"{sorted(k for k, v in cpu['isa'].items() if v)}")
+    for feature in ABOVE_AVX2:
+        cpu["isa"][feature] = False
+    cpu["flags"] = [f for f in cpu["flags"] if not f.startswith(("avx512", "amx"))]
+    cpu["amx_permission"] = "unsupported"
+    facts["device_class"] = "x86_64-avx2"
+    return facts
+
+
+def host_isa() -> dict[str, bool]:
+    """The usable ISA of the run (``cpu.isa`` of :func:`probe_facts`)."""
+    return dict(probe_facts()["cpu"]["isa"])
+
+
+def plan_args(tmp: Path) -> list[str]:
+    """Extra ``edgectl plan`` arguments that plan for the run's ISA: none natively (the planner
+    probes this host), ``--facts FILE`` in a tier."""
+    if TIER is None:
+        return []
+    path = tmp / f"facts-{TIER}.json"
+    path.write_text(json.dumps(probe_facts()))
+    return ["--facts", str(path)]
+
+
+def avx512(isa: dict[str, bool]) -> bool:
+    """AVX-512 as torch and vLLM's CPU build mean it: F+BW+VL+DQ (edgectl/probe/cpu.py device_class)."""
+    return all(isa.get(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+
+
+def expected_torch_capability(isa: dict[str, bool]) -> str:
+    """``torch.backends.cpu.get_cpu_capability()`` on x86-64 (aten/src/ATen/native/DispatchStub.cpp)."""
+    if avx512(isa):
+        return "AVX512"
+    return "AVX2" if isa.get("avx2") and isa.get("fma") else "DEFAULT"
+
+
+def expected_vllm_library(isa: dict[str, bool]) -> str:
+    """The C library vLLM 0.32 loads on x86-64 (vllm/platforms/cpu.py:639-660, the selection
+    rules of tests/data/vllm_kernels.yaml): ``_C`` with AVX512-BF16, ``_C_AVX512``, else ``_C_AVX2``."""
+    if avx512(isa):
+        return "_C" if isa.get("avx512_bf16") else "_C_AVX512"
+    return "_C_AVX2"
+
+
+def expected_attention_isa(isa: dict[str, bool]) -> str:
+    """vLLM's CPU attention kernel for bf16 KV in 128-token blocks (a head size divisible by 32):
+    ``amx`` where the CPU has AMX tiles, else ``vec`` (vllm/v1/attention/backends/cpu_attn.py
+    ``_get_attn_isa``)."""
+    return "amx" if isa.get("amx_tile") else "vec"

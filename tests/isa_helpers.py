@@ -107,3 +107,22 @@ def expected_attention_isa(isa: dict[str, bool]) -> str:
     ``amx`` where the CPU has AMX tiles, else ``vec`` (vllm/v1/attention/backends/cpu_attn.py
     ``_get_attn_isa``)."""
     return "amx" if isa.get("amx_tile") else "vec"
+
+
+def vllm_packs_bf16_gemm(isa: dict[str, bool]) -> bool:
+    """Whether vLLM 0.32 can prepack a bf16 linear layer here (``dispatch_cpu_unquantized_gemm``,
+    vllm/model_executor/layers/utils.py:470-608): sgl-kernel needs AMX tiles, oneDNN a bf16 matmul,
+    which it builds from AVX-512 (core) up; on AVX2 it falls back to an unpacked F.linear."""
+    return bool(isa.get("amx_tile")) or avx512(isa)
+
+
+# what a test that builds its own subprocess environment passes on, so the subprocess runs at the run's ISA
+TIER_VARIABLES = ("EDGECTL_TEST_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "EDGECTL_KERNEL_ISA")
+
+
+def tier_environment(pythonpath: list[str]) -> dict[str, str]:
+    """The run's ISA variables, and ``PYTHONPATH`` = ``pythonpath`` then the run's own (where the
+    tier puts tests/isa_avx2)."""
+    env = {k: os.environ[k] for k in TIER_VARIABLES if os.environ.get(k)}
+    env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *[p for p in [os.environ.get("PYTHONPATH")] if p]])
+    return env

@@ -110,6 +110,8 @@ def test_a_worker_that_runs_the_plan_matches_it(levers):
      "embedding table(s) model.embed_tokens: packed, the plan's embedding_pack is lm-head"),
     (lambda e: e["embedding_pack"]["lm_head"].update(state="not packed"),
      "embedding table(s) lm_head: not packed, the plan's embedding_pack is lm-head"),
+    (lambda e: e["embedding_pack"]["model.embed_tokens"].update(state="no packed kernel"),
+     "embedding table(s) model.embed_tokens: no packed kernel, the plan's embedding_pack is lm-head"),
     (lambda e: e.update(kv_cache_dtype=["fp8_e4m3"]), "the attention layers' KV cache dtype is fp8_e4m3, the plan says auto"),
     (lambda e: e.update(kv_tensor_dtypes=["uint8"]), "the KV tensors are uint8, the plan's auto KV is bfloat16"),
     (lambda e: e.pop("kv_tensor_dtypes"), "the KV cache dtype could not be read back"),
@@ -121,6 +123,19 @@ def test_a_lever_that_did_not_take_effect_is_named(change, says):
     eff = _effective(p)
     change(eff)
     assert mismatches(p, eff) == [says]
+
+
+@pytest.mark.parametrize("embedding_pack", ["lm-head", "vllm"])
+def test_a_table_vllm_could_not_pack_on_this_cpu_follows_the_plan(embedding_pack):
+    """On AVX2 vLLM has no packed GEMM for a bf16 table (oneDNN builds no bf16 matmul there, no AMX
+    for sgl-kernel): a table the plan leaves to vLLM reads back "no packed kernel", and the worker
+    still serves (runtime/edgectl_runtime/embedding.py)."""
+    p = make_plan(host_facts(AMX), shape(SMOLLM2), embedding_pack=embedding_pack)
+    eff = _effective(p)
+    for layer in eff["embedding_pack"].values():
+        if layer["state"] == "packed":
+            layer["state"] = "no packed kernel"
+    assert mismatches(p, eff) == []
 
 
 def test_fp8_planned_but_bf16_running_is_a_mismatch():

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
+import isa_helpers
 from edgectl.contract.worker import command as worker_command
+
+pytestmark = pytest.mark.isa_avx2
 
 PYTHON = os.environ.get("EDGECTL_RUNTIME_PYTHON", "/opt/edgectl/venv/bin/python")
 
@@ -48,10 +51,8 @@ def _start(tmp: Path, plan_args: list[str]):
     """The worker on the plan `edgectl plan smollm2-135m ARGS` makes, started as the unit starts it
     (edgectl/contract/worker.py's command: python -OO for the plan's levers); (process, base URL, plan)."""
     port = _free_port()
-    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "smollm2-135m", *plan_args, "--json"],
-                         capture_output=True, text=True, timeout=120)
-    if out.returncode == 2 and "cannot run here" in out.stderr:
-        pytest.skip(out.stderr.strip())  # the planner asked this CPU and refuses the setting here
+    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "smollm2-135m", *plan_args, "--json",
+                          *isa_helpers.plan_args(tmp)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     plan["serve"]["port"] = port
@@ -160,9 +161,11 @@ def test_the_memory_attribution_adds_up_and_reads_the_levers_back(server):
     assert att["details"]["process"]["optional_imports"] == {
         "opentelemetry": "kept out", "cv2": "kept out", "accelerate": "kept out"}
     assert att["details"]["process"]["python_optimize"] == 2
-    # SmolLM2's LM head is tied to its input embedding: only the head keeps a packed copy
+    # SmolLM2's LM head is tied to its input embedding: only the head keeps a packed copy, where
+    # vLLM has a packed bf16 GEMM for this ISA (AVX-512 or AMX; none on AVX2: isa_helpers)
+    head = "packed" if isa_helpers.vllm_packs_bf16_gemm(isa_helpers.host_isa()) else "no packed kernel"
     packs = {p["name"]: p["state"] for p in att["details"]["embedding_pack"]}
-    assert packs == {"model.embed_tokens": "not packed", "lm_head": "packed"}, packs
+    assert packs == {"model.embed_tokens": "not packed", "lm_head": head}, packs
 
 
 @pytest.mark.engine
@@ -173,16 +176,28 @@ def test_the_worker_reads_the_memory_levers_back_and_they_match_the_plan(server)
     eff = _get(base, "/edgectl/effective")
     assert eff["python_optimize"] == 2
     assert eff["optional_imports"] == {"opentelemetry": "kept out", "cv2": "kept out", "accelerate": "kept out"}
+    head = "packed" if isa_helpers.vllm_packs_bf16_gemm(isa_helpers.host_isa()) else "no packed kernel"
     assert {n: e["state"] for n, e in eff["embedding_pack"].items()} == {
-        "model.embed_tokens": "not packed", "lm_head": "packed"}
+        "model.embed_tokens": "not packed", "lm_head": head}
     assert (eff["kv_cache_dtype"], eff["kv_tensor_dtypes"]) == (["auto"], ["bfloat16"])
 
 
 @pytest.mark.engine
 def test_a_plan_with_fp8_kv_runs_with_fp8_kv(tmp_path, pulled_smollm2):
-    """ISA-dependent: vLLM's CPU attention runs fp8 KV only with AVX-512 or AMX; where the planner
-    (asking this CPU) refuses it, the test is skipped with the planner's reason."""
-    proc, log, base, plan = _start(tmp_path, ["--max-model-len", "2048", "--kv-cache-dtype", "fp8_e4m3"])
+    """ISA-dependent: vLLM's CPU attention runs fp8 KV only with AVX-512 or AMX
+    (vllm/v1/attention/backends/cpu_attn.py:540-543). There a plan with fp8 KV runs with it, read
+    back in the engine; on AVX2 (the AVX2 tier, an AVX2 machine) the planner refuses it, exit 2,
+    saying why and what to use."""
+    fp8 = ["--max-model-len", "2048", "--kv-cache-dtype", "fp8_e4m3"]
+    isa = isa_helpers.host_isa()
+    if not (isa_helpers.avx512(isa) or isa["amx_tile"]):
+        out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "smollm2-135m", *fp8, "--json",
+                              *isa_helpers.plan_args(tmp_path)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and not out.stdout, (out.returncode, out.stdout[-500:])
+        assert out.stderr.startswith("error: --kv-cache-dtype fp8_e4m3 cannot run here") and "AVX-512 or AMX" in \
+            out.stderr and "--kv-cache-dtype auto" in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+        return
+    proc, log, base, plan = _start(tmp_path, fp8)
     try:
         assert plan["kv_cache_dtype"] == "fp8_e4m3"
         eff = _get(base, "/edgectl/effective")

@@ -20,8 +20,10 @@ a pass invalid). The fields it compares:
                            topology, more in vLLM's own
     kv_cache_dtype         the attention layers' KV cache dtype, and kv_tensor_dtypes the KV
                            tensors' own (uint8 for fp8)
-    embedding_pack         {layer: {"state": "packed" | "not packed", "lm_head": bool}} for every
-                           dense embedding table (the LM head included)
+    embedding_pack         {layer: {"state": "packed" | "not packed" | "no packed kernel", "lm_head": bool}}
+                           for every dense embedding table (the LM head included); "no packed
+                           kernel": vLLM tried and this CPU has no packed GEMM for it (AVX2:
+                           runtime/edgectl_runtime/embedding.py), which a plan that keeps the copy accepts
     optional_imports       {package: "kept out" | "loaded" | "not imported"} in the server's process
     python_optimize        the server process's ``sys.flags.optimize``
     max_model_len, max_num_seqs
@@ -150,8 +152,10 @@ def _memory_levers(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
         out.append("the embedding tables' packed copies could not be read back")
     else:  # empty when no embedding is dense (an int4 tied head)
         lm_head_only = str(plan.levers.embedding_pack) == "lm-head"
+        # a table the plan leaves to vLLM is packed where the CPU has a packed GEMM, and only there
+        kept = ("packed", "no packed kernel")
         wrong = sorted(n for n, layer in packs.items()
-                       if (layer.get("state") == "packed") != (not lm_head_only or bool(layer.get("lm_head"))))
+                       if (layer.get("state") in kept) != (not lm_head_only or bool(layer.get("lm_head"))))
         if wrong:
             out.append(f"embedding table(s) {', '.join(wrong)}: {packs[wrong[0]].get('state')}, the plan's "
                        f"embedding_pack is {plan.levers.embedding_pack}")

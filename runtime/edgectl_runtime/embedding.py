@@ -29,8 +29,23 @@ import torch
 
 from edgectl.contract import environment as runtime_env
 
-INFO_ATTR = "edgectl_embedding_pack"  # "packed" | "not packed" on every dense embedding layer
+INFO_ATTR = "edgectl_embedding_pack"  # one of STATES on every dense embedding layer
+# "packed": vLLM holds a prepacked copy; "not packed": edgectl withheld it (the lever);
+# "no packed kernel": vLLM tried and found no packed GEMM for this CPU (see _holds_packed_copy)
+STATES = ("packed", "not packed", "no packed kernel")
 _ORIGINAL: list = []
+
+
+def _holds_packed_copy(layer: torch.nn.Module) -> bool:
+    """Whether vLLM's dispatch bound a prepacked GEMM to the layer.
+
+    ``dispatch_cpu_unquantized_gemm`` (``vllm/model_executor/layers/utils.py:470-608``) binds
+    ``layer.cpu_linear`` to a closure over the packed weight (sgl-kernel, AMX only) or the oneDNN
+    handler; when neither exists — no AMX, and oneDNN cannot build a bf16 matmul below AVX-512
+    ("Failed to create oneDNN linear, fallback to torch linear", every AVX2 CPU) — it binds
+    ``torch.nn.functional.linear`` over nothing (utils.py:603), and no copy is made.
+    """
+    return bool(getattr(getattr(layer, "cpu_linear", None), "__closure__", None))
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -51,7 +66,11 @@ def install(environ: Mapping[str, str]) -> str:
         keep = mode == "vllm" or (mode == "lm-head" and isinstance(layer, ParallelLMHead))
         if keep or not current_platform.is_cpu():
             original(self, layer)
-            setattr(layer, INFO_ATTR, "packed" if current_platform.is_cpu() else "not packed")
+            if not current_platform.is_cpu():
+                state = "not packed"
+            else:
+                state = "packed" if _holds_packed_copy(layer) else "no packed kernel"
+            setattr(layer, INFO_ATTR, state)
             return
         layer.cpu_linear = _linear  # what dispatch_cpu_unquantized_gemm falls back to
         setattr(layer, INFO_ATTR, "not packed")

@@ -6,6 +6,7 @@
     EDGECTL_TEST_ISA=avx2                    # names the tier: the tests below expect AVX2
     ATEN_CPU_CAPABILITY=avx2                 # PyTorch's kernels (and inductor's code) at AVX2
     ONEDNN_MAX_CPU_ISA=AVX2                  # oneDNN's JIT at AVX2: no AVX-512, bf16 or AMX code
+    EDGECTL_KERNEL_ISA=avx2                  # edgectl's own kernels (runtime/edgectl_runtime/ops)
     PYTHONPATH=tests/isa_avx2                # vLLM asks torch.cpu._is_avx512_supported() & co.:
                                              # tests/isa_avx2/sitecustomize.py answers False
 

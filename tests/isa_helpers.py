@@ -127,3 +127,18 @@ def tier_environment(pythonpath: list[str]) -> dict[str, str]:
     env = {k: os.environ[k] for k in TIER_VARIABLES if os.environ.get(k)}
     env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *[p for p in [os.environ.get("PYTHONPATH")] if p]])
     return env
+
+
+def expected_kernel_isa(isa: dict[str, bool]) -> str:
+    """The level edgectl's kernels run at (runtime/edgectl_runtime/ops/csrc/dispatch.cpp
+    ``detect_levels``): ``avx512vnni`` with AVX-512 F+BW+VL and VNNI, ``avx2`` with AVX2+FMA, else
+    ``scalar``. In the AVX2 tier EDGECTL_KERNEL_ISA=avx2 selects avx2, which this rule gives too."""
+    if all(isa.get(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")):
+        return "avx512vnni"
+    return "avx2" if isa.get("avx2") and isa.get("fma") else "scalar"
+
+
+def expected_int4_block_rows(isa: dict[str, bool]) -> int:
+    """Rows per block of torch's packed int4 weight (``_convert_weight_to_int4pack_for_cpu``):
+    BLOCK_N is 64 in its AVX-512 kernel, 32 in its AVX2 and scalar ones (tests/test_int4_kernel.py)."""
+    return 64 if expected_torch_capability(isa) == "AVX512" else 32

@@ -14,6 +14,9 @@ computed here from the checkpoint:
 - edgectl's own kernels (w4a8 linear layers, an int8 tied head, the fused RMSNorm), eager and
   compiled, at the ISA level EDGECTL_KERNEL_ISA selects;
 - optionally the real SmolLM2 (if pulled): the greedy answer to a factual question.
+
+The tests marked ``isa_avx2`` run again in the AVX2 tier (scripts/test.sh): torch's int4 kernel
+at its AVX2 build (packed in blocks of 32 rows, not 64) and edgectl's kernels at ``avx2``.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ if __name__ == "__main__":
 
 import pytest  # noqa: E402
 
+import isa_helpers  # noqa: E402
 from edgectl.deploy import QUESTION  # noqa: E402  (a question whose answer is not a near-tie)
 from int4_helpers import build_tiny_llama, read_json_line, run_runtime, write_gptq_checkpoint  # noqa: E402
 
@@ -226,12 +230,17 @@ def assert_dump_matches(dump_path: str, reference: dict) -> None:
 # --- the tests
 
 
+@pytest.mark.isa_avx2
 def test_bf16_checkpoint_quantized_at_load(dense_run, tiny):
     rb = dense_run["readback"]
     assert rb["schema"] == "edgectl.readback/1"
     assert rb["quantization"] == {"method": "cpu_int4", "group_size": 128, "lm_head": "int4", "layerwise": True,
                                   "source": "dense", "kernel": "torch"}
     assert rb["levers"]["EDGECTL_ROPE_CAP"] == "1"
+    # ISA-dependent: torch's int4 kernel at the run's level, its packing with that level's block
+    isa = isa_helpers.host_isa()
+    assert rb["kernel"]["cpu_capability"] == isa_helpers.expected_torch_capability(isa), rb["kernel"]
+    assert rb["kernel"]["int4_block_rows"] == isa_helpers.expected_int4_block_rows(isa), rb["kernel"]
     linear = {e["name"]: e["format"] for e in rb["layers"] if e["kind"] == "linear"}
     assert len(linear) == 8
     assert all(f == ("cpu_int4/g128" if n.endswith("down_proj") else "cpu_int4/g64") for n, f in linear.items())
@@ -252,6 +261,7 @@ def test_rope_table_capped_in_the_engine(dense_run, portable_run):
     assert capped[0]["bytes"] * (4096 // MAX_MODEL_LEN) == full[0]["bytes"]
 
 
+@pytest.mark.isa_avx2
 def test_only_packed_weights_are_resident(dense_run):
     """Parameters and buffers of the whole model, by dtype, against what the int4 layout says:
     uint8 = the packed weights; bf16 = scales/zeros, norms and the RoPE table. A dense copy of
@@ -270,6 +280,7 @@ def test_only_packed_weights_are_resident(dense_run):
     assert rb["resident"]["outside_parameters_bytes"] == 0
 
 
+@pytest.mark.isa_avx2
 def test_engine_output_matches_the_dequantized_model(dense_run, portable_run, tiny):
     ids = dense_run["prompt_ids"]
     agree, diff = compare_logprobs(dense_run, reference_logprobs(tiny, ids, int4_head=True))
@@ -356,7 +367,10 @@ def _expected_isa() -> str:
     from edgectl_runtime import ops
 
     wanted = os.environ.get("EDGECTL_KERNEL_ISA", "auto") or "auto"
-    return ops.choose_level(wanted, ops.supported_levels())
+    level = ops.choose_level(wanted, ops.supported_levels())
+    if isa_helpers.TIER == "avx2":  # the tier must not pass at another level
+        assert level == "avx2", f"EDGECTL_KERNEL_ISA={wanted!r} selects {level} in the AVX2 tier"
+    return level
 
 
 @pytest.fixture(scope="module")
@@ -364,6 +378,7 @@ def w4a8_run(work, tiny) -> dict:
     return run_engine(work, tiny, W4A8, "--quantization", "cpu_int4", "--fused-norm", name="w4a8")
 
 
+@pytest.mark.isa_avx2
 def test_w4a8_with_an_int8_head_in_the_engine(w4a8_run, tiny):
     """Every linear layer on edgectl's W4 kernel, the tied embedding and LM head stored once as W8,
     the norms on edgectl's op, at the ISA level asked for (read back in the worker)."""
@@ -387,6 +402,7 @@ def test_w4a8_with_an_int8_head_in_the_engine(w4a8_run, tiny):
     assert w4a8_run["dumped_layers"] == 8  # the 4-bit layers; the W8 head is not in the int4 dump
 
 
+@pytest.mark.isa_avx2
 def test_w4a8_output_matches_the_dequantized_model(w4a8_run, tiny):
     import torch
     from transformers import LlamaForCausalLM

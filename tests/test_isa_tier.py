@@ -1,5 +1,6 @@
 """The ISA a run holds the runtime to, read back at every layer: PyTorch, oneDNN, vLLM's C
-library, and inside the engine (vLLM's attention kernel, PyTorch's capability, the plan).
+library, and inside the engine (vLLM's attention kernel, PyTorch's capability, the level of
+edgectl's kernels, the plan).
 
 Run twice by ``sh scripts/test.sh``: on this machine's own ISA, and in the AVX2 tier
 (``EDGECTL_TEST_ISA=avx2``, tests/isa_helpers.py). In the tier each layer must read back AVX2:
@@ -169,8 +170,12 @@ def test_the_engine_serves_the_runs_plan_at_the_runs_isa(tmp_path, pulled_smollm
                 time.sleep(0.5)
             assert eff["kernel"]["cpu_capability"] == isa_helpers.expected_torch_capability(isa), eff["kernel"]
             assert eff["attention_isa"] == [isa_helpers.expected_attention_isa(isa)], eff["attention_isa"]
+            # edgectl's plugin loads its kernel library in every worker at the level the environment
+            # selects (runtime/edgectl_runtime/ops: EDGECTL_KERNEL_ISA, under ATEN_CPU_CAPABILITY)
+            assert eff["kernel_isa"] == isa_helpers.expected_kernel_isa(isa), eff["kernel_isa"]
             if isa_helpers.TIER == "avx2":
-                assert (eff["kernel"]["cpu_capability"], eff["attention_isa"]) == ("AVX2", ["vec"]), eff
+                assert (eff["kernel"]["cpu_capability"], eff["attention_isa"], eff["kernel_isa"]) == \
+                    ("AVX2", ["vec"], "avx2"), eff
             req = urllib.request.Request(base + "/v1/chat/completions", headers={"content-type": "application/json"},
                                          data=json.dumps({"model": "smollm2-135m", "max_tokens": 16, "temperature": 0,
                                                           "messages": [{"role": "user", "content": QUESTION}]}).encode())

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import isa_helpers
 from edgectl.contract.worker import command as worker_command
 
 from installed import RUNTIME_PYTHON
@@ -194,15 +195,16 @@ def test_sigterm_finishes_the_running_request_refuses_new_ones_and_exits_0(tmp_p
 
 
 @pytest.mark.engine
+@pytest.mark.isa_avx2
 def test_a_w4a8_plan_serves_on_edgectls_kernels(tmp_path, pulled_smollm2):
     """`--format w4a8` (x86-64 with AVX2: the planner's host rule): the worker serves only once the
     engine's read-back matches the plan (edgectl/contract/effective.py), and reports the kernel
-    ISA level it dispatched to."""
-    torch = pytest.importorskip("torch")
-    if not torch.cpu._is_avx2_supported():
+    ISA level it dispatched to: the run's (isa_helpers; avx2 in the AVX2 tier)."""
+    isa = isa_helpers.host_isa()
+    if not (isa["avx2"] and isa["fma"]):
         pytest.skip("w4a8 is planned on x86-64 with AVX2 only")
     port = _free_port()
-    plan = _plan_for("smollm2-135m", port, tmp_path, "--format", "w4a8")
+    plan = _plan_for("smollm2-135m", port, tmp_path, "--format", "w4a8", *isa_helpers.plan_args(tmp_path))
     assert json.loads(plan.read_text())["quantize_lm_head"] is True  # the int8 head, by default
     proc = _worker(plan, python=RUNTIME_PYTHON)
     base = f"http://127.0.0.1:{port}"
@@ -220,8 +222,8 @@ def test_a_w4a8_plan_serves_on_edgectls_kernels(tmp_path, pulled_smollm2):
             time.sleep(0.5)
         else:
             pytest.fail("the worker did not become ready")
-        # ISA of this CPU: avx512vnni where AVX-512 VNNI is usable, else avx2; capped by ATEN_CPU_CAPABILITY
-        assert body["kernel_isa"] in ("avx2", "avx512vnni"), body.get("kernel_isa")
+        # avx512vnni where AVX-512 VNNI is usable, else avx2 (the AVX2 tier: EDGECTL_KERNEL_ISA=avx2)
+        assert body["kernel_isa"] == isa_helpers.expected_kernel_isa(isa), body.get("kernel_isa")
         counts = body["linear_format_counts"]
         assert counts.get("w4a8/b32") == 120, counts  # 30 x qkv, o, gate_up, down: all on edgectl's W4
         assert body["lm_head_format"] == "w8a8/b32-tied-embedding"

@@ -71,6 +71,8 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("w4a8", "worker", {"weight_format": "w4a8"},
             "the plan with int4 weights and int8 activations on edgectl's own kernels (and their int8 head)"),
     ArmSpec("compiled", "worker", {"compilation": "default"}, "the plan with vLLM's default torch.compile mode"),
+    ArmSpec("w4a8-compiled", "worker", {"weight_format": "w4a8", "compilation": "default"},
+            "the plan with w4a8 (edgectl's kernels, int8 head) in vLLM's default torch.compile mode"),
     ArmSpec("eager", "worker", {"compilation": "eager"}, "the plan in eager mode (the control of a compiled plan)"),
     # the memory levers (docs/memory.md), each switched back to unmodified vLLM's behaviour
     ArmSpec("embedding-pack-vllm", "worker", {"embedding_pack": "vllm"},

@@ -135,3 +135,35 @@ def test_compiled_mode_is_recorded_beside_eager_and_the_planner_chooses_from_bot
     assert recorded.formats[c.weight_format].decode_tok_s.median == pytest.approx(
         t["arms"]["eager"]["median"]["decode_tok_s"], abs=0.01)
     assert recorded.compiled.ready_warm_s.median == pytest.approx(t["arms"]["planned"]["median"]["ready_warm_s"], abs=0.06)
+
+
+def _arm(plan: dict, fmt: str, compilation: str, decode: float, pss: int) -> dict:
+    passes = [{"decode_tok_s": decode + d, "prefill_tok_s": 100.0, "ready_cold_s": 90.0, "ready_warm_s": 18.0,
+               "pss_steady_bytes": pss} for d in (-1.0, 0.0, 1.0)]
+    return {"plan": {**plan, "weight_format": fmt, "compilation": compilation}, "description": f"{fmt} {compilation}",
+            "passes": passes, "median": {"decode_tok_s": decode}, "launcher": "worker"}
+
+
+def test_the_compiled_section_is_for_the_format_the_planner_will_pick() -> None:
+    """Two formats measured in both modes: the compiled figures recorded are the fastest eager
+    format's (w4a8 here), paired pass by pass with that format's eager arm."""
+    import json
+
+    from edgectl.bench.profile_record import _compiled
+
+    plan = json.loads((REPO / "tests" / "fixtures" / "plans" / "deployed-w4a16.json").read_text())
+    arms = {"planned": _arm(plan, "w4a16", "eager", 50.0, 900),
+            "w4a8": _arm(plan, "w4a8", "eager", 65.0, 800),
+            "compiled": _arm(plan, "w4a16", "default", 80.0, 1000),
+            "w4a8-compiled": _arm(plan, "w4a8", "default", 95.0, 850)}
+    sources: dict = {}
+    out = _compiled(arms, {"w4a16": "planned", "w4a8": "w4a8"}, {}, sources, "2026-12-01")
+    assert out is not None and out["weight_format"] == "w4a8"
+    assert out["decode_tok_s"]["median"] == 95.0 and out["extra_bytes"]["median"] == 50
+    assert "w4a8-compiled" in sources["bench-2026-12-01-w4a8-compiled"]["notes"]
+    # with w4a8 slower in eager mode, the w4a16 pair is recorded
+    arms["w4a8"]["median"]["decode_tok_s"] = 40.0
+    out = _compiled(arms, {"w4a16": "planned", "w4a8": "w4a8"}, {}, {}, "2026-12-01")
+    assert out["weight_format"] == "w4a16" and out["extra_bytes"]["median"] == 100
+    # no format measured compiled: no section
+    assert _compiled({"planned": arms["planned"]}, {"w4a16": "planned"}, {}, {}, "2026-12-01") is None

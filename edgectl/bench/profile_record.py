@@ -16,8 +16,9 @@ each naming a source that carries the run's provenance:
 - ``threads.reserve_frontend_core`` from the ``reserve-core-on``/``-off`` pair: reserved only
   if its decode range lies entirely above the other's, with the numbers as evidence;
 - ``bandwidth_gbps`` from the probe;
-- ``compiled``: with a ``compiled`` arm (or a plan in compiled mode), that format in vLLM's
-  compiled mode: decode, prefill, ``ready_cold_s`` (the first start, on an empty compile cache),
+- ``compiled``: with a compiled arm (``compiled``, ``w4a8-compiled``, or a plan in compiled
+  mode) whose format was also measured eager, that format in vLLM's compiled mode — of several,
+  the one that decodes fastest eager, which the planner picks: decode, prefill, ``ready_cold_s`` (the first start, on an empty compile cache),
   ``ready_warm_s`` (a start that loaded the saved graph) and ``extra_bytes`` (its steady PSS
   minus the eager arm's, pass by pass). The rest of the profile is eager mode's: a plan in
   compiled mode needs the ``eager`` arm beside it.
@@ -162,7 +163,9 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
         "runtime": runtime,
         "compilation": str(plan.compilation),
     }
-    compiled = _compiled(arms, planned, planned_plan, fmt, base_source, sources, date)
+    eager_arms = {fmt: base_name, **{other: other for other in formats
+                                     if other != fmt and (arms.get(other) or {}).get("median")}}
+    compiled = _compiled(arms, eager_arms, base_source, sources, date)
     if compiled is None and (existing_raw.get("compiled") or {}).get("weight_format") == fmt:
         compiled = {"weight_format": fmt, **_carry({k: v for k, v in existing_raw["compiled"].items()
                                                     if k != "weight_format"}, existing_raw, sources)}
@@ -273,18 +276,33 @@ def _stock_processes(doc: dict[str, Any], facts: Any, model: Any, arm: dict[str,
     return best
 
 
-def _compiled(arms: dict[str, Any], eager: dict[str, Any], planned_plan: Plan, fmt: str,
-              base_source: dict[str, Any], sources: dict[str, Any], date: str) -> dict[str, Any] | None:
-    """The ``compiled`` section from the run's compiled arm (``compiled``, or ``planned`` when the
-    plan is in compiled mode), for the same weight format as the eager figures; None without one."""
-    name = "compiled" if arms.get("compiled", {}).get("median") else \
-        "planned" if planned_plan.compilation is Compilation.DEFAULT else None
-    if name is None:
+# The arms that run a format in vLLM's compiled mode (``planned`` when the plan itself is compiled).
+COMPILED_ARMS = ("compiled", "w4a8-compiled", "planned")
+
+
+def _compiled(arms: dict[str, Any], eager_arms: dict[str, str], base_source: dict[str, Any],
+              sources: dict[str, Any], date: str) -> dict[str, Any] | None:
+    """The ``compiled`` section: of the formats this run measured in both modes (``eager_arms``:
+    format → its eager arm), the one whose eager decode is fastest — the format the planner will
+    pick — with its compiled arm's figures; None when no format was measured compiled."""
+    measured: list[tuple[float, str, str]] = []  # (eager decode, format, compiled arm)
+    for name in COMPILED_ARMS:
+        arm = arms.get(name)
+        if not arm or not arm.get("median"):
+            continue
+        arm_plan = _plan_of(arm)
+        arm_fmt = str(arm_plan.weight_format)
+        eager_name = eager_arms.get(arm_fmt)
+        if arm_plan.compilation is not Compilation.DEFAULT or eager_name is None or eager_name == name:
+            continue
+        if any(m[1] == arm_fmt for m in measured):
+            continue
+        measured.append((arms[eager_name]["median"]["decode_tok_s"], arm_fmt, name))
+    if not measured:
         return None
-    arm = arms[name]
+    _, fmt, name = max(measured)
+    arm, eager = arms[name], arms[eager_arms[fmt]]
     arm_plan = _plan_of(arm)
-    if str(arm_plan.weight_format) != fmt or arm_plan.compilation is not Compilation.DEFAULT:
-        return None
     key = f"bench-{date}-{fmt}-compiled"
     sources[key] = {**base_source, "model_weights_bytes": arm_plan.memory.weights_bytes,
                     "notes": f"arm `{name}` ({arm['description']}) in vLLM's compiled mode: per pass a cold start "

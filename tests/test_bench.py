@@ -327,3 +327,28 @@ def test_the_stock_arm_with_the_plans_threads(tmp_path, model_dir, facts) -> Non
     assert [p["status"] for p in arm["passes"]] == ["ok"] * 3
     assert [p["effective"]["threads"] for p in arm["passes"]] == [planned] * 3
     assert arm["plan"]["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+
+
+@pytest.mark.runtime
+def test_an_isa_held_down_is_recorded_and_said() -> None:
+    """The servers' PyTorch ISA goes into the artifact; an AVX2 path forced on a wider CPU is
+    named in the report as emulated (the AVX2 tier's environment, tests/isa_avx2)."""
+    import os
+
+    from edgectl.bench import provenance
+    from installed import RUNTIME_PYTHON
+
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    native = provenance.runtime_info(RUNTIME_PYTHON, env)["isa"]
+    assert "ATEN_CPU_CAPABILITY" not in native and native["torch_cpu_capability"] in ("DEFAULT", "AVX2", "AVX512")
+    held = provenance.runtime_info(RUNTIME_PYTHON, {**env, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                                                    "PYTHONPATH": str(REPO / "tests" / "isa_avx2")})["isa"]
+    assert held["torch_cpu_capability"] == "AVX2" and held["torch_avx512_supported"] is False
+    assert held["ATEN_CPU_CAPABILITY"] == "avx2"
+    a = {"provenance": {"model": "m", "passes": 3, "max_model_len": 1024, "runtime_isa": held,
+                        "probe": {"device_class": "x86_64-amx"}}, "arms": {}, "complete": False, "fidelity": {},
+         "incomplete_reasons": ["no arm ran"]}
+    text = report.render_text(a, None, [])
+    assert "ISA held down: the servers' PyTorch ran at AVX2" in text and "x86_64-amx host" in text
+    a["provenance"]["runtime_isa"] = native
+    assert "ISA held down" not in report.render_text(a, None, [])

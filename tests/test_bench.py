@@ -244,6 +244,16 @@ def test_llama_server_is_found_in_the_build_cache_or_on_path_or_explained(tmp_pa
     built.write_text("#!/bin/sh\n")
     built.chmod(0o755)
     assert find_llama_server(env) == type(missing)(str(built), "cache (0.3.36)")
+    # a native build is used only on a CPU that has every ISA extension of the one that built it
+    host = ["fpu", "sse2", "avx", "avx2", "fma", "avx512f", "hypervisor"]
+    passed = find_llama_server(env, host_flags=host)
+    assert passed.path == str(on_path) and "built before edgectl recorded the building CPU" not in passed.origin
+    (built.parent.parent / "CPU_FLAGS").write_text("sse2 avx avx2 fma avx512f avx512_vnni amx_tile\n")
+    assert find_llama_server(env, host_flags=host).path == str(on_path)  # the cache is passed over
+    on_path.unlink()
+    refused = find_llama_server(env, host_flags=host)
+    assert refused.path is None and "amx_tile, avx512_vnni, which this one lacks" in refused.origin
+    assert find_llama_server(env, host_flags=[*host, "avx512_vnni", "amx_tile", "rtm"]).path == str(built)
     with pytest.raises(EdgectlError, match="not an executable"):
         find_llama_server(env, str(tmp_path / "nope"))
     # a source archive member escaping the extraction directory is refused

@@ -101,7 +101,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     runtime = prov.runtime_info(runtime_python, child_env)
     plugins, excluded = prov.stock_plugins(runtime)
 
-    llama = find_llama_server(environ, opts.llama_server)
+    llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags)
     gguf = _gguf_for(opts.model, environ)
 
     date = started.strftime("%Y-%m-%d")

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,23 +38,52 @@ def cache_root(environ: Mapping[str, str]) -> Path:
     return cache_dir(environ).parent / "llama.cpp"
 
 
-def find_llama_server(environ: Mapping[str, str], explicit: str | None = None) -> LlamaServer:
-    """``--llama-server`` if given, else the newest cached build, else ``llama-server`` on PATH."""
+# A cached build is compiled with GGML_NATIVE=ON (-march=native): it may use any ISA extension of
+# the CPU that built it, and dies of SIGILL on one without (a cache kept across a hardware change).
+# The builder's ISA flags are written beside the binary, and a build is used only where they all exist.
+CPU_FLAGS_FILE = "CPU_FLAGS"
+_ISA_PREFIXES = ("avx", "amx", "sse", "ssse", "fma", "f16c", "bmi", "popcnt", "movbe", "abm", "lzcnt", "adx",
+                 "sha", "aes", "vaes", "vpclmul", "pclmul", "gfni", "asimd", "sve", "fp16", "i8mm", "dotprod")
+
+
+def isa_flags(flags: Iterable[str]) -> set[str]:
+    """The instruction-set extensions among /proc/cpuinfo's flags (what a native build may use)."""
+    return {f for f in flags if f.startswith(_ISA_PREFIXES)}
+
+
+def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,
+                      host_flags: Iterable[str] | None = None) -> LlamaServer:
+    """``--llama-server`` if given, else the newest cached build this CPU can run (``host_flags``:
+    the probe's CPU flags; a build lacking its builder's flags is passed over), else
+    ``llama-server`` on PATH."""
     if explicit:
         p = Path(explicit).expanduser()
         if not (p.is_file() and os.access(p, os.X_OK)):
             raise EdgectlError(f"--llama-server {explicit}: not an executable file")
         return LlamaServer(str(p.resolve()), "--llama-server")
     root = cache_root(environ)
+    passed_over: list[str] = []
     if root.is_dir():
         built = sorted((d / "bin" / BINARY for d in root.iterdir() if (d / "bin" / BINARY).is_file()),
                        key=lambda p: p.stat().st_mtime, reverse=True)
-        if built:
-            return LlamaServer(str(built[0]), f"cache ({built[0].parent.parent.name})")
+        for b in built:
+            version_dir = b.parent.parent
+            if host_flags is not None:
+                record = version_dir / CPU_FLAGS_FILE
+                if not record.is_file():
+                    passed_over.append(f"{version_dir.name}: built before edgectl recorded the building CPU")
+                    continue
+                missing = sorted(isa_flags(record.read_text().split()) - isa_flags(host_flags))
+                if missing:
+                    passed_over.append(f"{version_dir.name}: built on a CPU with {', '.join(missing[:4])}"
+                                       f"{' …' if len(missing) > 4 else ''}, which this one lacks")
+                    continue
+            return LlamaServer(str(b), f"cache ({version_dir.name})")
     on_path = shutil.which(BINARY, path=environ.get("PATH"))
     if on_path:
         return LlamaServer(on_path, "PATH")
-    return LlamaServer(None, f"no {BINARY} on PATH and none built in {root}: build it once with "
+    why = f" (cached build {'; '.join(passed_over)})" if passed_over else ""
+    return LlamaServer(None, f"no {BINARY} on PATH and none built for this CPU in {root}{why}: build it with "
                              "`edgectl bench --build-llama-cpp` (several minutes)")
 
 
@@ -98,11 +127,25 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
         tmp_bin = dest / f".{BINARY}.tmp"
         shutil.copy2(built, tmp_bin)
         os.replace(tmp_bin, dest / BINARY)
+        (root / version / CPU_FLAGS_FILE).write_text(" ".join(sorted(isa_flags(_own_cpu_flags()))) + "\n")
         (root / version / "SOURCE").write_text(
             f"{PACKAGE}=={version} (PyPI source archive), vendor/llama.cpp; GGML_NATIVE=ON: built for the CPU "
             "of the machine that built it\n")
     progress(f"built {dest / BINARY}")
     return dest / BINARY
+
+
+def _own_cpu_flags() -> list[str]:
+    """This CPU's flags from /proc/cpuinfo (x86 ``flags``, Arm ``Features``)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return value.split()
+    return []
 
 
 def _extract_vendor(archive: Path, dest: Path) -> Path:

@@ -459,6 +459,7 @@ def test_portable_checkpoint_on_edgectl_kernels(work, portable, tiny):
     assert all(err < 2e-2 for err in result["matmul_check"].values()), result["matmul_check"]
 
 
+@pytest.mark.isa_avx2
 def test_real_model_on_edgectl_kernels(work, pulled_smollm2):
     """SmolLM2-135M on w4a8 with the int8 head. Both formats hold its GGUF-derived weights exactly
     (tests/test_formats_real.py), so the engine must agree with the unquantized model run in fp32
@@ -472,6 +473,7 @@ def test_real_model_on_edgectl_kernels(work, pulled_smollm2):
                         "--max-model-len", "2048", "--kv-mib", "64", "--chat", "What is the capital of France?",
                         name="smollm2-w4a8")
     assert result["readback"]["formats"] == {"w4a8/b32": 120, "w8a8/b32": 1, "w8a8/b32-tied-embedding": 1}
+    assert result["readback"]["kernel"]["edgectl_isa"] == _expected_isa(), result["readback"]["kernel"]
     assert result["chat"].strip()
     model = LlamaForCausalLM.from_pretrained(str(pulled_smollm2), dtype=torch.float32)
     with torch.no_grad():

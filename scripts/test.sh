@@ -9,7 +9,7 @@
 set -eu
 REPO=$(CDPATH='' cd -- "$(dirname -- "$0")/.." && pwd)
 if [ "${1:-}" = "--isa" ] && [ "${2:-}" != "avx2" ]; then
-    echo "error: --isa ${2:-}: the one ISA tier is avx2 (sh scripts/test.sh --isa avx2 [pytest args])" >&2
+    echo "error: --isa takes avx2, the one ISA tier, not '${2:-}': sh scripts/test.sh --isa avx2 [pytest args]" >&2
     exit 2
 fi
 sh "$REPO/scripts/setup.sh"

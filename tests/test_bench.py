@@ -362,3 +362,16 @@ def test_an_isa_held_down_is_recorded_and_said() -> None:
     assert "ISA held down: the servers' PyTorch ran at AVX2" in text and "x86_64-amx host" in text
     a["provenance"]["runtime_isa"] = native
     assert "ISA held down" not in report.render_text(a, None, [])
+
+
+def test_llama_cpp_is_built_for_this_cpu_without_amx() -> None:
+    from edgectl.bench.llamacpp import isa_options
+
+    amx_box = "fpu sse4_2 avx avx2 fma f16c bmi2 avx512f avx512vbmi avx512_vnni avx512_bf16 amx_tile amx_int8".split()
+    opts = isa_options(amx_box)
+    assert "-DGGML_NATIVE=OFF" in opts and "-DGGML_AVX512_VNNI=ON" in opts and "-DGGML_AVX512_BF16=ON" in opts
+    assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(opts)
+    assert not any(o.startswith("-DGGML_AMX") and o.endswith("=ON") for o in opts)
+    avx2_box = isa_options("fpu sse4_2 avx avx2 fma f16c bmi2".split())
+    assert "-DGGML_AVX2=ON" in avx2_box and "-DGGML_AVX512=OFF" in avx2_box and "-DGGML_AVX_VNNI=OFF" in avx2_box
+    assert isa_options("fp asimd sve".split()) == ["-DGGML_NATIVE=ON"]  # Arm: the compiler's native choice

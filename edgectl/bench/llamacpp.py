@@ -38,8 +38,8 @@ def cache_root(environ: Mapping[str, str]) -> Path:
     return cache_dir(environ).parent / "llama.cpp"
 
 
-# A cached build is compiled with GGML_NATIVE=ON (-march=native): it may use any ISA extension of
-# the CPU that built it, and dies of SIGILL on one without (a cache kept across a hardware change).
+# A cached build is compiled for the CPU that built it (``isa_options``): it may use any ISA extension
+# of that CPU, and would die of SIGILL on one without (a cache kept across a hardware change).
 # The builder's ISA flags are written beside the binary, and a build is used only where they all exist.
 CPU_FLAGS_FILE = "CPU_FLAGS"
 _ISA_PREFIXES = ("avx", "amx", "sse", "ssse", "fma", "f16c", "bmi", "popcnt", "movbe", "abm", "lzcnt", "adx",
@@ -112,7 +112,7 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
         build = tmpdir / "build"
         progress(f"configuring (cmake, CPU only, static, no web UI download) in {build}")
         _run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
-              "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+              *isa_options(_own_cpu_flags()), "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
               "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
               "-DLLAMA_OPENSSL=OFF"], "cmake configure", environ, tmpdir / "cmake.log")
         progress(f"building {BINARY} with {jobs} job(s): several minutes on a small box")
@@ -129,10 +129,29 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
         os.replace(tmp_bin, dest / BINARY)
         (root / version / CPU_FLAGS_FILE).write_text(" ".join(sorted(isa_flags(_own_cpu_flags()))) + "\n")
         (root / version / "SOURCE").write_text(
-            f"{PACKAGE}=={version} (PyPI source archive), vendor/llama.cpp; GGML_NATIVE=ON: built for the CPU "
-            "of the machine that built it\n")
+            f"{PACKAGE}=={version} (PyPI source archive), vendor/llama.cpp; built for the CPU of the machine "
+            f"that built it: {' '.join(isa_options(_own_cpu_flags()))}\n")
     progress(f"built {dest / BINARY}")
     return dest / BINARY
+
+
+# ggml's x86 build options (ggml/CMakeLists.txt) by the /proc/cpuinfo flag that allows each.
+_GGML_X86 = (("sse4_2", "GGML_SSE42"), ("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"),
+             ("f16c", "GGML_F16C"), ("bmi2", "GGML_BMI2"), ("avx_vnni", "GGML_AVX_VNNI"),
+             ("avx512f", "GGML_AVX512"), ("avx512vbmi", "GGML_AVX512_VBMI"),
+             ("avx512_vnni", "GGML_AVX512_VNNI"), ("avx512_bf16", "GGML_AVX512_BF16"))
+
+
+def isa_options(flags: Iterable[str]) -> list[str]:
+    """cmake options for this CPU. x86: each extension the CPU has, named, and never AMX — ggml's AMX
+    kernels run tile instructions without asking Linux for the AMX tile permission
+    (arch_prctl(ARCH_REQ_XCOMP_PERM)), and died of SIGILL in tilezero on an AMX KVM guest, where
+    -march=native (GGML_NATIVE) had compiled them in. Elsewhere: GGML_NATIVE."""
+    have = set(flags)
+    if "avx2" not in have and "avx" not in have:
+        return ["-DGGML_NATIVE=ON"]
+    return ["-DGGML_NATIVE=OFF", *(f"-D{opt}={'ON' if flag in have else 'OFF'}" for flag, opt in _GGML_X86),
+            "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 
 
 def _own_cpu_flags() -> list[str]:

@@ -10,6 +10,8 @@ the real engine: tests/test_faults_systemd.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import subprocess
 import sys
@@ -105,6 +107,9 @@ def test_the_stall_injection_is_refused_in_a_deployed_unit_only():
 def test_the_unit_writer_refuses_a_plan_that_carries_the_stall_injection():
     plan = _plan()
     plan = Plan.from_dict({**plan.to_dict(), "env": {**plan.env, "EDGECTL_TEST_STALL": "stall"}})
+    # the model where `edgectl models pull` keeps it: the shape's directory lies in the checkout, which
+    # may be under /tmp or /home, where the unit writer refuses a model path first
+    plan = replace(plan, model=replace(plan.model, path="/var/lib/edgectl/models/smollm2-135m"))
     with pytest.raises(EdgectlError, match="EDGECTL_TEST_STALL: a test-only fault injection"):
         render_unit(plan, plan_path="/etc/edgectl/chat/plan.json", python="/opt/edgectl/venv/bin/python")
 

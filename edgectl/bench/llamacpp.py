@@ -96,6 +96,8 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
     root = cache_root(environ)
     root.mkdir(parents=True, exist_ok=True)
     jobs = jobs or max(1, len(os.sched_getaffinity(0)))
+    flags = _own_cpu_flags()  # what the build targets, recorded beside the binary
+    options = isa_options(flags)
     with tempfile.TemporaryDirectory(prefix="edgectl-llama-build-", dir=root) as tmp:
         tmpdir = Path(tmp)
         progress(f"downloading the {PACKAGE} source archive with pip")
@@ -112,7 +114,7 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
         build = tmpdir / "build"
         progress(f"configuring (cmake, CPU only, static, no web UI download) in {build}")
         _run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
-              *isa_options(_own_cpu_flags()), "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+              *options, "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
               "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
               "-DLLAMA_OPENSSL=OFF"], "cmake configure", environ, tmpdir / "cmake.log")
         progress(f"building {BINARY} with {jobs} job(s): several minutes on a small box")
@@ -127,10 +129,10 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
         tmp_bin = dest / f".{BINARY}.tmp"
         shutil.copy2(built, tmp_bin)
         os.replace(tmp_bin, dest / BINARY)
-        (root / version / CPU_FLAGS_FILE).write_text(" ".join(sorted(isa_flags(_own_cpu_flags()))) + "\n")
+        (root / version / CPU_FLAGS_FILE).write_text(" ".join(sorted(isa_flags(flags))) + "\n")
         (root / version / "SOURCE").write_text(
             f"{PACKAGE}=={version} (PyPI source archive), vendor/llama.cpp; built for the CPU of the machine "
-            f"that built it: {' '.join(isa_options(_own_cpu_flags()))}\n")
+            f"that built it: {' '.join(options)}\n")
     progress(f"built {dest / BINARY}")
     return dest / BINARY
 

@@ -8,6 +8,8 @@ HTTP front end helped, and (``compiled``) the same format in vLLM's compiled mod
 the first start that compiles and a later one that loads the saved graph, the memory it adds.
 Every figure names its source, and every source carries the
 CPU, cores, RAM, date, edgectl commit, vLLM and torch versions and the command.
+A profile may also record figures for a format edgectl does not serve (``RECORDED_NOT_SERVED``,
+e.g. a published W4A8-on-AMX figure): they are kept apart and never planned.
 
 Validation is strict: an unknown key is an error, and every problem is reported as
 ``file: path.to.field: problem``.
@@ -27,6 +29,15 @@ from edgectl.errors import EdgectlError
 from edgectl.probe.facts import ISA_FEATURES, DeviceClass
 
 SCHEMA = "edgectl.profile/1"
+
+# Formats a profile may carry figures for although edgectl does not serve them: numbers others
+# published (or an earlier edgectl recorded) for a kernel edgectl's runtime has no path to. They
+# are read and kept apart (``Profile.recorded_not_served``), shown as data, never planned; any
+# other name that is not a ``WeightFormat`` is an error. Each says why edgectl cannot serve it.
+RECORDED_NOT_SERVED: dict[str, str] = {
+    "w4a8-amx": ("int4 weights with int8 activations on AMX (vLLM's int4_scaled_mm_cpu): edgectl's runtime "
+                 "has no path to that kernel (its cpu_int4 plugin never calls it)"),
+}
 
 
 # -- the data -------------------------------------------------------------------------
@@ -129,6 +140,8 @@ class Profile:
     # system and the clock are not. None: measured on the class itself.
     emulated: str | None = None
     compiled: CompiledFigures | None = None  # measured in compiled mode too (the planner chooses with it)
+    # Figures for formats edgectl does not serve (RECORDED_NOT_SERVED), by name: data, never planned.
+    recorded_not_served: dict[str, FormatFigures] = field(default_factory=dict)
 
     @property
     def reason_source(self) -> ReasonSource:
@@ -341,9 +354,12 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
     )
 
     formats: dict[WeightFormat, FormatFigures] = {}
+    recorded: dict[str, FormatFigures] = {}
     for fmt, fraw in _dict(top.get("formats")).items():
         path = f"formats.{fmt}"
-        c.one_of(fmt, path, tuple(WeightFormat))
+        if fmt not in set(WeightFormat) and fmt not in RECORDED_NOT_SERVED:
+            c.err(path, f"{fmt!r} is not one of {', '.join(WeightFormat)} (nor a format recorded but not "
+                        f"served by edgectl: {', '.join(RECORDED_NOT_SERVED)})")
         fd = c.mapping(fraw, path, {"runs": bool},
                        {"reason": str, "decode_tok_s": dict, "prefill_tok_s": dict, "weights_bytes_ratio": dict})
         if not fd:
@@ -357,8 +373,10 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
             prefill_tok_s=figure(fd.get("prefill_tok_s"), f"{path}.prefill_tok_s"),
             weights_bytes_ratio=figure(fd.get("weights_bytes_ratio"), f"{path}.weights_bytes_ratio"),
         )
-        if fmt in set(WeightFormat):  # else reported above
+        if fmt in set(WeightFormat):
             formats[WeightFormat(fmt)] = figures
+        elif fmt in RECORDED_NOT_SERVED:  # else reported above
+            recorded[fmt] = figures
 
     rt = c.mapping(_dict(top.get("runtime")), "runtime", {},
                    {"process_bytes": dict, "processes": dict, "workspace_bytes_per_token": dict,
@@ -405,6 +423,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         sources=sources,
         emulated=top.get("emulated") or None,
         compiled=compiled,
+        recorded_not_served=recorded,
     )
     if profile.emulated and profile.kind is not ProfileKind.MEASURED:
         c.err("emulated", "only a measured profile can be emulated (it says how the ISA was held down)")

@@ -14,10 +14,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgectl.contract.plan import ProfileRef
+from edgectl.contract.plan import ProfileRef, WeightFormat
 from edgectl.errors import EdgectlError
-from edgectl.probe import AmxPermission
-from edgectl.profiles import Figure, Profile, load_profile, load_profiles, parse_profile, select_profile
+from edgectl.profiles import (
+    RECORDED_NOT_SERVED,
+    Figure,
+    Profile,
+    load_profile,
+    load_profiles,
+    parse_profile,
+    select_profile,
+)
 from plan_helpers import (
     FROZEN_PROFILES,
     SHIPPED_PROFILES,
@@ -94,6 +101,24 @@ def test_the_good_profile_is_good(tmp_path: Path):
     assert p.reserve_frontend_core is False
 
 
+def test_a_format_recorded_but_not_served_is_kept_apart(tmp_path: Path):
+    # W4A8 on AMX: figures others published for a kernel edgectl's runtime has no path to. The
+    # profile keeps them, with their source, apart from the formats a plan can take.
+    assert set(RECORDED_NOT_SERVED) == {"w4a8-amx"} and not set(RECORDED_NOT_SERVED) & set(WeightFormat)
+    text = GOOD.replace('  bf16:\n', "  w4a8-amx:\n    runs: true\n    decode_tok_s: {median: 74.4, source: paper}\n"
+                                     "  bf16:\n")
+    p = profile_from_yaml(tmp_path, text, "lab.yaml")
+    assert "w4a8-amx" not in p.formats and set(p.formats) == {"w4a16", "w4a16-vllm", "bf16"}
+    fig = p.recorded_not_served["w4a8-amx"].decode_tok_s
+    assert (fig.median, fig.source.key, fig.source.external) == (74.4, "paper", True)
+    # the fastest figure of the profile, yet never planned: the plan takes the fastest format edgectl
+    # serves (bf16, 71.6 here) and names the recorded one
+    plan = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2), [p])
+    assert plan.profile.name == "lab-box" and plan.weight_format == "bf16"
+    assert reasons_by_decision(plan)["weight_format"][0]["detail"].endswith(
+        "; recorded on lab-box but not served by edgectl: w4a8-amx 74.4 tok/s")
+
+
 def _errors(text: str) -> list[str]:
     profile, errors = parse_profile(yaml.safe_load(text), "lab.yaml")
     assert profile is None or not errors
@@ -152,8 +177,17 @@ def _swap(old: str, new: str) -> str:
                  "lab.yaml: match.isa_all[1]: 'fma3' is not one of avx2, fma, avx512f, avx512bw, avx512vl, "
                  "avx512dq, avx512_vnni, avx512_bf16, amx_tile, amx_int8, amx_bf16, asimd, sve", id="unknown-isa"),
     pytest.param(_swap("  w4a16:\n    runs: true\n", "  w4a4:\n    runs: true\n"),
-                 "lab.yaml: formats.w4a4: 'w4a4' is not one of w4a16, w4a8, w4a8-amx, w4a16-vllm, bf16",
-                 id="unknown-format"),
+                 "lab.yaml: formats.w4a4: 'w4a4' is not one of w4a16, w4a8, w4a16-vllm, bf16 (nor a format "
+                 "recorded but not served by edgectl: w4a8-amx)", id="unknown-format"),
+    # a format recorded but not served is read as strictly as any other
+    pytest.param(_swap('  w4a16-vllm:\n    runs: false\n    reason: "no cpu_gemm_wna16 in _C_AVX2"\n',
+                       "  w4a8-amx:\n    runs: false\n"),
+                 "lab.yaml: formats.w4a8-amx.reason: missing (say why the kernel does not run here)",
+                 id="recorded-format-without-reason"),
+    pytest.param(_swap('  w4a16-vllm:\n    runs: false\n    reason: "no cpu_gemm_wna16 in _C_AVX2"\n',
+                       "  w4a8-amx:\n    runs: true\n    decode_tok_s: {median: 74.4, source: papre}\n"),
+                 "lab.yaml: formats.w4a8-amx.decode_tok_s.source: unknown source 'papre' (defined: bench, paper)",
+                 id="recorded-format-unknown-source"),
     pytest.param(_swap('    edgectl_commit: "0165d14"\n', ""),
                  "lab.yaml: sources.bench.edgectl_commit: missing (a figure measured with edgectl records the "
                  "versions it ran)", id="measured-source-without-commit"),
@@ -234,7 +268,7 @@ def _figures(p: Profile) -> list[tuple[str, Figure]]:
         ("runtime.process_bytes", p.process_bytes), ("runtime.workspace_bytes_per_token", p.workspace_bytes_per_token),
         ("runtime.load_peak_ratio", p.load_peak_ratio), ("runtime.ready_s", p.ready_s),
         ("bandwidth_gbps", p.bandwidth_gbps)) if fig is not None]
-    for fmt, f in p.formats.items():
+    for fmt, f in [*p.formats.items(), *p.recorded_not_served.items()]:
         for key in ("decode_tok_s", "prefill_tok_s", "weights_bytes_ratio"):
             if getattr(f, key) is not None:
                 out.append((f"formats.{fmt}.{key}", getattr(f, key)))
@@ -276,8 +310,9 @@ def test_shipped_figures_carry_their_provenance():
         if p.kind == "external":
             # a profile that says its figures are external must not pass off any as edgectl's own
             assert all(fig.source.external for _, fig in _figures(p)), p.name
-        for fmt, f in p.formats.items():
+        for fmt, f in [*p.formats.items(), *p.recorded_not_served.items()]:
             assert f.runs or (f.reason and f.reason.strip()), f"{p.file}: formats.{fmt}: runs false without a reason"
+        assert set(p.recorded_not_served) <= set(RECORDED_NOT_SERVED), p.name
     assert checked > 0  # the loop saw figures at all
 
 
@@ -324,8 +359,7 @@ def test_the_shipped_profiles_never_plan_a_kernel_the_host_lacks(host: str):
     if p.weight_format == "w4a16-vllm":  # vLLM's cpu_gemm_wna16: only in its AVX-512 library
         assert facts.cpu.arch == "x86_64" and all(getattr(isa, f) for f in ("avx512f", "avx512bw", "avx512vl",
                                                                              "avx512dq"))
-    if p.weight_format == "w4a8-amx":  # needs AMX, and the tile-data permission granted
-        assert isa.amx_tile and isa.amx_int8 and facts.cpu.amx_permission is AmxPermission.GRANTED
+    assert p.weight_format in set(WeightFormat)  # a format edgectl serves, never one only recorded
     assert p.memory.limit_bytes <= facts.memory.budget_bytes
 
 
@@ -345,8 +379,9 @@ def test_the_frozen_profiles_hold_the_figures_the_tables_use():
     assert (spr.process_bytes, spr.load_peak_ratio) == (None, None)
     assert all(p.workspace_bytes_per_token is None for p in frozen.values())  # the fallback workspace rule
     assert all(p.processes["single-process"] == 1 for p in frozen.values())
-    # the published figures (docs/facts.md): 74.4 (W4A8 AMX), 71.6 / 2190 (W4A16 tinygemm), 32.3 (vLLM wna16)
-    assert spr.formats["w4a8-amx"].decode_tok_s.median == 74.4
+    # the published figures (docs/facts.md): 74.4 (W4A8 AMX), 71.6 / 2190 (W4A16 tinygemm), 32.3 (vLLM wna16);
+    # W4A8 on AMX is recorded there but not served by edgectl: kept apart from the formats
+    assert spr.recorded_not_served["w4a8-amx"].decode_tok_s.median == 74.4 and "w4a8-amx" not in spr.formats
     assert (spr.formats["w4a16"].decode_tok_s.median, spr.formats["w4a16"].prefill_tok_s.median) == (71.6, 2190)
     assert spr.formats["w4a16-vllm"].decode_tok_s.median == 32.3
     assert spr.bandwidth_gbps.median == 222
@@ -356,7 +391,7 @@ def test_the_frozen_profiles_hold_the_figures_the_tables_use():
     # (the frozen copy keeps the reference it shipped with)
     assert avx2.formats["bf16"].runs and avx2.formats["bf16"].decode_tok_s is None
     assert avx2.process_bytes.source.reference.startswith("shared/facts/measured-here.md")
-    assert not avx2.formats["w4a16-vllm"].runs and not avx2.formats["w4a8-amx"].runs
+    assert not avx2.formats["w4a16-vllm"].runs and not avx2.recorded_not_served["w4a8-amx"].runs
 
 
 FROZEN_CHOICE = {

@@ -49,13 +49,15 @@ class DeviceClass(StrEnum):
 
 
 class WeightFormat(StrEnum):
-    """How the linear layers' weights are stored and multiplied."""
+    """How the linear layers' weights are stored and multiplied: the formats edgectl serves.
+
+    A format others measured but edgectl's runtime cannot serve is not one of them (a profile may
+    still carry its figures, apart: ``edgectl.profiles.RECORDED_NOT_SERVED``)."""
 
     W4A16 = "w4a16"  # int4 weights, bf16 activations: PyTorch's _weight_int4pack_mm_for_cpu
     # int4 weights in blocks of 32 (GGUF Q4_1), activations quantized to int8 per call: edgectl's
     # own kernels (runtime/edgectl_runtime/ops, docs/kernels.md), AVX2 or AVX-512 VNNI at run time
     W4A8 = "w4a8"
-    W4A8_AMX = "w4a8-amx"  # int4 weights, int8 activations on AMX (no runtime path yet)
     W4A16_VLLM = "w4a16-vllm"  # int4 weights on vLLM's cpu_gemm_wna16 (its AVX-512 libraries)
     BF16 = "bf16"
 

@@ -21,10 +21,9 @@ if TYPE_CHECKING:
 
 # Order among formats nobody measured here: 4-bit on PyTorch's kernel reads the fewest bytes
 # per token and runs everywhere; the others need a measurement to be chosen at all.
-FORMAT_PRIOR = (WeightFormat.W4A16, WeightFormat.W4A8, WeightFormat.W4A16_VLLM, WeightFormat.W4A8_AMX,
-                WeightFormat.BF16)
+FORMAT_PRIOR = (WeightFormat.W4A16, WeightFormat.W4A8, WeightFormat.W4A16_VLLM, WeightFormat.BF16)
 # Chosen only where a profile of the device class measured them running (or asked for by name).
-MEASURED_ONLY = (WeightFormat.W4A8, WeightFormat.W4A16_VLLM, WeightFormat.W4A8_AMX)
+MEASURED_ONLY = (WeightFormat.W4A8, WeightFormat.W4A16_VLLM)
 
 
 def checkpoint_format(model: ModelFacts) -> str:
@@ -71,22 +70,6 @@ def host_runs(fmt: WeightFormat, facts: HostFacts) -> tuple[bool, str]:
         return False, ("vLLM's cpu_gemm_wna16 is compiled only into its AVX-512 libraries; this host "
                        "loads _C_AVX2 (vllm-project/vllm#55613)" if arch == "x86_64" else
                        f"vLLM's int4 CPU kernels are not built for {arch}")
-    if fmt is WeightFormat.W4A8_AMX:
-        amx = isa.amx_tile and isa.amx_int8
-        granted = str(facts.cpu.amx_permission) == "granted"
-        if arch == "x86_64" and amx and granted:
-            # The host could run it, but edgectl's runtime cannot yet: the cpu_int4 plugin has
-            # no W4A8 path (vLLM's int4_scaled_mm_cpu is not wired in). Never plan what the
-            # worker would fail to serve.
-            return False, ("AMX is usable here, but edgectl's runtime has no W4A8 path yet "
-                           "(vLLM's int4_scaled_mm_cpu is not wired into the cpu_int4 plugin)")
-        if amx and not granted:
-            # "not-checked" (a captured tree, or facts from another host): unverified is not
-            # usable; the worker would fail at its first AMX instruction if the kernel refused.
-            return False, (f"AMX is listed but the tile-data permission was {facts.cpu.amx_permission}"
-                           + (": run `edgectl probe` on the host itself to verify it"
-                              if str(facts.cpu.amx_permission) == "not-checked" else ""))
-        return False, "needs AMX (int4_scaled_mm_cpu), which this host does not have usable"
     return False, f"edgectl has no rule yet for where {fmt} runs"  # a format added without its rule
 
 
@@ -135,6 +118,10 @@ def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile,
     )
     if not ranked:
         raise EdgectlError("no weight format can run on this host: " + "; ".join(f"{k}: {v}" for k, v in refused.items()))
+    # figures the profile keeps for formats edgectl does not serve (profiles.RECORDED_NOT_SERVED):
+    # never candidates, but named, so a faster published figure is not silently passed over
+    unserved = [f"{name} {fig.decode_tok_s.median:g} tok/s" for name, fig in profile.recorded_not_served.items()
+                if fig.runs and fig.decode_tok_s is not None]
     candidates: list[tuple[WeightFormat, Reason]] = []
     for fmt in ranked:
         fig = measured(fmt)
@@ -145,6 +132,8 @@ def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile,
                 detail = "fastest " + detail
             if others:
                 detail += "; others: " + ", ".join(others) + " tok/s"
+            if unserved:
+                detail += f"; recorded on {profile.name} but not served by edgectl: " + ", ".join(unserved)
             candidates.append((fmt, Reason("weight_format", fmt, profile.reason_source, detail)))
         else:
             candidates.append((fmt, Reason("weight_format", fmt, Source.FALLBACK,

@@ -60,6 +60,35 @@ def test_the_three_fixtures_cover_what_readers_branch_on():
     assert {p.serve.host for p in plans} == {"0.0.0.0", "127.0.0.1"}
 
 
+# Every edgectl before w4a8-amx left the formats wrote it into a plan's formats_not_runnable reason
+# (a reason's value is free data, not a WeightFormat). Those plans sit on users' boxes as
+# /etc/edgectl/NAME/plan.json: status reads them, and a plan that failed to read would show as none.
+PLANS_NAMING_W4A8_AMX = [*(p for p in OLD_PLANS if p.name != "bf16-1024.json"),
+                         Path(__file__).parent / "fixtures" / "plans" / "later" / "x86_64-amx-28c3555.json"]
+
+
+@pytest.mark.parametrize("path", PLANS_NAMING_W4A8_AMX, ids=lambda p: p.stem)
+def test_a_stored_plan_naming_w4a8_amx_still_loads_and_shows(path: Path, tmp_path: Path):
+    data = json.loads(path.read_text())
+    skipped = [r for r in data["reasons"] if r["decision"] == "formats_not_runnable"]
+    assert "w4a8-amx" in skipped[0]["value"] and "w4a8-amx: " in skipped[0]["detail"]  # the fixture does
+    plan = Plan.from_dict(data)
+    assert json.loads(plan.to_json())["reasons"] == data["reasons"]  # kept as written
+    # deployed: found where status looks, and shown
+    from edgectl.deployment import Layout
+    from edgectl.status import status_of
+
+    env = {"EDGECTL_CONFIG_DIR": str(tmp_path / "etc"), "EDGECTL_UNIT_DIR": str(tmp_path / "units")}
+    name = "noamx-stored-plan-test"  # no such unit exists: systemd (where it runs) reports it not loaded
+    layout = Layout.of(name, env)
+    layout.config_dir.mkdir(parents=True)
+    layout.plan_path.write_text(path.read_text())
+    assert layout.existing_plan() == plan
+    shown = status_of(name, env)
+    assert shown.plan == plan
+    assert f"model smollm2-135m ({plan.weight_format})" in shown.render_text()
+
+
 def test_a_new_plan_reads_back_equal():
     p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape("qwen3-1.7b"))
     again = Plan.from_dict(json.loads(json.dumps(p.to_dict())))

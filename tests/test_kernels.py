@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from edgectl.contract.plan import WeightFormat
 from int4_helpers import runtime_env
 
 torch = pytest.importorskip("torch")
@@ -47,8 +48,11 @@ def test_matrix_is_well_formed():
     known = set(kernels.VLLM_OPS)
     for lib in MATRIX["libraries"].values():
         assert set(lib["ops"]) <= known
-    for fmt in MATRIX["formats"].values():
+    for fmt in [*MATRIX["formats"].values(), *MATRIX["vllm_only"].values()]:
         assert set(fmt["needs_ops"]) <= known
+    # the matrix's formats are the plan's, and a vLLM-only kernel is none of them
+    assert set(MATRIX["formats"]) == {str(f) for f in WeightFormat}
+    assert not set(MATRIX["vllm_only"]) & {str(f) for f in WeightFormat}
 
 
 @pytest.mark.host
@@ -75,7 +79,9 @@ def test_formats_follow_registered_ops(report):
     ops = report["vllm"]["int4_ops"]
     assert report["formats"]["bf16"] is True
     assert report["formats"]["w4a16-vllm"] == ops["cpu_gemm_wna16"]
-    assert report["formats"]["w4a8-amx"] == (ops["int4_scaled_mm_cpu"] and report["torch"]["amx"])
+    # vLLM's W4A8-on-AMX kernel is reported as a fact about vLLM, not as a format edgectl serves
+    assert "w4a8-amx" not in report["formats"]
+    assert report["vllm"]["w4a8_amx_usable"] == (ops["int4_scaled_mm_cpu"] and report["torch"]["amx"])
     assert report["formats"]["w4a16"] is True  # torch's int4 kernel runs on every x86/arm build
     int4 = report["torch"]["int4"]
     assert int4["registered"] and int4["works"] and int4["rel_error"] < 1e-2
@@ -87,7 +93,8 @@ def test_cli_prints_the_report_as_json():
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
     assert out["schema"] == "edgectl.kernels/1"
-    assert set(out["formats"]) == {"bf16", "w4a16", "w4a16-vllm", "w4a8-amx", "w4a8"}
+    assert set(out["formats"]) == {"bf16", "w4a16", "w4a16-vllm", "w4a8"} == {str(f) for f in WeightFormat}
+    assert isinstance(out["vllm"]["w4a8_amx_usable"], bool)
     assert out["formats"]["w4a8"] is True and out["edgectl"]["isa"] in out["edgectl"]["supported_isas"]
 
 

@@ -3,6 +3,8 @@
 - edgectl's own library (``edgectl_runtime.ops``): built or not, the ISA levels the CPU and the
   OS allow, the level selected (``EDGECTL_KERNEL_ISA``);
 - PyTorch's int4 op, run once against the dequantized product;
+- the weight formats edgectl serves (``formats``: those of the plan's ``WeightFormat``), each with
+  whether its kernel runs in this process;
 - vLLM's C library: vLLM 0.32's x86 wheel ships three builds (``_C`` for AVX-512 + BF16/AMX,
   ``_C_AVX512``, ``_C_AVX2``) and ``platforms/cpu.py`` picks one from the CPU flags. Its int4 ops
   (``cpu_gemm_wna16``, ``int4_scaled_mm_cpu``) exist only in some of them, and vLLM's kernel
@@ -24,7 +26,7 @@ from edgectl_runtime.ops.tinygemm import int4_matmul, kernel_pack, scales_and_ze
 # vLLM C ops that matter to a weight format (torch.ops._C.<name>).
 VLLM_OPS = (
     "cpu_gemm_wna16",  # W4A16, GPTQ-style int4 (w4a16-vllm)
-    "int4_scaled_mm_cpu",  # W4A8 with dynamic int8 activations, AMX (w4a8-amx)
+    "int4_scaled_mm_cpu",  # W4A8 with dynamic int8 activations, AMX: vLLM's own path, not an edgectl format
     "convert_weight_packed",
     "convert_weight_packed_scale_zp",
     "weight_packed_linear",
@@ -95,9 +97,6 @@ def kernel_report() -> dict:
         "bf16": True,
         "w4a16": bool(torch_int4.get("works")),
         "w4a16-vllm": ops["cpu_gemm_wna16"],
-        # vLLM uses the W4A8 kernel only with AMX (or RISC-V) and VLLM_CPU_INT4_W4A8=1
-        # (model_executor/kernels/linear/mixed_precision/cpu.py).
-        "w4a8-amx": ops["int4_scaled_mm_cpu"] and amx,
         # edgectl's own kernels (every x86 and ARM CPU, once built)
         "w4a8": edgectl["loaded"],
     }
@@ -108,7 +107,11 @@ def kernel_report() -> dict:
                   "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()), "amx": amx,
                   "int4": torch_int4},
         "vllm": {"library_expected": _expected_vllm_library(), "libraries_loaded": _loaded_vllm_libraries(),
-                 "registered_ops_count": len(all_ops), "int4_ops": ops},
+                 "registered_ops_count": len(all_ops), "int4_ops": ops,
+                 # whether vLLM's own W4A8 kernel could run here: vLLM uses it only with AMX (or
+                 # RISC-V) and VLLM_CPU_INT4_W4A8=1 (model_executor/kernels/linear/mixed_precision/
+                 # cpu.py). A fact about vLLM, not a format edgectl serves: its runtime never calls it.
+                 "w4a8_amx_usable": ops["int4_scaled_mm_cpu"] and amx},
         "edgectl": edgectl,
         "formats": formats,
     }

@@ -224,6 +224,17 @@ def test_arm_names() -> None:
         parse_arm_names("stock,stock")
 
 
+def test_bench_help_lists_every_arm_of_the_table() -> None:
+    done = run_cli(["bench", "--help"], env={"COLUMNS": "400"}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if "--arms" in ln)  # one row at 400 columns
+    assert f"(default {','.join(DEFAULT_ARMS)}; `all` for every one): " in line
+    listed = line.split("`all` for every one): ", 1)[1].rstrip(" │").removesuffix(".")
+    names = listed.split(", ")
+    assert names == list(ARMS), listed
+    assert {"w4a8", "w4a8-compiled"} <= set(names)  # the two the hand-written list had left out
+
+
 def test_llama_server_is_found_in_the_build_cache_or_on_path_or_explained(tmp_path) -> None:
     import os
     import stat

@@ -9,12 +9,13 @@ from typing import Annotated, Optional
 
 import typer
 
+from edgectl.bench.arms import ARMS, DEFAULT_ARMS
 from edgectl.errors import EdgectlError
 from edgectl.output import emit, progress
 
-ARMS_HELP = ("Comma list of arms (default stock,planned,llama.cpp; `all` for every one): stock, stock-threads, stock-defaults, "
-             "planned, rope-cap-off, layerwise-off, topology-stock, reserve-core-on, reserve-core-off, "
-             "lm-head-int4, bf16, compiled, llama.cpp.")
+# every arm of the table (edgectl/bench/arms.py), so the help cannot fall behind it
+ARMS_HELP = (f"Comma list of arms (default {','.join(DEFAULT_ARMS)}; `all` for every one): "
+             + ", ".join(ARMS) + ".")
 
 
 def register(app: typer.Typer) -> None:

@@ -14,7 +14,9 @@ from edgectl.contract.plan import EmbeddingPack, KvCacheDtype, OptionalImports
 from edgectl.contract.vllm_args import server_args
 from edgectl.errors import EdgectlError
 from edgectl.units import render_unit
+import isa_helpers
 from plan_helpers import SMOLLM2, host_facts, make_plan, reasons_by_decision, shape
+from probe_helpers import FIXTURE_NAMES
 
 AMX = "xeon-spr-amx-2s"
 
@@ -28,6 +30,34 @@ def test_the_planner_takes_the_kept_levers_with_their_measured_reasons():
                              ("python_optimize", "−29 MiB anonymous")):
         (reason,) = why[decision]
         assert reason["source"] == "default" and figure in reason["detail"] and "docs/memory.md" in reason["detail"]
+
+
+@pytest.mark.parametrize("host", FIXTURE_NAMES)
+def test_the_embedding_pack_reason_is_true_for_the_hosts_class(host: str):
+    # The −55 MiB is the LM head's duplicate packed copy, measured on x86_64-amx. vLLM makes a packed
+    # copy only where it has a packed bf16 GEMM (AMX tiles, or oneDNN from AVX-512 up); on an AVX2 box
+    # there is no copy, so nothing to save (the worker reads back "no packed kernel" there). The rule
+    # the engine tests check against the real read-back (isa_helpers) must agree with the reason.
+    facts = host_facts(host)
+    p = make_plan(facts, shape(SMOLLM2))
+    assert p.levers.embedding_pack is EmbeddingPack.LM_HEAD  # the same setting on every class
+    (reason,) = reasons_by_decision(p)["embedding_pack"]
+    assert reason["source"] == "default" and "docs/memory.md" in reason["detail"]
+    if facts.cpu.arch != "x86_64":
+        assert reason["detail"].startswith(f"whether vLLM prepacks embedding tables on {facts.cpu.arch} was not measured")
+    elif isa_helpers.vllm_packs_bf16_gemm(facts.cpu.isa.to_dict()):
+        assert reason["detail"].startswith("only the LM head keeps vLLM's prepacked copy")
+        assert "−55 MiB anonymous for SmolLM2" in reason["detail"]
+    else:
+        assert reason["detail"].startswith("saves nothing on this host: without AVX-512 or AMX vLLM makes no "
+                                           "prepacked copy")
+
+
+def test_the_embedding_pack_reason_covers_each_kind_of_host():
+    # the fixtures hold each case above at least once (else the parametrized test proves less than it says)
+    kinds = {("other" if f.cpu.arch != "x86_64" else isa_helpers.vllm_packs_bf16_gemm(f.cpu.isa.to_dict()))
+             for f in map(host_facts, FIXTURE_NAMES)}
+    assert kinds == {True, False, "other"}
 
 
 def test_each_lever_can_be_switched_back_to_unmodified_vllm():

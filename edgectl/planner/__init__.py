@@ -60,7 +60,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     check_request(request)
     topology = why.take(choose_topology(request))
     compilation = why.take(choose_compilation(request, profile))
-    memory_levers = why.take(choose_memory_levers(request))
+    memory_levers = why.take(choose_memory_levers(request, facts))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request))

@@ -15,6 +15,7 @@ from edgectl.planner.decided import Decided
 from edgectl.planner.ledger import MAX_BATCHED_TOKENS, batched_tokens
 
 if TYPE_CHECKING:
+    from edgectl.probe.facts import HostFacts
     from edgectl.profiles import Profile
 
 
@@ -142,9 +143,39 @@ class MemoryLevers:
     python_optimize: int
 
 
-def choose_memory_levers(request: Request) -> Decided[MemoryLevers]:
+def vllm_packs_embeddings(facts: HostFacts) -> bool | None:
+    """Whether vLLM 0.32 makes a prepacked GEMM copy of a dense embedding table on this host
+    (``dispatch_cpu_unquantized_gemm``, vllm/model_executor/layers/utils.py:470-608): sgl-kernel
+    with AMX tiles, oneDNN where it builds a bf16 matmul, from AVX-512 (core) up; on x86 below
+    AVX-512 oneDNN refuses ("Failed to create oneDNN linear") and the layer falls back to an
+    unpacked F.linear, so no copy exists (the worker reads back "no packed kernel"). None: not
+    known for this architecture (nobody measured it)."""
+    isa, arch = facts.cpu.isa, facts.cpu.arch
+    if arch == "x86_64":
+        return bool(isa.amx_tile or isa.avx512)
+    return None
+
+
+def _embedding_pack_detail(facts: HostFacts) -> str:
+    measured = ("−55 MiB anonymous for SmolLM2 (816 vs 871 MiB) on x86_64-amx, decode and prefill within the "
+                "spread (docs/memory.md)")
+    packs = vllm_packs_embeddings(facts)
+    if packs:
+        return ("only the LM head keeps vLLM's prepacked copy of a dense embedding table: vLLM packs a tied table "
+                f"twice, and the input embedding only does lookups; {measured}")
+    if packs is False:
+        return ("saves nothing on this host: without AVX-512 or AMX vLLM makes no prepacked copy of an embedding "
+                "table (oneDNN builds no bf16 matmul here: vllm/model_executor/layers/utils.py:470-608 falls back "
+                "to F.linear); the same setting as on AVX-512/AMX hosts, where it saves the head's duplicate, "
+                f"{measured}")
+    return (f"whether vLLM prepacks embedding tables on {facts.cpu.arch or 'this architecture'} was not measured; "
+            f"where it does, only the LM head keeps its copy ({measured})")
+
+
+def choose_memory_levers(request: Request, facts: HostFacts) -> Decided[MemoryLevers]:
     """What the worker's runtime holds beyond the model (docs/memory.md: each measured on SmolLM2's
-    default plan against the plan without it, 3 interleaved passes on x86_64-amx)."""
+    default plan against the plan without it, 3 interleaved passes on x86_64-amx). The embedding
+    lever's saving depends on the host: it says which (``vllm_packs_embeddings``)."""
     levers = MemoryLevers(
         embedding_pack=EmbeddingPack(request.embedding_pack or EmbeddingPack.LM_HEAD),
         optional_imports=OptionalImports(request.optional_imports or OptionalImports.SKIP),
@@ -157,10 +188,7 @@ def choose_memory_levers(request: Request) -> Decided[MemoryLevers]:
     return Decided(
         levers,
         Reason("embedding_pack", levers.embedding_pack, source(request.embedding_pack),
-               "asked" if request.embedding_pack is not None else
-               "only the LM head keeps vLLM's prepacked copy of a dense embedding table: vLLM packs a tied table "
-               "twice, and the input embedding only does lookups; −55 MiB anonymous for SmolLM2 (816 vs 871 MiB), "
-               "decode and prefill within the spread (docs/memory.md)"),
+               "asked" if request.embedding_pack is not None else _embedding_pack_detail(facts)),
         Reason("optional_imports", levers.optional_imports, source(request.optional_imports),
                "asked" if request.optional_imports is not None else
                "opentelemetry, cv2 and accelerate, which vLLM and transformers treat as optional and a CPU text "

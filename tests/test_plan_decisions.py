@@ -13,6 +13,7 @@ import pytest
 
 from edgectl.contract.plan import ProfileKind, ProfileRef
 from edgectl.errors import EdgectlError
+from edgectl.inputs import render_plan
 from edgectl.probe import AmxPermission, NumaNode
 from plan_helpers import (
     FROZEN_PROFILES,
@@ -95,6 +96,8 @@ def test_the_published_w4a8_amx_figure_is_never_a_candidate(permission: AmxPermi
     skipped = reasons_by_decision(p)["formats_not_runnable"][0]
     assert skipped["value"] == ["w4a8"]  # not measured on the SPR profile
     assert {r.decision for r in p.reasons if "w4a8-amx" in json.dumps(r.to_dict())} == {"weight_format"}
+    # the text view names the formats as the JSON does (not as Python enum reprs)
+    assert "    - formats_not_runnable = ['w4a8'] [probe] w4a8: not measured on x86_64-amx-spr" in render_plan(p)
 
 
 @pytest.mark.parametrize("permission", [AmxPermission.NOT_CHECKED, AmxPermission.GRANTED])

@@ -97,7 +97,7 @@ def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile,
             ok, why = False, ("the checkpoint is a cpu_int4 portable checkpoint (PyTorch's int4 kernel, or "
                               "edgectl's, which keeps its int4 values)")
         (runnable if ok else refused)[fmt] = why
-    not_runnable = ([Reason("formats_not_runnable", sorted(refused), Source.PROBE,
+    not_runnable = ([Reason("formats_not_runnable", sorted(str(f) for f in refused), Source.PROBE,
                             "; ".join(f"{f}: {why}" for f, why in refused.items()))] if refused else [])
 
     if request.weight_format:

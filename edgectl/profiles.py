@@ -35,8 +35,7 @@ SCHEMA = "edgectl.profile/1"
 # are read and kept apart (``Profile.recorded_not_served``), shown as data, never planned; any
 # other name that is not a ``WeightFormat`` is an error. Each says why edgectl cannot serve it.
 RECORDED_NOT_SERVED: dict[str, str] = {
-    "w4a8-amx": ("int4 weights with int8 activations on AMX (vLLM's int4_scaled_mm_cpu): edgectl's runtime "
-                 "has no path to that kernel (its cpu_int4 plugin never calls it)"),
+    "w4a8-amx": "W4A8 on AMX is vLLM's int4_scaled_mm_cpu, which edgectl's runtime never calls",
 }
 
 

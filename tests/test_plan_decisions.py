@@ -91,7 +91,8 @@ def test_the_published_w4a8_amx_figure_is_never_a_candidate(permission: AmxPermi
     why = reasons_by_decision(p)["weight_format"][0]
     assert why["source"] == "profile" and why["detail"].startswith("fastest measured decode on x86_64-amx-spr: 71.6")
     # the faster published figure is named as recorded, not served: not silently passed over
-    assert why["detail"].endswith("; recorded on x86_64-amx-spr but not served by edgectl: w4a8-amx 74.4 tok/s")
+    assert why["detail"].endswith("; recorded on x86_64-amx-spr but not served by edgectl: w4a8-amx 74.4 tok/s "
+                                  "(W4A8 on AMX is vLLM's int4_scaled_mm_cpu, which edgectl's runtime never calls)")
     # and it is no format of the plan, runnable or not: that reason is the only one naming it
     skipped = reasons_by_decision(p)["formats_not_runnable"][0]
     assert skipped["value"] == ["w4a8"]  # not measured on the SPR profile

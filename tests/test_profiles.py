@@ -116,7 +116,8 @@ def test_a_format_recorded_but_not_served_is_kept_apart(tmp_path: Path):
     plan = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2), [p])
     assert plan.profile.name == "lab-box" and plan.weight_format == "bf16"
     assert reasons_by_decision(plan)["weight_format"][0]["detail"].endswith(
-        "; recorded on lab-box but not served by edgectl: w4a8-amx 74.4 tok/s")
+        "; recorded on lab-box but not served by edgectl: w4a8-amx 74.4 tok/s "
+        "(W4A8 on AMX is vLLM's int4_scaled_mm_cpu, which edgectl's runtime never calls)")
 
 
 def _errors(text: str) -> list[str]:

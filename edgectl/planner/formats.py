@@ -13,6 +13,7 @@ from edgectl.contract import int4_layout
 from edgectl.contract.plan import Reason, Request, Source, WeightFormat
 from edgectl.errors import EdgectlError
 from edgectl.planner.decided import Decided
+from edgectl.profiles import RECORDED_NOT_SERVED
 
 if TYPE_CHECKING:
     from edgectl.models.inspect import ModelFacts
@@ -120,8 +121,8 @@ def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile,
         raise EdgectlError("no weight format can run on this host: " + "; ".join(f"{k}: {v}" for k, v in refused.items()))
     # figures the profile keeps for formats edgectl does not serve (profiles.RECORDED_NOT_SERVED):
     # never candidates, but named, so a faster published figure is not silently passed over
-    unserved = [f"{name} {fig.decode_tok_s.median:g} tok/s" for name, fig in profile.recorded_not_served.items()
-                if fig.runs and fig.decode_tok_s is not None]
+    unserved = [f"{name} {fig.decode_tok_s.median:g} tok/s ({RECORDED_NOT_SERVED[name]})"
+                for name, fig in profile.recorded_not_served.items() if fig.runs and fig.decode_tok_s is not None]
     candidates: list[tuple[WeightFormat, Reason]] = []
     for fmt in ranked:
         fig = measured(fmt)

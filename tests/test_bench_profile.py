@@ -78,6 +78,8 @@ def test_formats_not_measured_are_carried_over_from_the_installed_profile(tmp_pa
     assert profile.kind == "measured"
     # the shipped x86_64-avx2 profile says vLLM's int4 kernel does not run there: still said
     assert profile.formats["w4a16-vllm"].runs is False and "AVX2" in profile.formats["w4a16-vllm"].reason
+    # and a format it records but edgectl does not serve is carried too, still apart from the formats
+    assert profile.recorded_not_served["w4a8-amx"].runs is False and "w4a8-amx" not in profile.formats
     assert profile.match.isa_none == ("avx512f",)
     assert profile.formats[fmt].decode_tok_s.source.external is False
     assert profile.formats[fmt].decode_tok_s.median == pytest.approx(a["arms"]["planned"]["median"]["decode_tok_s"],

@@ -32,6 +32,8 @@ RESERVED_NAMES = frozenset({"models", "profiles"})  # /var/lib/edgectl/models, /
 
 # Back-off and start limit (systemd 252 has no growing back-off; see the template).
 RESTART_S = 5
+# After the watchdog's SIGABRT, SIGKILL follows this soon (units/README.md, TimeoutAbortSec=).
+ABORT_S = 5
 START_LIMIT_BURST = 5
 
 # Where the unit's sandbox hides things: ProtectHome=yes and PrivateTmp=yes.
@@ -295,6 +297,7 @@ def render_unit(plan: Plan, *, plan_path: str, python: str) -> str:
         "WATCHDOG_S": str(watchdog_s),
         "STOP_S": str(stop_s),
         "RESTART_S": str(RESTART_S),
+        "ABORT_S": str(ABORT_S),
         "MEMORY_HIGH_BYTES": str(plan.memory.high_bytes),
         "MEMORY_MAX_BYTES": str(plan.memory.limit_bytes),
         "CPUS": _cpu_list(plan.cpus),

@@ -176,6 +176,17 @@ def test_unit_takes_its_numbers_from_the_plan():
     assert "MemoryDenyWriteExecute" not in s and "ProcSubset" not in s
 
 
+def test_a_frozen_worker_is_killed_soon_after_the_watchdog_fires():
+    # On expiry systemd sends SIGABRT; a SIGSTOPped worker cannot act on it, so SIGKILL must not
+    # wait the whole stop timeout (which a draining worker needs on an ordinary stop).
+    plan = small_plan()
+    plan["timeouts"] = {"start_s": 100, "watchdog_s": 30, "stop_s": 30}
+    s = settings(render(plan))
+    assert s["TimeoutStopSec"] == ["30"]
+    (abort,) = s["TimeoutAbortSec"]
+    assert 0 < int(abort) < 30
+
+
 def test_start_limit_outlasts_a_loop_of_hung_starts():
     plan = small_plan()
     plan["timeouts"] = {"start_s": 100, "watchdog_s": 10, "stop_s": 20}

@@ -75,3 +75,36 @@ def test_without_compiled_figures_compiled_mode_gets_the_unmeasured_start(tmp_pa
     assert "compiled mode's own memory is not measured here" in reasons_by_decision(p)["runtime_bytes"][0]["detail"]
     # and the eager plan from the same profile is unchanged by any of this
     assert str(_plan(tmp_path).compilation) == "eager"
+
+
+# w4a16 decodes faster eager (50) than w4a8 (45), but w4a8 was measured compiled (84): the plan
+# must run a measured combination, w4a8 compiled, not w4a16 in a mode nobody measured it in.
+TWO_FORMATS = EAGER + ("  w4a8:\n    runs: true\n"
+                       "    decode_tok_s: {median: 45.0, min: 44.0, max: 46.0, passes: 3}\n"
+                       "    prefill_tok_s: {median: 900.0, min: 890.0, max: 910.0, passes: 3}\n")
+
+
+def _two(tmp_path: Path, **request):
+    block = compiled_block(decode_min=80.0, decode_median=84.0).replace("weight_format: w4a16", "weight_format: w4a8")
+    prof = profile_from_yaml(tmp_path, profile_yaml(formats=TWO_FORMATS, extra="compilation: eager\n" + RUNTIME + block))
+    return make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof], **request)
+
+
+def test_compiled_mode_runs_the_format_it_was_measured_with(tmp_path: Path):
+    p = _two(tmp_path)
+    assert (str(p.weight_format), str(p.compilation)) == ("w4a8", "default")
+    why = reasons_by_decision(p)["weight_format"][0]
+    assert "84 tok/s" in why["detail"] and "in compiled mode" in why["detail"] and "w4a16 50" in why["detail"]
+    assert p.predicted.decode_tok_s > 60 and p.predicted.ready_s == 9.0  # compiled w4a8's own figures
+    # eager asked for: the eager ranking again (w4a16 50 > w4a8 45)
+    eager = _two(tmp_path, compilation="eager")
+    assert (str(eager.weight_format), str(eager.compilation)) == ("w4a16", "eager")
+
+
+def test_a_format_not_measured_compiled_stays_eager_when_asked_for(tmp_path: Path):
+    p = _two(tmp_path, weight_format="w4a16")
+    assert (str(p.weight_format), str(p.compilation)) == ("w4a16", "eager")
+    why = reasons_by_decision(p)["compilation"][0]
+    assert "measured in eager mode only" in why["detail"] and "measured for w4a8" in why["detail"]
+    # the format that was measured compiled, asked for by name, still gets compiled mode
+    assert str(_two(tmp_path, weight_format="w4a8").compilation) == "default"

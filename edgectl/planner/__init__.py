@@ -63,7 +63,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     memory_levers = why.take(choose_memory_levers(request, facts))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
-    formats = why.take(runnable_formats(facts, model, profile, request))
+    formats = why.take(runnable_formats(facts, model, profile, request, compilation))
     group_size, levers = choose_group_size(request), choose_levers(request)
     fit = why.take(fit_weights_and_context(
         facts.memory.budget_bytes, model, profile, request, formats, group_size.value,

@@ -42,9 +42,16 @@ def choose_compilation(request: Request, profile: Profile) -> Decided[Compilatio
     """
     measured_in = profile.compilation or Compilation.EAGER  # the mode the profile's format figures are for
     compared = _compare_modes(profile)
+    asked_other = (compared is not None and request.weight_format is not None
+                   and request.weight_format != profile.compiled.weight_format)
     if request.compilation:
         mode, source = Compilation(request.compilation), Source.FLAG
         detail = "asked with --compilation" + (f" ({compared[1]})" if compared else "")
+    elif asked_other:
+        # compiled mode was measured for one format only; another one asked for runs as measured
+        mode, source = measured_in, Source.FLAG
+        detail = (f"{measured_in}: --format {request.weight_format} was measured in {measured_in} mode only "
+                  f"on {profile.name} (compiled mode was measured for {profile.compiled.weight_format})")
     elif compared is not None:
         faster, evidence = compared
         mode, source = (Compilation.DEFAULT if faster else Compilation.EAGER), profile.reason_source
@@ -56,7 +63,7 @@ def choose_compilation(request: Request, profile: Profile) -> Decided[Compilatio
     else:
         mode, source = Compilation.EAGER, Source.DEFAULT
         detail = _plain_detail(mode)
-    if compared is None and mode != measured_in:
+    if (compared is None or asked_other) and mode != measured_in:
         detail += (f"; the profile's figures were measured in {measured_in} mode, so the memory "
                    "and speed predictions are for that mode")
     return Decided(mode, Reason("compilation", mode, source, detail))

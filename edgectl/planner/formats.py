@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from edgectl.contract import int4_layout
-from edgectl.contract.plan import Reason, Request, Source, WeightFormat
+from edgectl.contract.plan import Compilation, Reason, Request, Source, WeightFormat
 from edgectl.errors import EdgectlError
 from edgectl.planner.decided import Decided
 from edgectl.profiles import RECORDED_NOT_SERVED
@@ -74,10 +74,12 @@ def host_runs(fmt: WeightFormat, facts: HostFacts) -> tuple[bool, str]:
     return False, f"edgectl has no rule yet for where {fmt} runs"  # a format added without its rule
 
 
-def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile,
-                     request: Request) -> Decided[list[tuple[WeightFormat, Reason]]]:
+def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile, request: Request,
+                     compilation: Compilation = Compilation.EAGER) -> Decided[list[tuple[WeightFormat, Reason]]]:
     """The formats this host can run, best first, each with the reason it would be chosen.
 
+    In compiled mode, the format the profile measured compiled ranks by its compiled decode (the
+    plan then runs a combination that was measured, not eager's fastest format compiled).
     The reasons given are the formats that cannot run here, and why (if any).
     """
     checkpoint = checkpoint_format(model)
@@ -108,9 +110,17 @@ def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile,
             raise EdgectlError(f"--format {fmt} cannot run here: {refused[fmt]} (runnable here: {options})")
         return Decided([(fmt, Reason("weight_format", fmt, Source.FLAG, f"asked with --format; {runnable[fmt]}"))])
 
+    compiled = profile.compiled if compilation is Compilation.DEFAULT and profile.compiled else None
+    compiled_fmt = compiled.weight_format if compiled and compiled.decode_tok_s is not None else None
+
     def measured(fmt: WeightFormat) -> Figure | None:
+        if fmt == compiled_fmt:
+            return compiled.decode_tok_s
         figures = profile.formats.get(fmt)
         return figures.decode_tok_s if figures else None
+
+    def named(fmt: WeightFormat) -> str:
+        return f"{fmt} compiled" if fmt == compiled_fmt else f"{fmt}"
 
     ranked = sorted(
         runnable,
@@ -127,12 +137,13 @@ def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile,
     for fmt in ranked:
         fig = measured(fmt)
         if fig is not None:
-            others = [f"{f} {measured(f).median:g}" for f in ranked if f != fmt and measured(f) is not None]
-            detail = f"measured decode on {profile.name}: {fig.describe('tok/s')}"
+            others = [f"{named(f)} {measured(f).median:g}" for f in ranked if f != fmt and measured(f) is not None]
+            detail = (f"measured decode on {profile.name}: {fig.describe('tok/s')}"
+                      + (" in compiled mode" if fmt == compiled_fmt else ""))
             if fmt == ranked[0]:
                 detail = "fastest " + detail
             if others:
-                detail += "; others: " + ", ".join(others) + " tok/s"
+                detail += "; others: " + ", ".join(others) + " tok/s" + (" (eager)" if compiled_fmt else "")
             if unserved:
                 detail += f"; recorded on {profile.name} but not served by edgectl: " + ", ".join(unserved)
             candidates.append((fmt, Reason("weight_format", fmt, profile.reason_source, detail)))

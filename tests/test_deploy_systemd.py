@@ -114,6 +114,11 @@ def test_deploy_restart_watchdog_rollback_undeploy(systemd_sandbox, pulled_smoll
     assert dep["memory"]["pss_bytes"] > 100 << 20
     assert dep["memory"]["predicted_total_bytes"] == result["plan"]["memory"]["total_bytes"]
     assert [p["pid"] for p in dep["memory"]["processes"]] == [int(state["MainPID"])]
+    compiled = result["plan"]["compilation"] != "eager"  # the planner chose it for this class from its profile
+    if compiled:  # a fresh deployment has no graph in its cache directory yet: this start compiled it
+        assert dep["compiled_graph"]["source"] == "compiled", dep["compiled_graph"]
+    else:
+        assert dep["compiled_graph"] is None
 
     # -- kill -9: systemd restarts it (Restart=on-failure) and it becomes READY again
     pid = int(state["MainPID"])
@@ -124,6 +129,9 @@ def test_deploy_restart_watchdog_rollback_undeploy(systemd_sandbox, pulled_smoll
     dep = _status(sb, name)
     assert dep["watchdog_s"] == watchdog_s
     assert (dep["last_failure"]["kind"], dep["last_failure"]["signal"]) == ("crash", "KILL"), dep
+    if compiled:  # the restart loaded the graph the first start saved in the deployment's cache
+        assert dep["compiled_graph"]["source"] == "cache", dep["compiled_graph"]
+    print(f"\nkill -9 → ready again; compiled graph: {dep['compiled_graph']}")
 
     # -- kill -STOP: the pings stop, the watchdog kills it, systemd restarts it
     pid = int(after["MainPID"])

@@ -29,8 +29,10 @@ from models_helpers import REPO
 
 
 def _plan_for(model: str, port: int, tmp_path: Path, *args: str, **changes) -> Path:
-    """A plan for the catalog model (from its shipped config if it is not pulled), on ``port``;
-    ``args`` are more `edgectl plan` options."""
+    """A plan for the catalog model (from its shipped config if it is not pulled), on ``port``, in
+    eager mode unless ``args`` ask otherwise; ``args`` are more `edgectl plan` options."""
+    if "--compilation" not in args:  # each compile costs minutes on 2 cores; compiled mode: test_compile_cache_engine.py
+        args = ("--compilation", "eager", *args)
     out = subprocess.run([sys.executable, "-m", "edgectl", "plan", model, "--max-model-len", "1024", *args, "--json"],
                          capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
     assert out.returncode == 0, out.stderr

@@ -51,7 +51,9 @@ def _start(tmp: Path, plan_args: list[str]):
     """The worker on the plan `edgectl plan smollm2-135m ARGS` makes, started as the unit starts it
     (edgectl/contract/worker.py's command: python -OO for the plan's levers); (process, base URL, plan)."""
     port = _free_port()
-    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "smollm2-135m", *plan_args, "--json",
+    # eager: where the planner would compile (a measured class), each start would cost minutes
+    # on 2 cores; compiled mode serving the API is test_compile_cache_engine.py's and the deploy test's
+    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "smollm2-135m", "--compilation", "eager", *plan_args, "--json",
                           *isa_helpers.plan_args(tmp)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)

@@ -94,7 +94,9 @@ class FormatFigures:
 class CompiledFigures:
     """The same weight format in vLLM's compiled mode (the bench's ``compiled`` arm, same run as
     the eager figures): speeds, the first start (it compiles: ``ready_cold_s``), a later start (it
-    loads the graph the first one saved: ``ready_warm_s``), and the steady PSS it adds over eager."""
+    loads the graph the first one saved: ``ready_warm_s``), the steady PSS it adds over eager, and
+    the first start's peak PSS over the steady PSS (``cold_peak_ratio``: the compile runs inductor
+    and g++/cc1plus beside the loaded model, in the service's cgroup)."""
 
     weight_format: WeightFormat
     decode_tok_s: Figure | None
@@ -102,6 +104,7 @@ class CompiledFigures:
     ready_cold_s: Figure | None
     ready_warm_s: Figure | None
     extra_bytes: Figure | None
+    cold_peak_ratio: Figure | None = None
 
 
 @dataclass(frozen=True)
@@ -396,7 +399,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
     compiled = None
     if isinstance(top.get("compiled"), dict):
         cd = c.mapping(top["compiled"], "compiled", {"weight_format": str},
-                       {k: dict for k in ("decode_tok_s", "prefill_tok_s", "ready_cold_s", "ready_warm_s", "extra_bytes")})
+                       {k: dict for k in ("decode_tok_s", "prefill_tok_s", "ready_cold_s", "ready_warm_s", "extra_bytes", "cold_peak_ratio")})
         fmt = cd.get("weight_format")
         if isinstance(fmt, str):
             c.one_of(fmt, "compiled.weight_format", tuple(WeightFormat))
@@ -404,7 +407,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
             compiled = CompiledFigures(
                 weight_format=WeightFormat(fmt),
                 **{k: figure(cd.get(k), f"compiled.{k}")
-                   for k in ("decode_tok_s", "prefill_tok_s", "ready_cold_s", "ready_warm_s", "extra_bytes")})
+                   for k in ("decode_tok_s", "prefill_tok_s", "ready_cold_s", "ready_warm_s", "extra_bytes", "cold_peak_ratio")})
 
     profile = Profile(
         name=top.get("name", ""), file=file, device_class=top.get("device_class", ""),

@@ -163,6 +163,13 @@ def test_the_compiled_section_is_for_the_format_the_planner_will_pick() -> None:
     assert out is not None and out["weight_format"] == "w4a8"
     assert out["decode_tok_s"]["median"] == 95.0 and out["extra_bytes"]["median"] == 50
     assert "w4a8-compiled" in sources["bench-2026-12-01-w4a8-compiled"]["notes"]
+    assert "cold_peak_ratio" not in out  # the passes carry no cold start's peak
+    # with each pass's cold start (it compiled) peaking above the steady PSS: their ratio, per pass
+    for p, peak in zip(arms["w4a8-compiled"]["passes"], (1000, 1100, 1275)):
+        p["cold"] = {"pss_peak_bytes": peak}
+    out = _compiled(arms, {"w4a16": "planned", "w4a8": "w4a8"}, {}, {}, "2026-12-01")
+    assert out["cold_peak_ratio"] == {"median": round(1100 / 850, 4), "min": round(1000 / 850, 4),
+                                      "max": 1.5, "passes": 3, "source": "bench-2026-12-01-w4a8-compiled"}
     # with w4a8 slower in eager mode, the w4a16 pair is recorded
     arms["w4a8"]["median"]["decode_tok_s"] = 40.0
     out = _compiled(arms, {"w4a16": "planned", "w4a8": "w4a8"}, {}, {}, "2026-12-01")

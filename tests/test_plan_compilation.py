@@ -4,9 +4,12 @@ mode's own. Profiles are written by the test (never the shipped ones, which may 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from plan_helpers import SMOLLM2, host_facts, make_plan, profile_from_yaml, profile_yaml, reasons_by_decision, shape
+from edgectl.output import MiB
+from edgectl.planner.ledger import FALLBACK_COMPILE_PEAK_RATIO, MAX_HEADROOM
 from edgectl.planner.service import MIN_START_S, UNMEASURED_READY_S
 
 EAGER = ("  w4a16:\n    runs: true\n"
@@ -108,3 +111,31 @@ def test_a_format_not_measured_compiled_stays_eager_when_asked_for(tmp_path: Pat
     assert "measured in eager mode only" in why["detail"] and "measured for w4a8" in why["detail"]
     # the format that was measured compiled, asked for by name, still gets compiled mode
     assert str(_two(tmp_path, weight_format="w4a8").compilation) == "default"
+
+
+def test_the_memory_limit_holds_the_compiling_first_start(tmp_path: Path):
+    """The first start of a compiled plan compiles inside the service's cgroup (inductor and
+    cc1plus beside the loaded model): MemoryMax is sized by that start's measured peak when it is
+    above the load peak, and by a stated fallback when the profile has no such figure."""
+    runtime = RUNTIME + "  load_peak_ratio: {median: 1.02, min: 1.0, max: 1.04, passes: 3}\n"
+    block = compiled_block(decode_min=80.0, decode_median=84.0) + \
+        "  cold_peak_ratio: {median: 1.25, min: 1.2, max: 1.3, passes: 3}\n"
+
+    def plan(compiled: str, **request):
+        prof = profile_from_yaml(tmp_path, profile_yaml(formats=EAGER, extra="compilation: eager\n" + runtime + compiled))
+        return make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof], **request)
+
+    def limit(p, ratio):
+        return int(math.ceil(p.memory.total_bytes * ratio * MAX_HEADROOM / MiB) * MiB)
+
+    compiled, eager = plan(block), plan(block, compilation="eager")
+    assert str(compiled.compilation) == "default" and str(eager.compilation) == "eager"
+    assert compiled.memory.limit_bytes == limit(compiled, 1.25)
+    assert eager.memory.limit_bytes == limit(eager, 1.02)  # an eager start compiles nothing
+    why = reasons_by_decision(compiled)["memory_limit"][0]
+    assert why["source"] == "profile" and "the compiling first start's peak 1.25" in why["detail"]
+    # compiled mode asked for where the profile never measured its first start: the fallback, said so
+    unmeasured = plan(compiled_block(decode_min=80.0, decode_median=84.0))
+    assert unmeasured.memory.limit_bytes == limit(unmeasured, FALLBACK_COMPILE_PEAK_RATIO)
+    why = reasons_by_decision(unmeasured)["memory_limit"][0]
+    assert why["source"] == "fallback" and "not measured here" in why["detail"]

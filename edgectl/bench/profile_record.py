@@ -19,7 +19,8 @@ each naming a source that carries the run's provenance:
 - ``compiled``: with a compiled arm (``compiled``, ``w4a8-compiled``, or a plan in compiled
   mode) whose format was also measured eager, that format in vLLM's compiled mode — of several,
   the one that decodes fastest eager, which the planner picks: decode, prefill, ``ready_cold_s`` (the first start, on an empty compile cache),
-  ``ready_warm_s`` (a start that loaded the saved graph) and ``extra_bytes`` (its steady PSS
+  ``ready_warm_s`` (a start that loaded the saved graph), ``cold_peak_ratio`` (the compiling
+  start's peak PSS over the steady one) and ``extra_bytes`` (its steady PSS
   minus the eager arm's, pass by pass). The rest of the profile is eager mode's: a plan in
   compiled mode needs the ``eager`` arm beside it.
 
@@ -313,6 +314,11 @@ def _compiled(arms: dict[str, Any], eager_arms: dict[str, str], base_source: dic
             out[metric] = _figure(arm, metric, key, digits)
     extra = [c["pss_steady_bytes"] - e["pss_steady_bytes"] for c, e in zip(arm["passes"], eager["passes"])]
     out["extra_bytes"] = _figure_values(extra, key, digits=0)
+    # the first start's peak (it compiles) over the steady PSS of a start that loaded the graph
+    cold_peaks = [(p.get("cold") or {}).get("pss_peak_bytes") for p in arm["passes"]]
+    if all(cold_peaks) and all(p.get("pss_steady_bytes") for p in arm["passes"]):
+        out["cold_peak_ratio"] = _figure_values([peak / p["pss_steady_bytes"] for peak, p in zip(cold_peaks, arm["passes"])],
+                                                key, digits=4)
     return out
 
 

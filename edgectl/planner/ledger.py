@@ -40,6 +40,10 @@ MAX_BATCHED_TOKENS = 512
 # stack on top.
 FALLBACK_PROCESS_BYTES = 640 * MiB
 FALLBACK_LOAD_PEAK_RATIO = 1.3
+# Compiled mode's first start compiles inside the service's cgroup: on x86_64-amx its peak PSS was
+# 1.25× the steady one (the worker plus cc1plus compiling inductor's C++, docs/memory.md
+# "Compiled mode's first start"). Without that figure in the profile, this ratio stands in.
+FALLBACK_COMPILE_PEAK_RATIO = 1.3
 # A conservative activation estimate per batched token when the profile has none: hidden
 # states and residuals (8 × hidden) and the MLP's gate/up/act buffers (4 × intermediate), fp32.
 FALLBACK_WORKSPACE_FACTOR = 4
@@ -157,9 +161,10 @@ def weights_bytes_for(model: ModelFacts, weight_format: WeightFormat | str, grou
 @dataclass(frozen=True)
 class Costs:
     runtime_bytes: int  # per process × processes
-    peak_ratio: float  # load peak PSS / steady PSS
+    peak_ratio: float  # load peak PSS / steady PSS (in compiled mode, the compiling start's if higher)
     peak_source: Source
     workspace_bytes_per_token: float
+    peak_what: str = "load peak"
 
 
 def fixed_costs(model: ModelFacts, profile: Profile, topology: Topology,
@@ -185,12 +190,22 @@ def fixed_costs(model: ModelFacts, profile: Profile, topology: Topology,
         peak_ratio, peak_source = profile.load_peak_ratio.median, profile.reason_source
     else:
         peak_ratio, peak_source = FALLBACK_LOAD_PEAK_RATIO, Source.FALLBACK
+    peak_what = "load peak"
+    if compilation is Compilation.DEFAULT:
+        # the first start compiles (and a start after a settings change): MemoryMax must hold it
+        cold = profile.compiled.cold_peak_ratio if profile.compiled else None
+        cold_ratio, cold_source = ((cold.median, profile.reason_source) if cold is not None
+                                   else (FALLBACK_COMPILE_PEAK_RATIO, Source.FALLBACK))
+        if cold_ratio > peak_ratio:
+            peak_ratio, peak_source = cold_ratio, cold_source
+            peak_what = ("the compiling first start's peak" if cold is not None
+                         else "compiled mode's first start (it compiles; not measured here), peak")
     if profile.workspace_bytes_per_token is not None:
         per_token = profile.workspace_bytes_per_token.median
     else:
         intermediate = model.intermediate_size or 4 * model.hidden_size
         per_token = FALLBACK_WORKSPACE_FACTOR * (8 * model.hidden_size + 4 * intermediate)
-    costs = Costs(runtime_bytes, peak_ratio, peak_source, per_token)
+    costs = Costs(runtime_bytes, peak_ratio, peak_source, per_token, peak_what)
     return Decided(costs, Reason("runtime_bytes", runtime_bytes, source, detail))
 
 
@@ -264,7 +279,7 @@ def memory_limit(memory: Memory, costs: Costs) -> Decided[int]:
     """MemoryMax (and MemoryHigh): the steady total times the load peak, with headroom."""
     return Decided(memory.limit_bytes, Reason(
         "memory_limit", memory.limit_bytes, costs.peak_source,
-        f"MemoryMax = total × load peak {costs.peak_ratio:.2f} × {MAX_HEADROOM}; MemoryHigh = × {HIGH_HEADROOM}"))
+        f"MemoryMax = total × {costs.peak_what} {costs.peak_ratio:.2f} × {MAX_HEADROOM}; MemoryHigh = × {HIGH_HEADROOM}"))
 
 
 def _round_mib(n: float) -> int:

@@ -2,7 +2,9 @@
 
 One scenario, in order, sharing one sandbox and few engine starts (each ~30-60 s on 2 cores):
 deploy (the default plan's timeouts) → active and READY → a chat completion says Paris → ``kill -9``
-of the worker → systemd restarts it and it is READY again, and ``edgectl status`` calls it a crash →
+of the worker → systemd restarts it and it is READY again, and ``edgectl status`` calls it a crash
+(where the planner chose compiled mode for this class, the first start compiled the graph and the
+restart loaded it from the deployment's cache) →
 ``kill -STOP`` → the watchdog kills and restarts it, status says so (the time to serving again is
 printed: the bound is 60 s for SmolLM2, never asserted) → a
 re-deploy with a broken model rolls back to the running previous version → undeploy leaves no

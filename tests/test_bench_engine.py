@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from edgectl.contract.effective import head_family
 from models_helpers import run_cli
 
 pytestmark = pytest.mark.engine
@@ -45,7 +46,13 @@ def test_stock_and_planned_read_back_their_settings(tmp_path: Path, pulled_smoll
     # edgectl's plan, as read back from its worker
     assert planned["effective"]["kv_cache_bytes"] == plan["kv_cache_bytes"]
     assert set(planned["effective"]["rope_rows"].values()) == {1024}
-    assert planned["effective"]["lm_head_format"] == "bf16-tied-embedding"
+    # the output head the plan asks for (the default format differs per device class: a bf16 tied
+    # head with w4a16, edgectl's int8 blocks with w4a8), and the mode, read back from the worker
+    if plan["weight_format"] == "w4a8":
+        assert head_family(planned["effective"]["lm_head_format"]) == "int8"
+    else:
+        assert planned["effective"]["lm_head_format"] == "bf16-tied-embedding"
+    assert planned["effective"]["enforce_eager"] == (plan["compilation"] == "eager")
     assert planned["processes"] == 1
 
     # every pass measured something, from the whole tree; fidelity against the bf16 control

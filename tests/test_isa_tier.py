@@ -137,8 +137,9 @@ def test_the_engine_serves_the_runs_plan_at_the_runs_isa(tmp_path, pulled_smollm
     reads back PyTorch's capability and vLLM's attention kernel for the run's ISA; and it answers."""
     isa = isa_helpers.host_isa()
     env = runtime_env()
+    # eager: a compile costs minutes on 2 cores (compiled mode is the deploy test's and the bench's)
     out = subprocess.run([sys.executable, "-m", "edgectl", "plan", "smollm2-135m", "--max-model-len", "1024",
-                          "--json", *isa_helpers.plan_args(tmp_path)],
+                          "--compilation", "eager", "--json", *isa_helpers.plan_args(tmp_path)],
                          capture_output=True, text=True, timeout=120, env=env, cwd=str(REPO))
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)

@@ -51,8 +51,9 @@ def _complete(port: int, prompt: str, tokens: int, stream: bool = False) -> http
 @pytest.mark.engine
 def test_more_clients_than_sequences_are_all_answered_and_a_dropped_stream_frees_its_sequence(tmp_path, pulled_smollm2):
     port = _free_port()
+    # eager: a compile costs minutes on 2 cores; the compiled default is served in the deploy test
     out = subprocess.run([sys.executable, "-m", "edgectl", "plan", "smollm2-135m", "--max-model-len", "1024",
-                          "--max-num-seqs", str(SEQS), "--json"], capture_output=True, text=True, timeout=120,
+                          "--compilation", "eager", "--max-num-seqs", str(SEQS), "--json"], capture_output=True, text=True, timeout=120,
                          env=_env(), cwd=REPO)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)

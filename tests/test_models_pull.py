@@ -214,8 +214,11 @@ def test_interrupted_conversion_leaves_nothing(pulled: dict, tmp_path: Path) -> 
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime")])}
     err_path = tmp_path / "stderr"
     with err_path.open("w") as err_file:
+        # SIGINT as a terminal would deliver it: a suite started in the background (`cmd &` in a
+        # script) hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt
         proc = subprocess.Popen([sys.executable, "-m", "edgectl", "models", "pull", "smollm2-135m"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=err_file, cwd=REPO)
+                                stdout=subprocess.DEVNULL, stderr=err_file, cwd=REPO,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             while "convert:" not in err_path.read_text() and proc.poll() is None:
                 time.sleep(0.2)

@@ -89,14 +89,23 @@ info = {"commit": sys.argv[1] or None, "dirty": sys.argv[2] == "true", "checkout
 (pathlib.Path(edgectl.__file__).parent / "data" / "build.json").write_text(json.dumps(info) + "\n")
 PYEOF
 # The worker runs under python -OO (the plan's levers.python_optimize, docs/memory.md): the
-# .opt-2.pyc of what it imports are written now, while the venv is writable. The service's
-# sandbox cannot write them, and compiling ~6000 modules at every start costs ~10 s. Importing
-# what the worker imports writes them (a second run finds them up to date).
-"$PY" -OO -c "
+# .opt-2.pyc of everything it may import are written now, while the venv is writable. The
+# service's sandbox cannot write them, and a start that compiles its ~4800 modules from source
+# spends ~7 s more getting ready (docs/memory.md, "Compiled bytecode"). Written whatever the
+# caller's environment says: PYTHONDONTWRITEBYTECODE, set in many container images and CI
+# machines, would make the import below write nothing.
+env -u PYTHONDONTWRITEBYTECODE "$PY" -OO -c "
 import edgectl_runtime.worker, edgectl_runtime.plugin, edgectl_runtime.inproc, edgectl_runtime.readback
 import edgectl_runtime.memory, edgectl_runtime.embedding, edgectl_runtime.lean, edgectl_runtime.rope
 import vllm.entrypoints.openai.api_server, vllm.entrypoints.launchers.api_server.entry, vllm.entrypoints.launchers.app
 import vllm.model_executor.models.llama, vllm.v1.attention.backends.cpu_attn, vllm.v1.worker.cpu_worker
 " || { echo "error: the runtime does not import under python -OO; see above" >&2; exit 1; }
+# What the worker imports only later, during a start (the model's architecture, the engine's
+# loaders, the server's middleware: ~430 more modules), is compiled by compiling the whole venv
+# (~300 MB of .opt-2.pyc; ~25 s the first time, seconds when up to date). compileall writes
+# whatever the environment says; files that are not Python 3.11 (torch's py312 test helpers)
+# fail to compile and are skipped: nothing imports them.
+SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+"$PY" -OO -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true
 ln -sf "$VENV/bin/edgectl" /usr/local/bin/edgectl
 echo "setup: edgectl is $(command -v edgectl) ($VENV)"

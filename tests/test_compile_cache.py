@@ -4,6 +4,7 @@ swallowed load failure keeps its traceback."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -98,3 +99,60 @@ def test_the_load_fix_goes_only_where_the_method_is_missing():
             del Bundled.finalize_loading
         if before is not None:
             Bundled.finalize_loading = before
+
+
+# -- inductor's ISA probe, recorded once ----------------------------------------------------------
+
+@pytest.fixture
+def inductor_isa(monkeypatch):
+    """Inductor's ISA switch and probe cache as a fresh process has them; restored afterwards."""
+    from torch._inductor import config, cpu_vec_isa
+
+    if config.cpp.vec_isa_ok is not None:
+        pytest.skip("TORCHINDUCTOR_VEC_ISA_OK is set in this environment")
+    monkeypatch.setitem(compile_cache._state, "vec_isa", None)
+    candidates, _ = compile_cache._isa_candidates_and_factors()
+    if not candidates:
+        pytest.skip("no x86 vector ISA for inductor to probe on this machine")
+    with config.patch({"cpp.vec_isa_ok": None}):
+        yield config, cpu_vec_isa
+
+
+def test_a_start_that_probed_records_and_the_next_skips_the_probe(tmp_path, inductor_isa):
+    """The record is what the probe found; the next start with the same CPU, compiler and torch
+    sets inductor's switch instead of compiling and loading test programs again."""
+    config, cpu_vec_isa = inductor_isa
+    assert not compile_cache.apply_isa_record(str(tmp_path))  # nothing recorded yet: probe
+    valid = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]  # the probe (cached per process)
+    assert compile_cache.record_isa_probe(str(tmp_path))
+    record = json.loads(next((tmp_path / "edgectl").glob("inductor-vec-isa-*.json")).read_text())
+    assert record["valid"] == valid
+    if record["valid"] != record["candidates"]:
+        pytest.skip(f"the probe failed an ISA here ({record}): the switch cannot express it")
+    assert compile_cache.apply_isa_record(str(tmp_path))
+    assert config.cpp.vec_isa_ok is True and compile_cache._state["vec_isa"] == "recorded"
+
+
+def test_a_record_from_another_compiler_or_a_failed_isa_is_not_trusted(tmp_path, inductor_isa):
+    config, _ = inductor_isa
+    candidates, factors = compile_cache._isa_candidates_and_factors()
+    path = compile_cache._isa_record_path(str(tmp_path), factors)
+    path.parent.mkdir(parents=True)
+    # a compiler that could not build one of them: probe again (the switch is all or nothing)
+    path.write_text(json.dumps({"factors": factors, "candidates": candidates, "valid": candidates[1:]}))
+    assert not compile_cache.apply_isa_record(str(tmp_path))
+    # another compiler version written under this digest's name (a tampered or stale file)
+    other = {**factors, "compiler_version": factors["compiler_version"] + " (another)"}
+    path.write_text(json.dumps({"factors": other, "candidates": candidates, "valid": candidates}))
+    assert not compile_cache.apply_isa_record(str(tmp_path))
+    path.write_text("{not json")
+    assert not compile_cache.apply_isa_record(str(tmp_path))
+    assert config.cpp.vec_isa_ok is None
+
+
+def test_no_record_where_the_probe_did_not_run(tmp_path, inductor_isa, monkeypatch):
+    """Recording never starts a probe itself (an eager start, or a switch set by the user)."""
+    _, cpu_vec_isa = inductor_isa
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    assert not compile_cache.record_isa_probe(str(tmp_path))
+    assert not (tmp_path / "edgectl").exists()

@@ -172,6 +172,15 @@ def test_a_setting_change_compiles_again_and_the_same_settings_load(work):
     assert warm["compile"]["artifact"] == cold["compile"]["artifact"]
     assert warm["generated"] == cold["generated"]
     assert "load failure" not in warm_log
+    # inductor's ISA probe (x86 only, torch/_inductor/cpu_vec_isa.py): the cold start probed and
+    # recorded it; the warm one trusted the record where every ISA passed
+    records = list((cache / "edgectl").glob("inductor-vec-isa-*.json"))
+    if cold["compile"]["vec_isa"] is None:
+        assert not records  # nothing probed (not x86)
+    else:
+        assert cold["compile"]["vec_isa"] == "probed" and len(records) == 1
+        record = json.loads(records[0].read_text())
+        assert warm["compile"]["vec_isa"] == ("recorded" if record["valid"] == record["candidates"] else "probed")
 
     assert other["compile"]["source"] == "compiled"
     assert other["key"] != cold["key"] and other["compile"]["artifact"] != cold["compile"]["artifact"]

@@ -31,6 +31,17 @@ nor the CPU capability the kernels were generated for. vLLM loads with its guard
 on the wrong tensors. :func:`key_factors` adds all of these, computed in the process that builds the
 graph from the environment that process's plugin reads; :func:`install_key` appends them to vLLM's.
 
+**Inductor's ISA probe, once per machine** (:func:`apply_isa_record`, :func:`record_isa_probe`).
+Loading a cached graph still builds the command line of its C++ kernels, and for that inductor
+asks which vector ISAs work (``torch/_inductor/cpu_vec_isa.py``, ``valid_vec_isa_list``): for
+every ISA the CPU flags allow (AMX, AVX-512 VNNI, AVX-512 and AVX2 here) it compiles a test
+file and starts a Python subprocess to ``dlopen`` it, 1.5 s of a 15 s warm start on the
+development box. The answer depends on the CPU, the compiler and torch only. The first start
+records it beside vLLM's cache; a later start whose CPU, compiler and torch match, and where
+every ISA passed, sets inductor's own switch for it (``config.cpp.vec_isa_ok``, the
+``TORCHINDUCTOR_VEC_ISA_OK`` setting) instead of probing again: the same ISAs, so the same
+kernels. Where one failed, the switch cannot say which, and the probe runs as before.
+
 **Read-back** (:func:`facts`): whether this process's graph was loaded from the cache or compiled,
 how long that took, and why a load failed (the traceback goes to the log too: vLLM logs only
 ``str(e)``).
@@ -57,7 +68,8 @@ _ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "TORCHINDUCTOR_CPP_ISA"
 
 # What happened in this process (one compiled model per process here: the backbone).
 _state: dict[str, Any] = {"source": None, "artifact": None, "load_s": None, "compile_s": None,
-                          "load_failure": None, "key": None, "compile_started_monotonic": None}
+                          "load_failure": None, "key": None, "compile_started_monotonic": None,
+                          "vec_isa": None}
 _installed = False
 # Called as listener(event, state) on "loading", "loaded", "compiling", "compiled" (the worker
 # turns them into its phase and systemd STATUS=; only where the model lives in this process).
@@ -143,6 +155,75 @@ def install_key() -> None:
     caching.aot_compile_hash_factors = aot_compile_hash_factors
 
 
+# -- inductor's ISA probe ------------------------------------------------------------------------------
+
+def _isa_candidates_and_factors() -> tuple[list[str], dict[str, Any]]:
+    """The ISAs the probe would test (those the CPU flags allow, as ``valid_vec_isa_list`` picks
+    them) and what the probe's answer depends on."""
+    import platform
+
+    import torch
+    from torch._inductor import cpp_builder, cpu_vec_isa
+
+    cpu = cpu_vec_isa.x86_isa_checker()
+    candidates = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list
+                  if all(flag in cpu for flag in str(isa).split())]
+    compiler = cpp_builder.get_cpp_compiler()
+    return candidates, {"torch": torch.__version__, "machine": platform.machine(), "cpu_isa": cpu,
+                        "compiler": compiler, "compiler_version": cpp_builder.get_compiler_version_info(compiler)}
+
+
+def _isa_record_path(cache_root: str, factors: Mapping[str, Any]) -> Path:
+    return Path(cache_root) / "edgectl" / f"inductor-vec-isa-{key_digest(factors)[:16]}.json"
+
+
+def apply_isa_record(cache_root: str) -> bool:
+    """Skip inductor's ISA probe where an earlier start recorded that every candidate passed on
+    this CPU, compiler and torch. Returns whether it was skipped."""
+    from torch._inductor import config
+
+    if config.cpp.vec_isa_ok is not None:  # set by the user (TORCHINDUCTOR_VEC_ISA_OK): theirs
+        return False
+    candidates, factors = _isa_candidates_and_factors()
+    try:
+        record = json.loads(_isa_record_path(cache_root, factors).read_text())
+    except (OSError, ValueError):
+        return False
+    if not candidates or record.get("factors") != factors or record.get("valid") != candidates:
+        return False
+    config.cpp.vec_isa_ok = True
+    _state["vec_isa"] = "recorded"
+    return True
+
+
+def record_isa_probe(cache_root: str) -> bool:
+    """After a start that probed: write down which ISAs passed (only if the probe ran in this
+    process; never starts one). Returns whether a record was written."""
+    from torch._inductor import config, cpu_vec_isa
+
+    if config.cpp.vec_isa_ok is not None or cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0:
+        return False
+    _state["vec_isa"] = "probed"
+    candidates, factors = _isa_candidates_and_factors()
+    path = _isa_record_path(cache_root, factors)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"factors": factors, "candidates": candidates,
+                                   "valid": [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]}))
+        os.replace(tmp, path)
+    except OSError as exc:  # a cache that cannot be written costs the probe next time, nothing else
+        log.warning("could not record inductor's ISA probe in %s: %s", path, exc)
+        return False
+    return True
+
+
+def _cache_root() -> str:
+    from vllm import envs
+
+    return envs.VLLM_CACHE_ROOT
+
+
 # -- the load fix and the read-back ------------------------------------------------------------------
 
 def install_load_fix() -> bool:
@@ -193,8 +274,10 @@ def install_readback() -> None:
             _state["artifact"] = aot_compilation_path
             if os.path.exists(aot_compilation_path):
                 _emit("loading")
+                apply_isa_record(_cache_root())
             loaded = original_load(model, aot_compilation_path)
             if loaded is not None:
+                record_isa_probe(_cache_root())
                 _state.update(source="cache", load_s=round(time.monotonic() - t0, 3))
                 log.info("compiled graph loaded from cache %s in %.1f s", aot_compilation_path,
                          time.monotonic() - t0)
@@ -213,6 +296,7 @@ def install_readback() -> None:
             _emit("compiling")
             result = original_compile(self, *args, **kwargs)
             _state.update(source="compiled", compile_s=round(time.monotonic() - t0, 3))
+            record_isa_probe(_cache_root())
             log.info("graph compiled in %.1f s (%s)", time.monotonic() - t0,
                      "the cache had none for this key" if _state["load_failure"] is None
                      else f"the cached one failed to load: {_state['load_failure']}")

@@ -9,9 +9,10 @@ writer refuses to write it (tests/test_watchdog.py). In order, sharing one engin
    chunk each — is answered and the watchdog never fires;
 2. the engine step stalls while the process and its HTTP server stay alive (the server still
    answers): systemd's watchdog kills the worker (``Result=watchdog`` in the journal), restarts it,
-   and it serves again.
+   and it serves again;
+3. the whole worker is frozen (SIGSTOP): the same, with the abort bounded by TimeoutAbortSec=.
 
-The SIGSTOP of a whole deployed worker is in tests/test_deploy_systemd.py. Times are printed
+The SIGSTOP of a deployment made by ``edgectl deploy`` is in tests/test_deploy_systemd.py too. Times are printed
 (``pytest -s``), never asserted: the issue's bound (serving again within 60 s) is read from them.
 
 The AVX2 path on a bigger CPU: the variables that hold the ISA down (``ATEN_CPU_CAPABILITY``,
@@ -166,5 +167,15 @@ def test_a_long_prefill_lives_and_a_stalled_engine_is_restarted(systemd_sandbox,
                                                      "MESSAGE_ID=98e322203f7a4ed290d09fe03c09fe15"]).stdout)
             assert failures and failures[-1].result == "watchdog", failures
             assert failures[-1].signal == "ABRT"
+
+            # -- 3. the whole worker frozen (SIGSTOP): no pings at all; the watchdog's SIGABRT stays
+            # pending on a stopped task, so the unit's TimeoutAbortSec bounds the wait for SIGKILL
+            frozen = sb.show(unit, "NRestarts", "MainPID")
+            sb.run(["kill", "-STOP", frozen["MainPID"]])
+            stopped_at = time.monotonic()
+            back = _serving_again(sb, unit, int(frozen["NRestarts"]), port, timeout_s=plan.timeouts.watchdog_s
+                                  + plan.timeouts.start_s + 120)
+            print(f"SIGSTOP → serving again in {back - stopped_at:.1f} s (WatchdogSec={plan.timeouts.watchdog_s})")
+            assert sb.show(unit, "MainPID")["MainPID"] != frozen["MainPID"]
         finally:
             sb.remove_unit(unit)

@@ -156,3 +156,20 @@ def test_no_record_where_the_probe_did_not_run(tmp_path, inductor_isa, monkeypat
     cpu_vec_isa.valid_vec_isa_list.cache_clear()
     assert not compile_cache.record_isa_probe(str(tmp_path))
     assert not (tmp_path / "edgectl").exists()
+
+
+# -- inductor's precompiled header --------------------------------------------------------------------
+
+def test_the_precompiled_header_goes_to_the_inductor_cache_when_one_is_set(tmp_path, monkeypatch):
+    """Inductor keeps it in the temporary directory, which a unit with PrivateTmp= loses at every
+    start; with TORCHINDUCTOR_CACHE_DIR set (the unit, the bench) it stays beside the rest."""
+    from torch._inductor import codecache
+
+    monkeypatch.setattr(codecache, "_HEADER_DIR", codecache._HEADER_DIR)  # restored afterwards
+    monkeypatch.setattr(codecache, "_HEADER_LOCK_DIR", codecache._HEADER_LOCK_DIR)
+    before = codecache._HEADER_DIR
+    assert compile_cache.install_header_dir({}) is None  # not set: inductor's own place stands
+    assert codecache._HEADER_DIR == before
+    got = compile_cache.install_header_dir({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert got == str(tmp_path / "inductor" / "precompiled_headers") == codecache._HEADER_DIR
+    assert codecache._HEADER_LOCK_DIR == str(tmp_path / "inductor" / "precompiled_headers" / "locks")

@@ -110,7 +110,8 @@ pytestmark = pytest.mark.engine
 
 
 def _start(kind: str, arg: str, cache: Path, env: dict[str, str] | None = None) -> tuple[dict, str]:
-    extra = {"VLLM_CACHE_ROOT": str(cache), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}
+    extra = {"VLLM_CACHE_ROOT": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+             "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}
     done = run_runtime([str(Path(__file__).resolve()), kind, arg], extra_env=extra, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return read_json_line(done.stdout), done.stdout + done.stderr
@@ -168,6 +169,9 @@ def test_a_setting_change_compiles_again_and_the_same_settings_load(work):
           f"(load {warm['compile']['load_s']} s), group size changed {other['ready_s']} s")
 
     assert cold["compile"]["source"] == "compiled" and cold["compile"]["aot_saved"] == 1
+    # the kernels' precompiled header is kept in the inductor cache, not in /tmp (which a unit with
+    # PrivateTmp= loses at every start, and with it 6-8 s of the next load)
+    assert list((cache / "inductor" / "precompiled_headers").glob("*.gch")), sorted(cache.rglob("*"))[:40]
     assert warm["compile"]["source"] == "cache", warm_log[-3000:]
     assert warm["compile"]["artifact"] == cold["compile"]["artifact"]
     assert warm["generated"] == cold["generated"]

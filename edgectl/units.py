@@ -30,8 +30,10 @@ NAME_MAX_CHARS = 31 - len("edgectl-")
 _NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9_-]*[a-z0-9])?")
 RESERVED_NAMES = frozenset({"models", "profiles"})  # /var/lib/edgectl/models, /etc/edgectl/profiles
 
-# Back-off and start limit (systemd 252 has no growing back-off; see the template).
-RESTART_S = 5
+# Back-off and start limit (systemd 252 has no growing back-off; see the template). The back-off
+# is part of every recovery a user waits for (docs/facts.md, "A hung service, end to end"):
+# short, with StartLimitBurst= ending a loop of failing starts.
+RESTART_S = 2
 # After the watchdog's SIGABRT, SIGKILL follows this soon (units/README.md, TimeoutAbortSec=).
 ABORT_S = 5
 START_LIMIT_BURST = 5

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from tests.installed import RUNTIME_PYTHON, runtime_missing
+from installed import RUNTIME_PYTHON, runtime_missing
 
 pytestmark = pytest.mark.runtime
 

@@ -91,7 +91,7 @@ PYEOF
 # The worker runs under python -OO (the plan's levers.python_optimize, docs/memory.md): the
 # .opt-2.pyc of everything it may import are written now, while the venv is writable. The
 # service's sandbox cannot write them, and a start that compiles its ~4800 modules from source
-# spends ~7 s more getting ready (docs/memory.md, "Compiled bytecode"). Written whatever the
+# spends ~11 s more getting ready (docs/facts.md, "Where a warm start goes"). Written whatever the
 # caller's environment says: PYTHONDONTWRITEBYTECODE, set in many container images and CI
 # machines, would make the import below write nothing.
 env -u PYTHONDONTWRITEBYTECODE "$PY" -OO -c "

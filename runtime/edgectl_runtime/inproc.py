@@ -325,7 +325,7 @@ def inspect_models_in_process() -> None:
     architecture's class supports by importing it in a subprocess
     (``vllm/model_executor/models/registry.py``, ``_run_in_subprocess``: "Performed in another
     process to avoid initializing CUDA"), a second import of vLLM and its plugins: 11.6 s of a
-    25 s eager start on the development box. A CPU process initializes no CUDA, and this process
+    25 s eager first start on the development box's AVX2 path (docs/facts.md). A CPU process initializes no CUDA, and this process
     imports the same class moments later to load the model; the answer still goes to vLLM's
     cache as before.
     """

@@ -68,6 +68,14 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("lm-head-int4", "worker", {"quantize_lm_head": True}, "the plan with the output head in int4"),
     ArmSpec("bf16", "worker", {"weight_format": "bf16"}, "the plan with bf16 weights (the fidelity reference)"),
     ArmSpec("w4a16", "worker", {"weight_format": "w4a16"}, "the plan with int4 weights on PyTorch's kernel"),
+    # Larger int4 groups (edgectl/contract/int4_layout.py: a layer whose K the group does not divide
+    # takes the largest allowed one below it that does). Only w4a16 has a group to vary: edgectl's
+    # w4a8 blocks are 32 columns by their layout (ops/csrc/kernels.h), so no w4a8 arm here.
+    ArmSpec("w4a16-g64", "worker", {"weight_format": "w4a16", "group_size": 64},
+            "the plan with int4 weights on PyTorch's kernel in groups of 64"),
+    ArmSpec("w4a16-g128", "worker", {"weight_format": "w4a16", "group_size": 128},
+            "the plan with int4 weights on PyTorch's kernel in groups of 128 where K allows it (else the "
+            "largest allowed group below that divides K)"),
     ArmSpec("w4a8", "worker", {"weight_format": "w4a8"},
             "the plan with int4 weights and int8 activations on edgectl's own kernels (and their int8 head)"),
     ArmSpec("compiled", "worker", {"compilation": "default"}, "the plan with vLLM's default torch.compile mode"),

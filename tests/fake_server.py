@@ -13,7 +13,8 @@ asked KV bytes (a setting that did not take effect), ``--crash-on-start N --stat
 before ready on its N-th start, ``--child-alloc-mb M`` starts a child process that holds M MB
 (memory that only a whole-tree measurement sees), ``--alloc-mb M`` holds M MB itself,
 ``--ready-delay S`` answers 503 at first; ``--sabotage recompile`` compiles its "graph" at every
-start instead of loading the one it left in ``VLLM_CACHE_ROOT`` (a compile cache that does not load).
+start instead of loading the one it left in ``VLLM_CACHE_ROOT`` (a compile cache that does not load);
+``--sabotage group`` quantizes every int4 layer in groups of 32 whatever group the plan asks for.
 Standard library only, plus edgectl's plan type (it reads its plan file as the worker does);
 the bench's tests start it as a real process on a real port.
 """
@@ -107,8 +108,9 @@ class State:
             ("self_attn.qkv_proj", c["hidden_size"]), ("self_attn.o_proj", c["hidden_size"]),
             ("mlp.down_proj", c["intermediate_size"]))}
         # each layer's group by the plan's rule, as edgectl's runtime quantizes at load
-        layers = {name: (f"cpu_int4/g{int4_layout.choose_group_size(k, p.group_size)}" if int4 else "bf16")
-                  for name, k in widths.items()}
+        group = (lambda k: 32) if self.ns.sabotage == "group" else (
+            lambda k: int4_layout.choose_group_size(k, p.group_size))
+        layers = {name: (f"cpu_int4/g{group(k)}" if int4 else "bf16") for name, k in widths.items()}
         head = "cpu_int4/g64-tied-embedding" if p.quantize_lm_head else "bf16-tied-embedding"
         return {"schema": EFFECTIVE_SCHEMA, "max_model_len": p.max_model_len,
                 "max_num_seqs": p.max_num_seqs, "kv_cache_bytes": kv, "threads": p.threads,
@@ -268,7 +270,7 @@ def main(argv: list[str]) -> int:
         return 2
     cut = argv.index("--")
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sabotage", choices=["kv", "recompile"])
+    parser.add_argument("--sabotage", choices=["kv", "recompile", "group"])
     parser.add_argument("--crash-on-start", type=int)
     parser.add_argument("--state")
     parser.add_argument("--child-alloc-mb", type=int, default=0)

@@ -350,6 +350,43 @@ def test_the_stock_arm_with_the_plans_threads(tmp_path, model_dir, facts) -> Non
     assert arm["plan"]["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
 
 
+# -- int4 groups ------------------------------------------------------------------------------------
+
+
+def test_the_group_arms_run_w4a16_at_their_group_and_read_it_back_per_layer(tmp_path, model_dir, facts) -> None:
+    """The tiny model's K are 64 (qkv, o_proj) and 128 (down_proj): groups of 128 apply to down_proj
+    only, the others take 64 (int4_layout.choose_group_size)."""
+    a = bench(tmp_path, model_dir, facts, "w4a16-g64,w4a16-g128", passes=1).to_dict()
+    assert a["complete"] is True, a["incomplete_reasons"]
+    plans = {n: a["arms"][n]["plan"] for n in ("w4a16-g64", "w4a16-g128")}
+    assert {n: (p["weight_format"], p["group_size"]) for n, p in plans.items()} == {
+        "w4a16-g64": ("w4a16", 64), "w4a16-g128": ("w4a16", 128)}
+    # more groups, more scale bytes: the planner sizes each arm's weights by its own group
+    assert plans["w4a16-g64"]["memory"]["weights_bytes"] > plans["w4a16-g128"]["memory"]["weights_bytes"]
+    for name, want in (("w4a16-g64", {64: 64, 128: 64}), ("w4a16-g128", {64: 64, 128: 128})):
+        (p,) = a["arms"][name]["passes"]
+        assert p["status"] == "ok", p.get("problems")
+        eff = p["effective"]
+        body = {n: f for n, f in eff["linear_formats"].items() if n != "lm_head"}
+        assert {n: f"cpu_int4/g{want[eff['linear_in_features'][n]]}" for n in body} == body
+
+
+def test_a_group_that_did_not_take_effect_makes_the_pass_invalid(tmp_path, model_dir, facts) -> None:
+    a = bench(tmp_path, model_dir, facts, "w4a16-g128", passes=1,
+              options={"w4a16-g128": ["--sabotage", "group"]}).to_dict()
+    (p,) = a["arms"]["w4a16-g128"]["passes"]
+    assert p["status"] == "invalid"
+    assert any("differ in group size" in x and "group size 128" in x for x in p["problems"]), p["problems"]
+    assert a["complete"] is False
+
+
+def test_only_formats_with_a_group_have_group_arms() -> None:
+    """edgectl's w4a8 blocks are 32 columns by their layout: no arm claims another size for them."""
+    grouped = {n: a.overrides for n, a in ARMS.items() if "group_size" in a.overrides}
+    assert set(grouped) == {"w4a16-g64", "w4a16-g128"}
+    assert all(o.get("weight_format") == "w4a16" for o in grouped.values())
+
+
 @pytest.mark.runtime
 def test_an_isa_held_down_is_recorded_and_said() -> None:
     """The servers' PyTorch ISA goes into the artifact; an AVX2 path forced on a wider CPU is

@@ -5,6 +5,11 @@ from PyPI with pip, the only registry the target boxes reach. The build is CPU-o
 with the web UI neither downloaded nor built (``LLAMA_USE_PREBUILT_UI=OFF`` — by default the
 build fetches it from a Hugging Face bucket), and lands in a cache directory next to the model
 cache: ``<EDGECTL_MODEL_CACHE>/../llama.cpp/<version>/bin/llama-server``.
+
+The same build makes ``llama-quantize`` beside it and keeps the source's Hugging Face converter
+(``convert_hf_to_gguf.py`` with its ``conversion/`` and ``gguf-py/``) under ``<version>/convert/``:
+``edgectl models pull`` of a synthetic catalog model (edgectl/models/synthetic.py) converts and
+quantizes with them, so the bench's llama.cpp arm reads a GGUF made by its own source.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from edgectl.errors import EXIT_FAILED, EdgectlError
 
 PACKAGE = "llama-cpp-python"
 BINARY = "llama-server"
+QUANTIZE = "llama-quantize"
+TARGETS = (BINARY, QUANTIZE)
+CONVERT_DIR = "convert"  # <version>/convert/convert_hf_to_gguf.py, conversion/, gguf-py/
+CONVERT_SCRIPT = "convert_hf_to_gguf.py"
+_CONVERT_FILES = (CONVERT_SCRIPT, "conversion", "gguf-py")
 
 Progress = Callable[[str], None]
 
@@ -117,24 +127,81 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
               *options, "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
               "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
               "-DLLAMA_OPENSSL=OFF"], "cmake configure", environ, tmpdir / "cmake.log")
-        progress(f"building {BINARY} with {jobs} job(s): several minutes on a small box")
-        _run(["cmake", "--build", str(build), "--target", BINARY, "-j", str(jobs)], "cmake build", environ,
+        progress(f"building {' and '.join(TARGETS)} with {jobs} job(s): several minutes on a small box")
+        _run(["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(jobs)], "cmake build", environ,
              tmpdir / "build.log")
-        built = next((p for p in build.rglob(BINARY) if p.is_file() and os.access(p, os.X_OK)), None)
-        if built is None:
-            raise EdgectlError(f"the build finished but produced no {BINARY} (see {tmpdir}/build.log)",
-                               exit_code=EXIT_FAILED)
         dest = root / version / "bin"
         dest.mkdir(parents=True, exist_ok=True)
-        tmp_bin = dest / f".{BINARY}.tmp"
-        shutil.copy2(built, tmp_bin)
-        os.replace(tmp_bin, dest / BINARY)
+        for target in TARGETS:
+            built = next((p for p in build.rglob(target) if p.is_file() and os.access(p, os.X_OK)), None)
+            if built is None:
+                raise EdgectlError(f"the build finished but produced no {target} (see {tmpdir}/build.log)",
+                                   exit_code=EXIT_FAILED)
+            tmp_bin = dest / f".{target}.tmp"
+            shutil.copy2(built, tmp_bin)
+            os.replace(tmp_bin, dest / target)
+        _keep_converter(src, root / version / CONVERT_DIR)
         (root / version / CPU_FLAGS_FILE).write_text(" ".join(sorted(isa_flags(flags))) + "\n")
         (root / version / "SOURCE").write_text(
             f"{PACKAGE}=={version} (PyPI source archive), vendor/llama.cpp; built for the CPU of the machine "
             f"that built it: {' '.join(options)}\n")
-    progress(f"built {dest / BINARY}")
+    progress(f"built {dest / BINARY} and {dest / QUANTIZE}; the source's converter is in {root / version / CONVERT_DIR}")
     return dest / BINARY
+
+
+def _keep_converter(src: Path, dest: Path) -> None:
+    """Copy the source's Hugging Face -> GGUF converter beside the binaries (replacing an older copy whole)."""
+    missing = [name for name in _CONVERT_FILES if not (src / name).exists()]
+    if missing:
+        raise EdgectlError(f"the llama.cpp source has no {', '.join(missing)}: this version of {PACKAGE} "
+                           "cannot convert models", exit_code=EXIT_FAILED)
+    staging = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for name in _CONVERT_FILES:
+        if (src / name).is_dir():
+            shutil.copytree(src / name, staging / name)
+        else:
+            shutil.copy2(src / name, staging / name)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(staging, dest)
+
+
+@dataclass(frozen=True)
+class LlamaTools:
+    """What makes a GGUF for the llama.cpp arm: the converter and llama-quantize of one cached build."""
+
+    convert_script: Path
+    quantize: Path
+    build: Path  # <cache>/llama.cpp/<version>
+
+    @property
+    def version(self) -> str:
+        return self.build.name
+
+
+def find_llama_tools(environ: Mapping[str, str], host_flags: Iterable[str] | None = None) -> LlamaTools:
+    """The newest cached build with llama-server, llama-quantize and the converter, that this CPU can run.
+
+    Raises a one-line EdgectlError saying how to build them when there is none (builds made before
+    edgectl kept llama-quantize and the converter do not count)."""
+    root = cache_root(environ)
+    flags = isa_flags(host_flags if host_flags is not None else _own_cpu_flags())
+    candidates = []
+    if root.is_dir():
+        for d in root.iterdir():
+            server, quantize = d / "bin" / BINARY, d / "bin" / QUANTIZE
+            script = d / CONVERT_DIR / CONVERT_SCRIPT
+            if not (server.is_file() and quantize.is_file() and os.access(quantize, os.X_OK) and script.is_file()):
+                continue
+            record = d / CPU_FLAGS_FILE
+            if not record.is_file() or isa_flags(record.read_text().split()) - flags:
+                continue
+            candidates.append((server.stat().st_mtime, LlamaTools(script, quantize, d)))
+    if not candidates:
+        raise EdgectlError(f"no llama.cpp build in {root} has {QUANTIZE} and {CONVERT_SCRIPT} for this CPU: build "
+                           "them with `edgectl bench --build-llama-cpp` (several minutes), then pull again")
+    return max(candidates, key=lambda c: c[0])[1]
 
 
 # ggml's x86 build options (ggml/CMakeLists.txt) by the /proc/cpuinfo flag that allows each.

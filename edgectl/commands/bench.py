@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         start_timeout: Annotated[float, typer.Option("--start-timeout", help="Seconds a server may take to become ready before its pass counts as crashed.")] = 1800.0,
         no_fidelity: Annotated[bool, typer.Option("--no-fidelity", help="Skip the fidelity prompts (agreement, KL, perplexity).")] = False,
         llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="The llama-server binary (default: a cached build, else PATH).")] = None,
-        build_llama_cpp: Annotated[bool, typer.Option("--build-llama-cpp", help="Build llama-server once from llama-cpp-python's source archive (pip, cmake; several minutes), then bench if MODEL is given.")] = False,
+        build_llama_cpp: Annotated[bool, typer.Option("--build-llama-cpp", help="Build llama-server and llama-quantize once from llama-cpp-python's source archive (pip, cmake; several minutes), keeping its convert_hf_to_gguf.py, then bench if MODEL is given.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print the artifact (schema edgectl.bench/1) instead of the table.")] = False,
     ) -> None:
         """Measure arms (stock vLLM, edgectl's plan, its levers, llama.cpp) in interleaved passes; refuse to quote an incomplete grid."""
@@ -66,4 +66,4 @@ class _Built:
         return {"llama_server": self.path}
 
     def render_text(self) -> str:
-        return f"llama-server built: {self.path}"
+        return f"llama-server built: {self.path} (llama-quantize and the converter beside it)"

@@ -149,6 +149,9 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
     from edgectl.inputs import make_plan
 
     validate_name(request.name)
+    from edgectl.models.synthetic import refuse_deploy
+
+    refuse_deploy(request.model)  # random weights (a synthetic catalog model) never become a service
     if not dry_run and os.geteuid() != 0:
         raise EdgectlError("edgectl deploy writes a systemd unit and /etc/edgectl: run it as root (sudo edgectl deploy ...)")
     layout = Layout.of(request.name, environ)

@@ -47,6 +47,10 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
         ensure_pulled(request.model, progress, environ)
         planned = make_plan(request, environ, facts=planned.facts)
     plan = planned.plan
+    from edgectl.models.catalog import CATALOG, SYNTHETIC_PURPOSE
+
+    if (entry := CATALOG.get(request.model)) is not None and entry.synthetic is not None:
+        progress(f"warning: {request.model} is synthetic: {SYNTHETIC_PURPOSE}")
     progress(planned.render_text())
     python = environment.runtime_python(environ)
     with tempfile.TemporaryDirectory(prefix="edgectl-serve-") as tmp:

@@ -27,7 +27,7 @@ from typing import Any
 
 from edgectl.contract import environment
 from edgectl.errors import EdgectlError
-from edgectl.models.catalog import CATALOG, CatalogEntry
+from edgectl.models.catalog import CATALOG, SYNTHETIC_PURPOSE, CatalogEntry
 
 MANIFEST_NAME = "edgectl-model.json"
 MANIFEST_SCHEMA = "edgectl.model-manifest/1"
@@ -116,8 +116,12 @@ def check_model_dir(path: Path, entry: CatalogEntry, *, full: bool) -> str | Non
     manifest = read_manifest(path)
     if manifest is None:
         return f"{MANIFEST_NAME} is missing or unreadable"
-    if manifest.get("name") != entry.name or manifest.get("gguf", {}).get("sha256") != entry.gguf_sha256:
+    if manifest.get("name") != entry.name:
         return f"{MANIFEST_NAME} describes another model or source"
+    if entry.synthetic is None and manifest.get("gguf", {}).get("sha256") != entry.gguf_sha256:
+        return f"{MANIFEST_NAME} describes another model or source"
+    if entry.synthetic is not None and manifest.get("synthetic", {}).get("spec") != entry.synthetic.to_dict():
+        return f"{MANIFEST_NAME} describes another synthetic shape or seed"
     files: dict[str, dict[str, Any]] = manifest["files"]
     present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {MANIFEST_NAME}
     extra = sorted(present - set(files))
@@ -135,13 +139,22 @@ def check_model_dir(path: Path, entry: CatalogEntry, *, full: bool) -> str | Non
     return None
 
 
-def check_gguf(path: Path, entry: CatalogEntry, *, full: bool) -> str | None:
+def check_gguf(path: Path, entry: CatalogEntry, *, full: bool, manifest: dict[str, Any] | None = None) -> str | None:
+    """What is wrong with the kept GGUF, or None. A synthetic entry's GGUF is made at pull: it is
+    checked against the record in its model directory's ``manifest`` (none: "not recorded")."""
     if not path.is_file():
         return "missing"
-    if path.stat().st_size != entry.gguf_bytes:
-        return f"is {path.stat().st_size} bytes, the catalog says {entry.gguf_bytes}"
-    if full and sha256_file(path) != entry.gguf_sha256:
-        return "does not match the catalog's sha256"
+    if entry.synthetic is not None:
+        record = (manifest or {}).get("gguf") or {}
+        want_bytes, want_sha, whose = record.get("bytes"), record.get("sha256"), "the manifest"
+        if not isinstance(want_bytes, int) or not isinstance(want_sha, str):
+            return f"not recorded in {MANIFEST_NAME}"
+    else:
+        want_bytes, want_sha, whose = entry.gguf_bytes, entry.gguf_sha256, "the catalog"
+    if path.stat().st_size != want_bytes:
+        return f"is {path.stat().st_size} bytes, {whose} says {want_bytes}"
+    if full and sha256_file(path) != want_sha:
+        return f"does not match {whose}'s sha256"
     return None
 
 
@@ -203,6 +216,15 @@ class ModelList:
         lines = [f"catalog (cache: {self.cache})"]
         for m in self.models:
             e = m.entry
+            if e.synthetic is not None:
+                lines += [
+                    f"{e.name}  [{m.state}]  SYNTHETIC: {SYNTHETIC_PURPOSE}",
+                    f"  {e.description}",
+                    f"  made locally by the pull (minutes; about {2 * e.converted_bytes / 1e9:.0f} GB of disk "
+                    f"while it works): GGUF {e.gguf_bytes / 1e6:.0f} MB, converted {e.converted_bytes / 1e6:.0f} MB",
+                    f"  {'at ' + str(m.path) if m.state == 'pulled' else 'make with: edgectl models pull ' + e.name}",
+                ]
+                continue
             lines += [
                 f"{e.name}  [{m.state}]",
                 f"  {e.description}",
@@ -220,7 +242,8 @@ def list_models(environ: Mapping[str, str]) -> ModelList:
         path, gguf = model_dir(entry, environ), gguf_path(entry, environ)
         problem = check_model_dir(path, entry, full=False)
         if problem is None:
-            problem = None if check_gguf(gguf, entry, full=False) is None else "GGUF missing or damaged"
+            gguf_problem = check_gguf(gguf, entry, full=False, manifest=read_manifest(path))
+            problem = None if gguf_problem is None else "GGUF missing or damaged"
         state = "pulled" if problem is None else problem if problem == "not pulled" else f"damaged: {problem}"
         statuses.append(CatalogStatus(entry, path, gguf, state))
     return ModelList(cache_dir(environ), tuple(statuses))

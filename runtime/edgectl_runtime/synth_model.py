@@ -11,7 +11,14 @@ runtime interpreter, in a subprocess::
 - ``config.json``: ``LlamaForCausalLM`` with the given shape, bf16, tied embeddings as given;
 - ``model.safetensors``: every weight drawn from N(0, 0.02²) (the norms are ones), each tensor from its
   own ``torch.Generator`` seeded from ``seed`` and the tensor's name, so the bytes do not depend on the
-  order of the writes or the number of threads;
+  order of the writes or the number of threads. The rows of the (tied) embedding table for the ids
+  that are not ordinary text pieces — the 3 special tokens, the 256 byte-fallback pieces and the
+  unused ids up to ``vocab_size`` — are zero: their logit is then exactly 0 against the random ones
+  of the 32000 pieces, so greedy decoding never picks them. Otherwise most generated tokens would be
+  unused ids, which llama.cpp streams as empty text (src/llama-vocab.cpp, ``token_to_piece``: an
+  UNUSED token has no piece) and a byte piece may be half a UTF-8 character, both invisible to the
+  bench's per-token timing (edgectl/bench/measure.py). A zero row costs the engines what any row
+  costs: the kernels read every block whatever its values;
 - ``tokenizer.model`` + ``tokenizer_config.json``: a SentencePiece BPE model with byte fallback
   (Llama 2's tokenizer family) trained here in about a second on the ASCII lines of this Python's own
   standard library sources (deterministic for a given Python version). The ids it does not use up to
@@ -35,6 +42,7 @@ from pathlib import Path
 TOOLS = ("torch", "safetensors", "sentencepiece")
 INIT_STD = 0.02  # Llama's initializer_range
 SPECIAL = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2, as Llama 2's tokenizer
+FIRST_TEXT_PIECE = len(SPECIAL) + 256  # SentencePiece puts the byte-fallback pieces <0x00>..<0xFF> next
 
 
 def tool_versions() -> dict[str, str]:
@@ -126,6 +134,9 @@ def make(spec: dict, out_dir: Path) -> dict:
         else:
             t = (torch.randn(shape, generator=_generator(spec["seed"], name), dtype=torch.float32)
                  * INIT_STD).to(torch.bfloat16)
+        if name == "model.embed_tokens.weight":
+            t[:FIRST_TEXT_PIECE] = 0
+            t[pieces:] = 0
         tensors[name] = t
         params += t.numel()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

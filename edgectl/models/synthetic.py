@@ -12,7 +12,8 @@ the way the PyPI catalog model does (pull.py):
 3. quantize — that build's ``llama-quantize --output-tensor-type q8_0 … Q4_1``: the layers in Q4_1 and
    the tied embedding table in Q8_0, the types of the SmolLM2 catalog GGUF (Q4_1 + a Q8_0 token_embd).
    Left to itself llama-quantize would make this table Q6_K (src/llama-quant.cpp, the tied-output
-   case), which edgectl's 8-bit head could not read exactly; Q8_0 is what both engines then read;
+   case), a layout edgectl's 8-bit head does not have; Q8_0's blocks of 32 with one scale are its
+   W8 format (docs/kernels.md, "Arithmetic");
 4. convert — pull.py's GGUF -> bf16 path (transformers, offline), the directory vLLM loads; the
    Q4_1 GGUF is kept in ``<cache>/gguf/`` for the bench's llama.cpp arm (``bench.core._gguf_for``).
 

@@ -12,9 +12,11 @@ OPTIONS make it misbehave the ways real engines have: ``--sabotage kv`` reports 
 asked KV bytes (a setting that did not take effect), ``--crash-on-start N --state FILE`` exits
 before ready on its N-th start, ``--child-alloc-mb M`` starts a child process that holds M MB
 (memory that only a whole-tree measurement sees), ``--alloc-mb M`` holds M MB itself,
-``--ready-delay S`` answers 503 at first; ``--sabotage recompile`` compiles its "graph" at every
-start instead of loading the one it left in ``VLLM_CACHE_ROOT`` (a compile cache that does not load);
-``--sabotage group`` quantizes every int4 layer in groups of 32 whatever group the plan asks for.
+``--ready-delay S`` answers 503 at first; ``--serial-streams`` streams one completion at a time
+(a server that queues concurrent requests instead of batching them); ``--sabotage recompile`` compiles
+its "graph" at every start instead of loading the one it left in ``VLLM_CACHE_ROOT`` (a compile cache
+that does not load); ``--sabotage group`` quantizes every int4 layer in groups of 32 whatever group
+the plan asks for.
 Standard library only, plus edgectl's plan type (it reads its plan file as the worker does);
 the bench's tests start it as a real process on a real port.
 """
@@ -40,6 +42,7 @@ from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
 from edgectl.contract.plan import Plan
 
 VOCAB = 49152
+SERIAL = threading.Lock()  # --serial-streams: one streamed completion at a time
 K_MAX = 20
 
 
@@ -232,21 +235,31 @@ class Handler(BaseHTTPRequestHandler):
             return
         time.sleep(0.00002 * len(ids))  # "prefill"
         if body.get("stream"):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            for i in range(n):
-                if i:
-                    time.sleep(0.002)  # "decode"
-                chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if i == n - 1 else None}]}
-                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                self.wfile.flush()
-            usage = {"choices": [], "usage": {"prompt_tokens": len(ids), "completion_tokens": n}}
-            self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
-            self.wfile.flush()
-            self.close_connection = True
+            if STATE.ns.serial_streams:
+                with SERIAL:
+                    self._stream(ids, n)
+            else:
+                self._stream(ids, n)
             return
+        self._answer(body, ids)
+
+    def _stream(self, ids: list[int], n: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for i in range(n):
+            if i:
+                time.sleep(0.002)  # "decode"
+            chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if i == n - 1 else None}]}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+        usage = {"choices": [], "usage": {"prompt_tokens": len(ids), "completion_tokens": n}}
+        self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _answer(self, body: dict[str, Any], ids: list[int]) -> None:
         k = int(body.get("logprobs") or 0)
         choice: dict[str, Any] = {"index": 0, "text": " t0", "finish_reason": "length"}
         if k:
@@ -276,6 +289,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--child-alloc-mb", type=int, default=0)
     parser.add_argument("--alloc-mb", type=int, default=0)
     parser.add_argument("--ready-delay", type=float, default=0.3)
+    parser.add_argument("--serial-streams", action="store_true")
     ns = parser.parse_args(argv[:cut])
     rest = argv[cut + 1:]
     mode = "worker" if rest[0] == "--plan" else rest[0].lstrip("-")

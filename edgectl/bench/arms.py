@@ -147,6 +147,7 @@ class BenchContext:
     start_timeout_s: float = 1800.0
     # A launcher's command line made otherwise than the default (run_bench's ``launchers``).
     launchers: dict[str, Launcher] = field(default_factory=dict)
+    concurrency: int = 1  # streams decoded at once in each pass (1: the single-stream figures only)
 
 
 class PreparedArm:

@@ -20,6 +20,7 @@ from edgectl.bench import provenance as prov
 from edgectl.bench import report
 from edgectl.bench.arms import CONTROL, BenchContext, Launcher, parse_arm_names, prepare_arms
 from edgectl.bench.llamacpp import find_llama_server
+from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
 from edgectl.bench.runner import attach_fidelity, interleaved, run_grid, utc_now
 from edgectl.contract import environment
@@ -47,6 +48,7 @@ class BenchOptions:
     start_timeout_s: float = 1800.0
     llama_server: str | None = None
     fidelity: bool = True
+    concurrency: int = 1  # N > 1: each pass also decodes N streams at once (the plan's max_num_seqs = N)
     argv: list[str] | None = None
 
 
@@ -61,6 +63,8 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     names = parse_arm_names(opts.arms)
     if opts.passes < 1:
         raise EdgectlError(f"--passes {opts.passes}: at least 1 (3 or more for a result worth quoting)")
+    if opts.concurrency < 1:
+        raise EdgectlError(f"--concurrency {opts.concurrency}: at least 1 stream")
     if opts.record_profile:
         if "planned" not in names:
             raise EdgectlError("--record-profile needs the `planned` arm (add it to --arms)")
@@ -82,7 +86,8 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     started = _dt.datetime.now(_dt.timezone.utc)
     progress("probing the host (with a ≤ 2 s memory-bandwidth copy)")
     facts = facts if facts is not None else probe("/", bandwidth=True, environ=environ)
-    planned = make_plan(Request(model=opts.model, max_model_len=opts.max_model_len), environ, facts=facts)
+    planned = make_plan(Request(model=opts.model, max_model_len=opts.max_model_len, max_num_seqs=opts.concurrency),
+                        environ, facts=facts)
     model = planned.model
     plan = planned.plan
     if plan.max_model_len <= PREFILL_TOKENS:
@@ -115,6 +120,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         logs_dir=logs_dir, usable_cpus=len(facts.topology.usable_cpus or []) or 1,
         stock_plugins=plugins, llama_server=llama.path, llama_unavailable=llama.origin if not llama.path else None,
         gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}),
+        concurrency=opts.concurrency,
     )
     arms, skipped = prepare_arms(names, ctx)
     for name, why in skipped.items():
@@ -139,10 +145,11 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
             "llama_server": {"path": llama.path, "origin": llama.origin, "gguf": ctx.gguf_path},
             "prompts": prompts.source,
         },
+        "concurrency": opts.concurrency,
         "finished": False, "complete": False, "quotable": False,
         "arms": {a.name: {**a.describe(), "passes": []} for a in arms},
         "skipped": skipped, "incomplete_reasons": [], "ratios": None, "fidelity": {},
-        "versus_llama_cpp": None, "bandwidth_ceiling": None,
+        "versus_llama_cpp": None, "bandwidth_ceiling": None, "memory_prediction": None,
     }
     def save(rec: dict[str, Any]) -> None:
         artifact["arms"][rec["arm"]]["passes"].append(rec)
@@ -160,6 +167,9 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     reference = "bf16" if "bf16" in records else (CONTROL if CONTROL in records else None)
     artifact["fidelity"] = attach_fidelity(records, raw, reference)
     finish(artifact, records, opts.passes, facts.bandwidth_gbps)
+    if artifact["complete"]:
+        artifact["memory_prediction"] = memory_prediction(
+            artifact["arms"], path, roots=[opts.out.absolute(), Path.cwd(), _repo_root()])
     artifact["provenance"]["ended_at"] = utc_now()
     report.write_json_atomic(path, artifact)
     result = report.BenchResult(artifact, path)
@@ -196,6 +206,12 @@ def finish(artifact: dict[str, Any], records: dict[str, list[dict[str, Any]]], p
     if complete:
         artifact["versus_llama_cpp"] = report.versus_llama(summaries)
         artifact["bandwidth_ceiling"] = report.bandwidth_ceiling(records, summaries, bandwidth_gbps)
+
+
+def _repo_root() -> Path:
+    """The checkout edgectl runs from (where committed artifacts live), else the working directory."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "results").is_dir() else Path.cwd()
 
 
 def _gguf_for(model: str, environ: Mapping[str, str]) -> Path | None:

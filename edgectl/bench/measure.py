@@ -8,6 +8,14 @@
   request: it includes the HTTP round trip and sampling one token). The total time is recorded
   too.
 
+- concurrent decode (``--concurrency N``, N > 1): N streamed completions of ``DECODE_TOKENS``
+  tokens with ``ignore_eos``, sent at once from N threads, each on its own prompt. Each stream's
+  rate is taken as for one stream; the aggregate is their sum, quoted only when the streams ran
+  together: every stream's span between its first and last token must lie at least
+  ``MIN_OVERLAP`` inside the window where all N were decoding, or the server served them one
+  after another (a queue, not a batch) and the pass is invalid. The whole-request throughput
+  (N × tokens / first send to last token) is recorded beside it.
+
 Both vLLM and llama-server speak ``/v1/completions`` with ``stream_options.include_usage``;
 the usage block gives the token counts, so a server that stops early or serves a prompt from
 a cache is caught rather than timed.
@@ -15,10 +23,15 @@ a cache is caught rather than timed.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-from edgectl.client import Client
+from edgectl.client import Client, HttpFailed
 from edgectl.bench.prompts import DECODE_TOKENS
+
+
+# The share of each stream's decode span that must overlap every other stream's (concurrent_decode).
+MIN_OVERLAP = 0.8
 
 
 class MeasurementFailed(Exception):
@@ -59,7 +72,57 @@ def decode(client: Client, model: str, prompt: str, timeout_s: float = 900) -> d
         "decode_tok_s": between / seconds if seconds > 0 else None,
         "tokens": tokens, "events": len(events), "seconds_first_to_last": seconds,
         "ttft_s": t_first - stream.t_sent, "total_s": stream.chunks[-1][0] - stream.t_sent,
+        "t_sent": stream.t_sent, "t_first": t_first, "t_last": t_last,
         "method": f"streamed {DECODE_TOKENS} tokens with ignore_eos; (tokens − 1) / (last − first token event)",
+    }
+
+
+def concurrent_decode(client: Client, model: str, prompts: list[str], timeout_s: float = 900) -> dict[str, Any]:
+    """``len(prompts)`` decode streams at once; the aggregate rate of the streams that overlapped."""
+    n = len(prompts)
+    results: list[dict[str, Any] | BaseException | None] = [None] * n
+    start = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        try:
+            start.wait(timeout=60)
+            results[i] = decode(client, model, prompts[i], timeout_s)
+        except (HttpFailed, MeasurementFailed, threading.BrokenBarrierError) as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 120)
+    failed = [(i, r) for i, r in enumerate(results) if not isinstance(r, dict)]
+    if failed:
+        i, r = failed[0]
+        if isinstance(r, HttpFailed):
+            raise r
+        raise MeasurementFailed(f"{len(failed)} of {n} concurrent streams failed; stream {i + 1}: "
+                                f"{r if r is not None else 'no answer before the timeout'}")
+    streams: list[dict[str, Any]] = [r for r in results if isinstance(r, dict)]
+    firsts = [s["t_first"] for s in streams]
+    lasts = [s["t_last"] for s in streams]
+    together = min(lasts) - max(firsts)  # the window in which every stream was decoding
+    overlaps = [max(0.0, together) / (s["t_last"] - s["t_first"]) if s["t_last"] > s["t_first"] else 0.0
+                for s in streams]
+    if min(overlaps) < MIN_OVERLAP:
+        raise MeasurementFailed(
+            f"the {n} streams did not decode together (the least overlapping spent {min(overlaps):.0%} of its "
+            f"decode with all others, {MIN_OVERLAP:.0%} needed): the server queued them instead of batching")
+    rates = [s["decode_tok_s"] for s in streams]
+    t_sent = min(s["t_sent"] for s in streams)
+    tokens = sum(s["tokens"] for s in streams)
+    return {
+        "aggregate_decode_tok_s": sum(rates) if all(r is not None for r in rates) else None,
+        "streams": n, "stream_decode_tok_s": rates, "min_overlap": min(overlaps),
+        "tokens": tokens, "total_tok_s": tokens / (max(lasts) - t_sent) if max(lasts) > t_sent else None,
+        "ttft_s": [s["ttft_s"] for s in streams],
+        "method": (f"{n} streams of {DECODE_TOKENS} tokens with ignore_eos sent at once, one prompt each; "
+                   f"sum of the streams' (tokens − 1) / (last − first token event), each stream ≥ "
+                   f"{MIN_OVERLAP:.0%} inside the window all were decoding"),
     }
 
 

@@ -26,7 +26,8 @@ SCHEMA = "edgectl.bench/1"
 # ready_s and the rest are the warm start's; ready_cold_s, decode_cold_tok_s and prefill_cold_tok_s
 # the cold one's (runner.py).
 METRICS = ("decode_tok_s", "prefill_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes", "load_peak_ratio",
-           "processes", "ready_cold_s", "ready_warm_s", "decode_cold_tok_s", "prefill_cold_tok_s")
+           "processes", "ready_cold_s", "ready_warm_s", "decode_cold_tok_s", "prefill_cold_tok_s",
+           "aggregate_decode_tok_s")
 FIDELITY_METRICS = ("top1_agreement", "mean_kl", "perplexity", "next_token_top1_agreement", "next_token_mean_kl")
 RATIO_METRICS = ("decode_tok_s", "prefill_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes")
 
@@ -83,9 +84,16 @@ def versus_llama(summaries: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     if not llama or not llama.get("median"):
         return None
     ref = llama["median"]
-    return {name: {"decode": stats.ratio(s["median"]["decode_tok_s"], ref["decode_tok_s"]),
-                   "prefill": stats.ratio(s["median"]["prefill_tok_s"], ref["prefill_tok_s"])}
-            for name, s in summaries.items() if name != "llama.cpp" and s.get("median")}
+    out = {}
+    for name, s in summaries.items():
+        if name == "llama.cpp" or not s.get("median"):
+            continue
+        out[name] = {"decode": stats.ratio(s["median"]["decode_tok_s"], ref["decode_tok_s"]),
+                     "prefill": stats.ratio(s["median"]["prefill_tok_s"], ref["prefill_tok_s"])}
+        if ref.get("aggregate_decode_tok_s") is not None:  # --concurrency N: llama-server with -np N
+            out[name]["aggregate_decode"] = stats.ratio(s["median"].get("aggregate_decode_tok_s"),
+                                                        ref["aggregate_decode_tok_s"])
+    return out
 
 
 def bandwidth_ceiling(records: dict[str, list[dict[str, Any]]], summaries: dict[str, dict[str, Any]],
@@ -172,9 +180,21 @@ def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> st
                          f"PSS {_x(m['pss_steady_bytes'])}  peak {_x(m['pss_peak_bytes'])}  ready {_x(m['ready_s'])}")
     else:
         lines.append(f"no ratios: the control arm `{CONTROL}` was not run")
+    streams = a.get("concurrency") or 1
+    if streams > 1:
+        lines.append(f"{streams} concurrent streams, aggregate decode tok/s (medians [min–max]): " + ", ".join(
+            f"{n} {_cell(arm, 'aggregate_decode_tok_s', '{:.1f}')}" for n, arm in a["arms"].items()))
     if a.get("versus_llama_cpp"):
         lines.append("relative to llama.cpp (medians): " + ", ".join(
-            f"{n} decode {_x(v['decode'])} prefill {_x(v['prefill'])}" for n, v in a["versus_llama_cpp"].items()))
+            f"{n} decode {_x(v['decode'])} prefill {_x(v['prefill'])}"
+            + (f" {streams}-stream aggregate {_x(v['aggregate_decode'])}" if "aggregate_decode" in v else "")
+            for n, v in a["versus_llama_cpp"].items()))
+    mp = a.get("memory_prediction") or {}
+    if mp.get("arms"):
+        lines.append("memory, the plan's steady prediction vs the measured PSS (median): " + ", ".join(
+            f"{n} {v['predicted_bytes'] / 1e9:.2f} vs {v['measured_bytes'] / 1e9:.2f} GB ({v['error']:+.1%}"
+            + (", held out" if v.get("held_out") else ", calibration run") + ")"
+            for n, v in mp["arms"].items() if v.get("measured_bytes")))
     bw = a.get("bandwidth_ceiling") or {}
     if bw.get("arms"):
         lines.append(f"decode vs the bandwidth ceiling ({bw['bandwidth_gbps']:.1f} GB/s ÷ resident weights): " + ", ".join(

@@ -10,7 +10,7 @@ A pass ends in one of three states:
 
 The memory figures are the PSS of the server's whole process tree (``procmem.tree_mem``):
 ``pss_peak_bytes`` sampled every 0.2 s from launch until ready, ``pss_steady_bytes`` after
-the pass's requests (warm-up, decode, prefill, fidelity) have run.
+the pass's requests (warm-up, decode, prefill, concurrent decode, fidelity) have run.
 
 Every pass starts with empty compile caches of its own (``VLLM_CACHE_ROOT``,
 ``TORCHINDUCTOR_CACHE_DIR`` under the pass's directory, removed after it), so no pass starts
@@ -125,7 +125,15 @@ def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, p
 
 
 # Numbers a pass that did not complete as specified does not keep: nothing to quote.
-_MEASURED = ("decode_tok_s", "prefill_tok_s", "pss_steady_bytes", "load_peak_ratio")
+_MEASURED = ("decode_tok_s", "prefill_tok_s", "pss_steady_bytes", "load_peak_ratio", "aggregate_decode_tok_s")
+# perf_counter() readings: meaningless outside the process that took them
+_CLOCK_READINGS = ("t_sent", "t_first", "t_last")
+
+
+def stream_prompts(prompts: PromptSet, n: int) -> list[str]:
+    """One prompt per concurrent stream: the shipped set's prompts in turn (a different one each,
+    as long as the set lasts), so no two streams start from the same prefix."""
+    return [prompts.prompts[i % len(prompts.prompts)] for i in range(n)]
 
 
 def _one_start(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, prompts: PromptSet, seed: int,
@@ -171,10 +179,14 @@ def _one_start(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext,
                                  "first_ids": ids[:8]}
         d = measure.decode(client, ctx.model_name, prompts.decode_prompt)
         rec["decode_tok_s"] = d.pop("decode_tok_s")
-        rec["decode"] = d
+        rec["decode"] = {k: v for k, v in d.items() if k not in _CLOCK_READINGS}
         p = measure.prefill(client, ctx.model_name, ids)
         rec["prefill_tok_s"] = p.pop("prefill_tok_s")
         rec["prefill"] = p
+        if ctx.concurrency > 1:
+            c = measure.concurrent_decode(client, ctx.model_name, stream_prompts(prompts, ctx.concurrency))
+            rec["aggregate_decode_tok_s"] = c.pop("aggregate_decode_tok_s")
+            rec["concurrent_decode"] = c
         if with_fidelity and arm.fidelity == "vllm":
             fidelity_raw = fid.collect_vllm(client, ctx.model_name, prompts)
         elif with_fidelity and arm.fidelity == "llama":
@@ -223,7 +235,10 @@ def pass_line(rec: dict[str, Any]) -> str:
     if rec.get("ready_cold_s") is not None:
         ready = (f"ready cold {rec['ready_cold_s']:.1f} s (compiled; decode {_f(rec.get('decode_cold_tok_s'))} tok/s), "
                  f"warm {rec['ready_s']:.1f} s (graph from the cache)")
-    parts = [ready, f"decode {_f(rec.get('decode_tok_s'))} tok/s",
+    parts = [ready, f"decode {_f(rec.get('decode_tok_s'))} tok/s"]
+    if rec.get("aggregate_decode_tok_s") is not None:
+        parts.append(f"{(rec.get('concurrent_decode') or {}).get('streams')} streams {_f(rec['aggregate_decode_tok_s'])} tok/s")
+    parts += [
              f"prefill {_f(rec.get('prefill_tok_s'))} tok/s",
              f"PSS {_gb(rec.get('pss_steady_bytes'))} (peak {_gb(rec.get('pss_peak_bytes'))})",
              f"{rec.get('processes')} process(es)"]

@@ -145,6 +145,29 @@ class Client:
         finally:
             conn.close()
 
+    def stream_and_drop(self, path: str, body: dict[str, Any], events: int, timeout: float = 600.0) -> int:
+        """POST ``body`` streamed, read ``events`` server-sent events, then hang up (a client that
+        goes away mid-answer); the events read."""
+        conn = self._conn(timeout)
+        seen = 0
+        try:
+            conn.request("POST", path, body=json.dumps({**body, "stream": True}).encode(),
+                         headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise HttpFailed(f"POST {path}: HTTP {resp.status}: {resp.read()[:300]!r}")
+            while seen < events:
+                line = resp.readline()
+                if not line:
+                    break
+                if line.startswith(b"data:"):
+                    seen += 1
+            return seen
+        except (OSError, http.client.HTTPException) as exc:
+            raise HttpFailed(f"POST {path} (stream): {exc.__class__.__name__}: {exc}") from None
+        finally:
+            conn.close()
+
 
 @dataclass
 class Stream:

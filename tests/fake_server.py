@@ -13,7 +13,8 @@ asked KV bytes (a setting that did not take effect), ``--crash-on-start N --stat
 before ready on its N-th start, ``--child-alloc-mb M`` starts a child process that holds M MB
 (memory that only a whole-tree measurement sees), ``--alloc-mb M`` holds M MB itself,
 ``--ready-delay S`` answers 503 at first; ``--serial-streams`` streams one completion at a time
-(a server that queues concurrent requests instead of batching them); ``--sabotage recompile`` compiles
+(a server that queues concurrent requests instead of batching them); ``--leak-kb-per-request K``
+keeps K KiB for good at every completion (a leak, for the soak); ``--sabotage recompile`` compiles
 its "graph" at every start instead of loading the one it left in ``VLLM_CACHE_ROOT`` (a compile cache
 that does not load); ``--sabotage group`` quantizes every int4 layer in groups of 32 whatever group
 the plan asks for.
@@ -43,6 +44,7 @@ from edgectl.contract.plan import Plan
 
 VOCAB = 49152
 SERIAL = threading.Lock()  # --serial-streams: one streamed completion at a time
+LEAKED: list[bytes] = []
 K_MAX = 20
 
 
@@ -222,9 +224,19 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"content": " x", "completion_probabilities": [
                 {"id": 1, "top_logprobs": [{"id": t, "logprob": lp} for t, lp in top.items()]}]})
         elif self.path == "/v1/completions":
+            self._leak()
             self.completions(body)
+        elif self.path == "/v1/chat/completions":
+            self._leak()
+            self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris."},
+                                          "finish_reason": "stop"}], "usage": {"completion_tokens": 2}})
         else:
             self._send(404, {"error": self.path})
+
+    def _leak(self) -> None:
+        if STATE.ns.leak_kb_per_request:  # --leak-kb-per-request: memory no request gives back
+            with SERIAL:
+                LEAKED.append(b"\x01" * (STATE.ns.leak_kb_per_request << 10))
 
     def completions(self, body: dict[str, Any]) -> None:
         prompt = body.get("prompt")
@@ -290,6 +302,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--alloc-mb", type=int, default=0)
     parser.add_argument("--ready-delay", type=float, default=0.3)
     parser.add_argument("--serial-streams", action="store_true")
+    parser.add_argument("--leak-kb-per-request", type=int, default=0)
     ns = parser.parse_args(argv[:cut])
     rest = argv[cut + 1:]
     mode = "worker" if rest[0] == "--plan" else rest[0].lstrip("-")

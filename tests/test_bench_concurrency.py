@@ -152,3 +152,27 @@ def test_the_calibration_run_itself_is_not_held_out(tmp_path) -> None:
     other = tmp_path / "other.json"
     other.write_text("{}")
     assert memory_prediction(arms, other, roots=[tmp_path])["arms"]["planned"]["held_out"] is True
+
+
+# -- the soak ---------------------------------------------------------------------------------------
+
+
+def test_the_soak_sends_every_kind_of_request_and_sees_a_leak_as_drift(tmp_path, model_dir, facts) -> None:
+    a = bench(tmp_path, model_dir, facts, "stock,planned", passes=1, soak_s=10,
+              options={"planned": ["--leak-kb-per-request", "512"]}).to_dict()
+    assert a["complete"], a["incomplete_reasons"]
+    assert a["soak_s"] == 10
+    leaky, clean = (a["arms"][n]["passes"][0]["soak"] for n in ("planned", "stock"))
+    for s in (leaky, clean):
+        assert s["errors"] == 0
+        assert all(s["requests"][k] > 0 for k in ("chat", "completion", "stream", "fresh-prompt", "dropped-stream"))
+        assert len(s["pss_samples"]) >= 20
+    # 512 KiB per request over hundreds of requests: the leaking server's PSS grows from settled to final
+    assert leaky["pss_final_bytes"] - leaky["pss_settled_bytes"] > 4 << 20
+    assert leaky["pss_drift"] > clean["pss_drift"]
+    assert a["arms"]["planned"]["median"]["soak_pss_drift"] == leaky["pss_drift"]
+
+
+def test_a_soak_too_short_to_mean_anything_is_refused(tmp_path, model_dir, facts) -> None:
+    with pytest.raises(EdgectlError, match="--soak 3: at least 10 seconds"):
+        bench(tmp_path, model_dir, facts, "planned", passes=1, soak_s=3)

@@ -148,6 +148,7 @@ class BenchContext:
     # A launcher's command line made otherwise than the default (run_bench's ``launchers``).
     launchers: dict[str, Launcher] = field(default_factory=dict)
     concurrency: int = 1  # streams decoded at once in each pass (1: the single-stream figures only)
+    soak_s: float = 0  # seconds of mixed requests after each pass's measurements (bench/soak.py); 0: none
 
 
 class PreparedArm:

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from edgectl.probe.facts import HostFacts
 
 MIN_PASSES_FOR_PROFILE = 3
-QUOTABLE_PASSES = 3  # a figure worth quoting is a median of ≥ 3 interleaved passes (docs/facts.md)
+QUOTABLE_PASSES = 3
+MIN_SOAK_S = 10  # a figure worth quoting is a median of ≥ 3 interleaved passes (docs/facts.md)
 Progress = Callable[[str], None]
 
 
@@ -49,6 +50,7 @@ class BenchOptions:
     llama_server: str | None = None
     fidelity: bool = True
     concurrency: int = 1  # N > 1: each pass also decodes N streams at once (the plan's max_num_seqs = N)
+    soak_s: float = 0  # > 0: each pass ends with that many seconds of mixed requests (bench/soak.py)
     argv: list[str] | None = None
 
 
@@ -65,6 +67,9 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         raise EdgectlError(f"--passes {opts.passes}: at least 1 (3 or more for a result worth quoting)")
     if opts.concurrency < 1:
         raise EdgectlError(f"--concurrency {opts.concurrency}: at least 1 stream")
+    if opts.soak_s < 0 or 0 < opts.soak_s < MIN_SOAK_S:
+        raise EdgectlError(f"--soak {opts.soak_s:g}: at least {MIN_SOAK_S} seconds (600 for a drift worth quoting), "
+                           "or 0 for none")
     if opts.record_profile:
         if "planned" not in names:
             raise EdgectlError("--record-profile needs the `planned` arm (add it to --arms)")
@@ -120,7 +125,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         logs_dir=logs_dir, usable_cpus=len(facts.topology.usable_cpus or []) or 1,
         stock_plugins=plugins, llama_server=llama.path, llama_unavailable=llama.origin if not llama.path else None,
         gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}),
-        concurrency=opts.concurrency,
+        concurrency=opts.concurrency, soak_s=opts.soak_s,
     )
     arms, skipped = prepare_arms(names, ctx)
     for name, why in skipped.items():
@@ -145,7 +150,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
             "llama_server": {"path": llama.path, "origin": llama.origin, "gguf": ctx.gguf_path},
             "prompts": prompts.source,
         },
-        "concurrency": opts.concurrency,
+        "concurrency": opts.concurrency, "soak_s": opts.soak_s,
         "finished": False, "complete": False, "quotable": False,
         "arms": {a.name: {**a.describe(), "passes": []} for a in arms},
         "skipped": skipped, "incomplete_reasons": [], "ratios": None, "fidelity": {},

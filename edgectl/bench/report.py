@@ -27,7 +27,7 @@ SCHEMA = "edgectl.bench/1"
 # the cold one's (runner.py).
 METRICS = ("decode_tok_s", "prefill_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes", "load_peak_ratio",
            "processes", "ready_cold_s", "ready_warm_s", "decode_cold_tok_s", "prefill_cold_tok_s",
-           "aggregate_decode_tok_s")
+           "aggregate_decode_tok_s", "soak_pss_drift")
 FIDELITY_METRICS = ("top1_agreement", "mean_kl", "perplexity", "next_token_top1_agreement", "next_token_mean_kl")
 RATIO_METRICS = ("decode_tok_s", "prefill_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes")
 
@@ -189,6 +189,12 @@ def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> st
             f"{n} decode {_x(v['decode'])} prefill {_x(v['prefill'])}"
             + (f" {streams}-stream aggregate {_x(v['aggregate_decode'])}" if "aggregate_decode" in v else "")
             for n, v in a["versus_llama_cpp"].items()))
+    soaks = [(n, p["soak"]) for n, arm in a["arms"].items() for p in arm["passes"] if p.get("soak")]
+    for n, sk in soaks:
+        d = sk.get("pss_drift")
+        lines.append(f"soak {n}: {sum(sk['requests'].values())} requests in {sk['seconds']:.0f} s from {sk['clients']} "
+                     f"clients, {sk['errors']} failed; PSS settled {_gbv(sk.get('pss_settled_bytes'))} → final "
+                     f"{_gbv(sk.get('pss_final_bytes'))} ({'–' if d is None else f'{d:+.2%}'})")
     mp = a.get("memory_prediction") or {}
     if mp.get("arms"):
         lines.append("memory, the plan's steady prediction vs the measured PSS (median): " + ", ".join(
@@ -222,6 +228,10 @@ def _ready_cell(arm: dict[str, Any]) -> str:
     if (arm.get("median") or {}).get("ready_cold_s") is not None:
         return f"{_cell(arm, 'ready_cold_s', '{:.0f}')} cold / {_cell(arm, 'ready_warm_s', '{:.0f}')} warm"
     return _cell(arm, "ready_s", "{:.0f}")
+
+
+def _gbv(v: float | None) -> str:
+    return "–" if v is None else f"{v / 1e9:.3f} GB"
 
 
 def _x(v: float | None) -> str:

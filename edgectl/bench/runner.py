@@ -10,7 +10,7 @@ A pass ends in one of three states:
 
 The memory figures are the PSS of the server's whole process tree (``procmem.tree_mem``):
 ``pss_peak_bytes`` sampled every 0.2 s from launch until ready, ``pss_steady_bytes`` after
-the pass's requests (warm-up, decode, prefill, concurrent decode, fidelity) have run.
+the pass's requests (warm-up, decode, prefill, concurrent decode, fidelity, soak) have run.
 
 Every pass starts with empty compile caches of its own (``VLLM_CACHE_ROOT``,
 ``TORCHINDUCTOR_CACHE_DIR`` under the pass's directory, removed after it), so no pass starts
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.bench import fidelity as fid
-from edgectl.bench import measure
+from edgectl.bench import measure, soak
 from edgectl.bench.arms import BenchContext, Crashed, PreparedArm
 from edgectl.client import Client, HttpFailed
 from edgectl.bench.prompts import PromptSet, ids_digest, prefill_token_ids
@@ -92,7 +92,7 @@ def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, p
     try:
         if not arm.cold_and_warm:
             return _one_start(arm, pass_index, order, ctx, prompts, seed, pass_dir, caches,
-                              with_fidelity=with_fidelity)
+                              with_fidelity=with_fidelity, soak_s=ctx.soak_s)
         cold, _ = _one_start(arm, pass_index, order, ctx, prompts, seed, pass_dir / "cold", caches,
                              with_fidelity=False)
         if cold["status"] != OK:
@@ -100,7 +100,7 @@ def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, p
             cold["error"] = cold["error"] and f"cold start: {cold['error']}"
             return cold, None
         rec, raw = _one_start(arm, pass_index, order, ctx, prompts, seed, pass_dir, caches,
-                              with_fidelity=with_fidelity)
+                              with_fidelity=with_fidelity, soak_s=ctx.soak_s)
         rec["cold"] = {**{k: cold.get(k) for k in COLD_FIELDS}, "graph": graph_source(cold)}
         rec["started_at"] = cold["started_at"]
         if rec["status"] != OK:
@@ -125,7 +125,8 @@ def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, p
 
 
 # Numbers a pass that did not complete as specified does not keep: nothing to quote.
-_MEASURED = ("decode_tok_s", "prefill_tok_s", "pss_steady_bytes", "load_peak_ratio", "aggregate_decode_tok_s")
+_MEASURED = ("decode_tok_s", "prefill_tok_s", "pss_steady_bytes", "load_peak_ratio", "aggregate_decode_tok_s",
+             "soak_pss_drift")
 # perf_counter() readings: meaningless outside the process that took them
 _CLOCK_READINGS = ("t_sent", "t_first", "t_last")
 
@@ -137,7 +138,8 @@ def stream_prompts(prompts: PromptSet, n: int) -> list[str]:
 
 
 def _one_start(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, prompts: PromptSet, seed: int,
-               pass_dir: Path, caches: dict[str, str], *, with_fidelity: bool) -> tuple[dict[str, Any], Any]:
+               pass_dir: Path, caches: dict[str, str], *, with_fidelity: bool,
+               soak_s: float = 0) -> tuple[dict[str, Any], Any]:
     """One server start and its measurements: the record of a pass (or of a compiled arm's cold start)."""
     rec: dict[str, Any] = {
         "arm": arm.name, "pass": pass_index, "order": order, "status": None, "problems": [], "error": None,
@@ -193,6 +195,13 @@ def _one_start(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext,
             fidelity_raw = fid.collect_llama(client, prompts)
         if fidelity_raw is not None:
             rec["fidelity"] = fid.summary(fidelity_raw)
+        if soak_s > 0:
+            s = soak.soak(client, ctx.model_name, soak_s, lambda: server.memory().pss_bytes, list(prompts.prompts),
+                          ctx.vocab_size, seed * 1000 + order)
+            rec["soak"] = s
+            if s["errors"]:
+                raise measure.MeasurementFailed(f"the soak had {s['errors']} failed request(s), e.g. {s['first_errors'][0]}")
+            rec["soak_pss_drift"] = s["pss_drift"]
 
         steady = server.memory()
         if not server.alive():

@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", help="Directory for the artifact <date>-<host>-<model>.json and the servers' logs.")] = Path("results"),
         max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Context for every arm (default: the plan's).")] = None,
         concurrency: Annotated[int, typer.Option("--concurrency", help="Also decode N streams at once per pass (aggregate tok/s); every arm is planned for N sequences, llama-server runs -np N.")] = 1,
+        soak: Annotated[float, typer.Option("--soak", help="End every pass with SECONDS of mixed requests from several clients (chat, completions, streams, fresh prompts, dropped streams), the tree's PSS sampled: its drift (600 s to quote).")] = 0,
         record_profile: Annotated[bool, typer.Option("--record-profile", help="Write this device class's profile from the medians (needs `planned` and ≥ 3 passes).")] = False,
         profiles_dir: Annotated[Optional[Path], typer.Option("--profiles-dir", help="Where --record-profile writes (default $EDGECTL_PROFILES_DIR, /etc/edgectl/profiles).")] = None,
         plot: Annotated[bool, typer.Option("--plot", help="Also write a PNG next to the JSON (needs matplotlib).")] = False,
@@ -55,7 +56,7 @@ def register(app: typer.Typer) -> None:
         opts = BenchOptions(model=model, arms=arms, passes=passes, out=out, max_model_len=max_model_len,
                             record_profile=record_profile, profiles_dir=profiles_dir, plot=plot, seed=seed,
                             start_timeout_s=start_timeout, llama_server=llama_server, fidelity=not no_fidelity,
-                            concurrency=concurrency, argv=sys.argv)
+                            concurrency=concurrency, soak_s=soak, argv=sys.argv)
         emit(run_bench(opts, os.environ, progress), as_json)
 
 

@@ -110,3 +110,35 @@ def _same_file(recorded: str, this: Path, roots: list[Path]) -> bool:
     """Is the artifact a source names (absolute, or relative to a root) this run's?"""
     candidates = [Path(recorded)] if Path(recorded).is_absolute() else [r / recorded for r in roots]
     return any(c.resolve() == this for c in candidates)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m edgectl.bench.prediction ARTIFACT…``: the check for artifacts written before the
+    bench made it, from each plan and the profile file it names (as that file is *now*: valid only
+    while the profile has not been re-recorded since the run)."""
+    import sys
+
+    paths = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if not paths:
+        print("usage: python -m edgectl.bench.prediction ARTIFACT.json…", file=sys.stderr)
+        return 2
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"error: {path}: not a bench artifact ({exc})", file=sys.stderr)
+            return 2
+        check = memory_prediction(data.get("arms") or {}, path, roots=[Path.cwd(), path.parent.parent])
+        for name, e in check["arms"].items():
+            if not e["measured_bytes"]:
+                continue
+            c = e["configuration"]
+            print(f"{path.name} {name}: {c['model']} {c['max_model_len']} tok × {c['max_num_seqs']} seq, "
+                  f"{c['weight_format']}, {c['compilation']}, {c['topology']}: predicted {e['predicted_bytes'] / 2**20:.0f} "
+                  f"MiB, measured {e['measured_bytes'] / 2**20:.0f} MiB, {e['error']:+.1%}"
+                  f"{' (held out)' if e['held_out'] else ' (calibration run)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -13,11 +13,11 @@ asked KV bytes (a setting that did not take effect), ``--crash-on-start N --stat
 before ready on its N-th start, ``--child-alloc-mb M`` starts a child process that holds M MB
 (memory that only a whole-tree measurement sees), ``--alloc-mb M`` holds M MB itself,
 ``--ready-delay S`` answers 503 at first; ``--serial-streams`` streams one completion at a time
-(a server that queues concurrent requests instead of batching them); ``--leak-kb-per-request K``
-keeps K KiB for good at every completion (a leak, for the soak); ``--sabotage recompile`` compiles
-its "graph" at every start instead of loading the one it left in ``VLLM_CACHE_ROOT`` (a compile cache
-that does not load); ``--sabotage group`` quantizes every int4 layer in groups of 32 whatever group
-the plan asks for.
+(a server that queues concurrent requests instead of batching them); ``--decode-ms M`` takes M ms
+per streamed token (2 by default); ``--leak-kb-per-request K`` keeps K KiB for good at every
+completion (a leak, for the soak); ``--sabotage recompile`` compiles its "graph" at every start
+instead of loading the one it left in ``VLLM_CACHE_ROOT`` (a compile cache that does not load);
+``--sabotage group`` quantizes every int4 layer in groups of 32 whatever group the plan asks for.
 Standard library only, plus edgectl's plan type (it reads its plan file as the worker does);
 the bench's tests start it as a real process on a real port.
 """
@@ -262,7 +262,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         for i in range(n):
             if i:
-                time.sleep(0.002)  # "decode"
+                time.sleep(STATE.ns.decode_ms / 1000)  # "decode"
             chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if i == n - 1 else None}]}
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             self.wfile.flush()
@@ -302,6 +302,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--alloc-mb", type=int, default=0)
     parser.add_argument("--ready-delay", type=float, default=0.3)
     parser.add_argument("--serial-streams", action="store_true")
+    parser.add_argument("--decode-ms", type=float, default=2.0)
     parser.add_argument("--leak-kb-per-request", type=int, default=0)
     ns = parser.parse_args(argv[:cut])
     rest = argv[cut + 1:]

@@ -30,6 +30,11 @@ def model_dir(tmp_path: Path) -> Path:
     return tiny_model(tmp_path)
 
 
+# Streams long enough (128 tokens × 20 ms) that threads starting a little apart on a loaded 2-core
+# machine still decode together: the overlap rule is what one test checks, not the others' luck.
+SLOW = ["--decode-ms", "20"]
+
+
 def _llama(tmp_path: Path) -> str:
     # the llama.cpp arm needs a binary and a GGUF to be prepared; the fake server stands in for both
     exe = tmp_path / "llama-server"
@@ -39,7 +44,8 @@ def _llama(tmp_path: Path) -> str:
 
 
 def test_n_streams_at_once_give_an_aggregate_per_arm(tmp_path, model_dir, facts) -> None:
-    a = bench(tmp_path, model_dir, facts, "stock,planned", passes=3, concurrency=3).to_dict()
+    a = bench(tmp_path, model_dir, facts, "stock,planned", passes=2, concurrency=3,
+              options={"stock": SLOW, "planned": SLOW}).to_dict()
     assert a["complete"], a["incomplete_reasons"]
     assert a["concurrency"] == 3
     for name in ("stock", "planned"):
@@ -59,7 +65,7 @@ def test_n_streams_at_once_give_an_aggregate_per_arm(tmp_path, model_dir, facts)
 
 def test_a_server_that_queues_the_streams_is_not_quoted(tmp_path, model_dir, facts) -> None:
     a = bench(tmp_path, model_dir, facts, "stock,planned", passes=1, concurrency=3,
-              options={"planned": ["--serial-streams"]}).to_dict()
+              options={"planned": ["--serial-streams", *SLOW], "stock": SLOW}).to_dict()
     assert not a["complete"]
     rec = a["arms"]["planned"]["passes"][0]
     assert rec["status"] == "invalid"
@@ -82,7 +88,7 @@ def test_llama_server_gets_one_slot_per_stream(tmp_path, model_dir, facts) -> No
     from bench_helpers import environ, fake_launchers
     from edgectl.bench.core import BenchOptions, run_bench
 
-    opts = BenchOptions(model=str(model_dir), arms="planned,llama.cpp", passes=3, out=tmp_path / "results",
+    opts = BenchOptions(model=str(model_dir), arms="planned,llama.cpp", passes=1, out=tmp_path / "results",
                         max_model_len=1024, start_timeout_s=60, llama_server=_llama(tmp_path), concurrency=4,
                         argv=["edgectl", "bench", "test"])
     import edgectl.bench.core as core
@@ -90,7 +96,8 @@ def test_llama_server_gets_one_slot_per_stream(tmp_path, model_dir, facts) -> No
     orig = core._gguf_for
     core._gguf_for = lambda model, env: gguf
     try:
-        a = run_bench(opts, environ(tmp_path), lambda _m: None, facts=facts, launchers=fake_launchers()).to_dict()
+        a = run_bench(opts, environ(tmp_path), lambda _m: None, facts=facts,
+                      launchers=fake_launchers({"planned": SLOW, "llama.cpp": SLOW})).to_dict()
     finally:
         core._gguf_for = orig
     assert a["complete"], a["incomplete_reasons"]
@@ -114,7 +121,8 @@ def test_the_prediction_is_checked_on_a_run_the_calibration_did_not_see(tmp_path
     # run 1 records the profile (the calibration); run 2, at another concurrency, is held out
     first = bench(tmp_path, model_dir, facts, "planned", passes=3, record_profile=True)
     assert first.to_dict()["complete"]
-    second = bench(tmp_path, model_dir, facts, "stock,planned", passes=3, concurrency=2).to_dict()
+    second = bench(tmp_path, model_dir, facts, "stock,planned", passes=1, concurrency=2,
+                   options={"stock": SLOW, "planned": SLOW}).to_dict()
     assert second["complete"], second["incomplete_reasons"]
     mp = second["memory_prediction"]["arms"]
     planned = mp["planned"]
@@ -152,6 +160,22 @@ def test_the_calibration_run_itself_is_not_held_out(tmp_path) -> None:
     other = tmp_path / "other.json"
     other.write_text("{}")
     assert memory_prediction(arms, other, roots=[tmp_path])["arms"]["planned"]["held_out"] is True
+
+
+def test_the_check_runs_on_an_artifact_from_before_the_bench_made_it(tmp_path, capsys) -> None:
+    from edgectl.bench.prediction import main
+
+    artifact = tmp_path / "old.json"
+    plan = {"model": {"name": "m"}, "profile": {"file": str(tmp_path / "gone.yaml")}, "compilation": "eager",
+            "max_model_len": 2048, "max_num_seqs": 2, "weight_format": "w4a16", "topology": "single-process",
+            "memory": {"total_bytes": 1000 << 20}}
+    artifact.write_text(json.dumps({"arms": {"planned": {"launcher": "worker", "plan": plan,
+                                                         "median": {"pss_steady_bytes": 900 << 20}}}}))
+    assert main([str(artifact)]) == 0
+    out = capsys.readouterr().out
+    assert "old.json planned: m 2048 tok × 2 seq, w4a16, eager, single-process: predicted 1000 MiB, measured 900 MiB, -10.0% (calibration unknown)" in out
+    assert main([str(tmp_path / "missing.json")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
 
 
 # -- the soak ---------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ so that run's planned configuration is predicted exactly by construction. Every 
 data the calibration did not see. For each arm with a plan this records the prediction, the
 measured median, the error (measured / predicted − 1), which profile figures the prediction
 leaned on (``calibration``: their sources' artifact, command, model), and whether this run is
-one of them (``held_out`` is False only for the run the figures were solved from). Where the
+one of them (``held_out`` is False only for the run the figures were solved from, None when the
+profile has no measured figure for it). Where the
 calibration's artifact can be read, the settings in which this configuration differs from it
 are listed (``differs``: model, context, sequences, format, compilation, KV dtype, topology).
 """
@@ -92,7 +93,8 @@ def memory_prediction(arms: dict[str, dict[str, Any]], artifact_path: Path, root
             "predicted_bytes": predicted, "measured_bytes": measured,
             "error": stats.ratio(measured, predicted) - 1 if measured and predicted else None,
             "configuration": conf, "calibration": cal,
-            "held_out": bool(cal["sources"]) and not seen,
+            # None: no measured figure to have been fitted to (published figures, or an unreadable profile)
+            "held_out": (not seen) if any(x.get("source") for x in cal["sources"]) else None,
         }
         differs = {}
         for s in cal["sources"]:
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path.name} {name}: {c['model']} {c['max_model_len']} tok × {c['max_num_seqs']} seq, "
                   f"{c['weight_format']}, {c['compilation']}, {c['topology']}: predicted {e['predicted_bytes'] / 2**20:.0f} "
                   f"MiB, measured {e['measured_bytes'] / 2**20:.0f} MiB, {e['error']:+.1%}"
-                  f"{' (held out)' if e['held_out'] else ' (calibration run)'}")
+                  + {True: " (held out)", False: " (calibration run)", None: " (calibration unknown)"}[e["held_out"]])
     return 0
 
 

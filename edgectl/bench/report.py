@@ -199,7 +199,7 @@ def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> st
     if mp.get("arms"):
         lines.append("memory, the plan's steady prediction vs the measured PSS (median): " + ", ".join(
             f"{n} {v['predicted_bytes'] / 1e9:.2f} vs {v['measured_bytes'] / 1e9:.2f} GB ({v['error']:+.1%}"
-            + (", held out" if v.get("held_out") else ", calibration run") + ")"
+            + {True: ", held out", False: ", calibration run", None: ""}[v.get("held_out")] + ")"
             for n, v in mp["arms"].items() if v.get("measured_bytes")))
     bw = a.get("bandwidth_ceiling") or {}
     if bw.get("arms"):

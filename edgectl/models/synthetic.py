@@ -82,7 +82,7 @@ def pull_synthetic(entry: CatalogEntry, environ: Mapping[str, str], progress: Pr
             return PullResult(entry.name, final, gguf, "already pulled", manifest or {})
         if dir_problem not in (None, "not pulled"):
             progress(f"verify: {final}: {dir_problem}; it will be made again")
-        elif gguf_problem is not None:
+        elif dir_problem is None:  # the directory is intact, its GGUF is not
             progress(f"verify: {gguf}: {gguf_problem}; the model will be made again")
         # Before anything is written: the tools and the room.
         tools = find_llama_tools(environ)

@@ -1,9 +1,10 @@
 """``edgectl status``: what each deployment is doing and what it really costs.
 
-For each deployment: its systemd state, restarts and the cause of the last one in words (the
-watchdog, a crash, the OOM killer: from the journal, where systemd records each failed run;
-the unit's properties describe only the current run), the watchdog interval, uptime and
-endpoint; the measured memory
+For each deployment: its systemd state, restarts (and how many of them the OOM killer caused) and
+the cause of the last one in words (the watchdog, a crash, the OOM killer: from the journal, where
+systemd records each failed run and journald keeps the kernel's log; the unit's properties
+describe only the current run), and after an OOM kill the limit, the plan's prediction and what
+to do; the watchdog interval, uptime and endpoint; the measured memory
 ledger from the service's cgroup (PSS of every process in it, anonymous vs file-backed)
 against the plan's prediction and limit; in compiled mode, whether the running worker loaded its
 graph from the cache or compiled it at this start (the worker's read-back,
@@ -28,7 +29,7 @@ from edgectl.contract.procmem import TreeMem
 from edgectl.deployment import Layout, deployment_names, service_memory
 from edgectl.errors import EdgectlError
 from edgectl.output import mib
-from edgectl.systemd import Failure, Systemd, failure_from_properties, systemd_running
+from edgectl.systemd import Failure, Systemd, failure_from_properties, restarts_by_oom, systemd_running
 from edgectl.units import validate_name
 
 METRICS = {
@@ -78,6 +79,38 @@ class DeploymentStatus:
     attribution_unavailable: str | None = None
     watchdog_s: float | None = None  # systemd's WatchdogSec for the unit (None: no watchdog)
     last_failure: Failure | None = None  # the last failed run: why systemd restarted (or stopped) it
+    restarts_by_oom: int = 0  # of ``restarts``, those after the kernel's OOM killer ended the run
+    memory_max_bytes: int | None = None  # the unit's MemoryMax= as systemd applies it (drop-ins included)
+
+    def oom_limits(self) -> str | None:
+        """After an OOM kill at the unit's limit: that limit and what the plan predicted and set."""
+        f = self.last_failure
+        if f is None or f.kind != "oom" or (f.oom_kills and not f.oom_kills[-1].at_unit_limit):
+            return None
+        limit = f"MemoryMax {mib(self.memory_max_bytes)}" if self.memory_max_bytes else "MemoryMax (not set)"
+        if self.plan is None:
+            return f"the unit's {limit}; no plan to compare with"
+        m = self.plan.memory
+        return f"the unit's {limit}; the plan predicted {mib(m.total_bytes)} steady and set MemoryMax {mib(m.limit_bytes)}"
+
+    def oom_advice(self) -> str | None:
+        """After an OOM kill: what to do, in one line."""
+        f = self.last_failure
+        if f is None or f.kind != "oom":
+            return None
+        unit, mm = self.unit, self.memory_max_bytes
+        kill = f.oom_kills[-1] if f.oom_kills else None
+        if kill is not None and not kill.at_unit_limit:
+            what = f"the limit of {kill.oom_memcg}" if kill.constraint == "CONSTRAINT_MEMCG" else "the machine's memory"
+            return (f"{what} ran out, not this service's MemoryMax: stop what else uses it, or re-deploy with a "
+                    "smaller --max-model-len or --max-num-seqs")
+        planned = self.plan.memory.limit_bytes if self.plan else None
+        if planned is not None and mm is not None and mm < planned:
+            return (f"MemoryMax was lowered outside edgectl, below the plan's (a drop-in or `systemctl set-property`, "
+                    f"which outrank the unit edgectl wrote): `systemctl set-property {unit} MemoryMax={planned}` "
+                    "puts the plan's back")
+        return (f"the plan under-predicts this service's memory here: give it more (`systemctl set-property {unit} "
+                "MemoryMax=…`), or re-deploy with a smaller --max-model-len or --max-num-seqs")
 
     def to_dict(self) -> dict[str, Any]:
         planned = self.plan.memory if self.plan else None
@@ -94,9 +127,10 @@ class DeploymentStatus:
                                            if self.load_peak and self.load_peak.get("pss_bytes")
                                            and self.memory.pss_bytes else None)}
         return {"name": self.name, "unit": self.unit, "state": self.state, "sub_state": self.sub_state,
-                "status_text": self.status_text, "restarts": self.restarts, "uptime_s": self.uptime_s,
-                "watchdog_s": self.watchdog_s,
+                "status_text": self.status_text, "restarts": self.restarts, "restarts_by_oom": self.restarts_by_oom,
+                "uptime_s": self.uptime_s, "watchdog_s": self.watchdog_s, "memory_max_bytes": self.memory_max_bytes,
                 "last_failure": self.last_failure.to_dict() if self.last_failure else None,
+                "oom_limits": self.oom_limits(), "what_to_do": self.oom_advice(),
                 "endpoint": self.endpoint, "model": self.plan.model.name if self.plan else None,
                 "weight_format": str(self.plan.weight_format) if self.plan else None, "memory": mem,
                 "compiled_graph": self.compiled_graph(), "served": self.metrics, "warmup": self.warmup,
@@ -115,7 +149,8 @@ class DeploymentStatus:
 
     def render_text(self) -> str:
         up = f", up {self.uptime_s:.0f} s" if self.uptime_s is not None else ""
-        lines = [f"{self.name} ({self.unit}): {self.state} ({self.sub_state}){up}, {self.restarts} restart(s)"]
+        oom = f", {self.restarts_by_oom} by the OOM killer" if self.restarts_by_oom else ""
+        lines = [f"{self.name} ({self.unit}): {self.state} ({self.sub_state}){up}, {self.restarts} restart(s){oom}"]
         if self.status_text:
             lines.append(f"  status: {self.status_text}")
         watchdog = f"watchdog {self.watchdog_s:g} s" if self.watchdog_s else "no watchdog"
@@ -124,6 +159,10 @@ class DeploymentStatus:
             if self.last_failure.realtime_us:
                 when = time.strftime(" at %Y-%m-%d %H:%M:%S UTC", time.gmtime(self.last_failure.realtime_us / 1e6))
             lines.append(f"  {watchdog}; last failure{when}: {self.last_failure.describe()}")
+            if self.oom_limits():
+                lines.append(f"  limit: {self.oom_limits()}")
+            if self.oom_advice():
+                lines.append(f"  what to do: {self.oom_advice()}")
         else:
             lines.append(f"  {watchdog}; no failure in the journal")
         if self.endpoint:
@@ -209,15 +248,19 @@ def status_of(name: str, environ: Mapping[str, str], memory_attribution: bool = 
         report = client.worker_state()
         if memory_attribution:
             attribution, unavailable = attribution_of(client)
-    last_failure = failure_from_properties(state.props) if state.active == "failed" else None
-    if last_failure is None and state.loaded:
-        failures = sd.failures(layout.unit)
-        last_failure = failures[-1] if failures else None
+    # The journal's record of the last failed run (with the kernel's OOM kills in it); a failed unit's
+    # own properties when the journal has none.
+    failures = sd.failures(layout.unit) if state.loaded else []
+    last_failure = failures[-1] if failures else None
+    if last_failure is None and state.active == "failed":
+        last_failure = failure_from_properties(state.props)
     return DeploymentStatus(name, layout.unit, state.active or "unknown", state.sub, state.status_text,
                             state.restarts, uptime, worker.endpoint(plan.serve) if plan else None, plan, memory, metrics,
                             (report or {}).get("load_peak") or None, (report or {}).get("warmup"),
                             (report or {}).get("compile") or None, attribution, unavailable,
-                            watchdog_s=state.watchdog_s, last_failure=last_failure)
+                            watchdog_s=state.watchdog_s, last_failure=last_failure,
+                            restarts_by_oom=restarts_by_oom(failures, state.restarts),
+                            memory_max_bytes=state.int_prop("MemoryMax"))
 
 
 def status(name: str | None, environ: Mapping[str, str], memory_attribution: bool = False) -> StatusReport:

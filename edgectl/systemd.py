@@ -227,16 +227,25 @@ def failures_from_journal(json_lines: str, oom_kills: list[OomKill] | None = Non
     return _with_oom_kills(failures, oom_kills or [])
 
 
+# The oldest failed run the journal shows has no earlier run to bound it: a kill counts for it only
+# if it came at most this long before the run's end (the process that was killed, or whose child
+# was, ends within moments). The kernel's log keeps kills of earlier deployments of the same name
+# (an undeploy and deploy again; a test sandbox's journal that imported the host's kernel buffer):
+# those are not this run's.
+_FIRST_RUN_LOOKBACK_US = 60_000_000
+
+
 def _with_oom_kills(failures: list[Failure], kills: list[OomKill]) -> list[Failure]:
-    """Each kill goes to the first run that ended after it (allowing for the two lines' order)."""
+    """Each kill goes to the first run that ended after it (allowing for the two lines' order), the
+    oldest run only for a kill shortly before its end."""
     out, previous_end = [], None
     for f in failures:
         if f.realtime_us is None:
             out.append(f)
             continue
         end = f.realtime_us + _KILL_SLACK_US
-        mine = tuple(k for k in kills if k.realtime_us is not None and k.realtime_us <= end
-                     and (previous_end is None or k.realtime_us > previous_end))
+        start = previous_end if previous_end is not None else f.realtime_us - _FIRST_RUN_LOOKBACK_US
+        mine = tuple(k for k in kills if k.realtime_us is not None and start < k.realtime_us <= end)
         out.append(replace(f, oom_kills=mine) if mine else f)
         previous_end = end
     return out

@@ -177,3 +177,15 @@ def test_status_counts_oom_restarts_and_says_the_limit_the_plan_and_what_to_do()
                              last_failure=failures[0])
     assert "by the OOM killer" not in crash.render_text() and "what to do" not in crash.render_text()
     assert crash.to_dict()["what_to_do"] is None and crash.to_dict()["restarts_by_oom"] == 0
+
+
+def test_a_kill_of_an_earlier_deployment_of_the_same_name_is_not_this_runs():
+    # the kernel's log still holds an OOM kill of a unit of the same name from an hour before (an
+    # earlier deployment, undeployed since); this deployment's first failure was a plain kill -9
+    old = "\n".join(json.dumps(e) for e in _kernel(4242, T0 - 3_600_000_000))
+    (crash,) = failures_from_journal("\n".join(json.dumps(e) for e in _run(CRASH, T0)), oom_kills_from_journal(old, U))
+    assert (crash.kind, crash.signal, crash.oom_kills) == ("crash", "KILL", ())
+    # a kill moments before the same run's end is still its own
+    now = "\n".join(json.dumps(e) for e in _kernel(4243, T0 - 500_000))
+    (oom,) = failures_from_journal("\n".join(json.dumps(e) for e in _run(CRASH, T0)), oom_kills_from_journal(now, U))
+    assert oom.kind == "oom" and [k.pid for k in oom.oom_kills] == [4243]

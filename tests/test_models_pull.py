@@ -277,7 +277,7 @@ def test_truncated_weights_are_converted_again(pulled: dict) -> None:
     with pytest.raises(EdgectlError, match=r"is damaged \(model.safetensors is 100000000 bytes.*"
                                            r"run `edgectl models pull smollm2-135m` to repair it"):
         resolve_model("smollm2-135m", pulled["env"])
-    (listed,) = list_models(pulled["env"]).models
+    (listed,) = [m for m in list_models(pulled["env"]).models if m.entry.name == "smollm2-135m"]
     assert listed.state.startswith("damaged: model.safetensors is 100000000 bytes")
 
     done = run_cli(["models", "pull", "smollm2-135m", "--json"], env=pulled["env"])

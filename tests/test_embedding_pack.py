@@ -38,13 +38,14 @@ embed, head = layer(VocabParallelEmbedding), layer(ParallelLMHead)
 method = UnquantizedEmbeddingMethod()
 for m in (embed, head):
     method.process_weights_after_loading(m)
-x = torch.randn(3, 64).to(torch.bfloat16)
+x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
 ref = torch.nn.functional.linear(x.float(), head.weight.float())
+ref_embed = torch.nn.functional.linear(x.float(), embed.weight.float())
 out = {"mode": mode, "states": {n: s["state"] for n, s in
        zip(("embed", "head"), embedding.packed_copies(torch.nn.ModuleDict({"embed": embed, "head": head})))},
        "head_error": float((head.cpu_linear(x, head.weight, None).float() - ref).abs().max()),
-       "embed_error": float((embed.cpu_linear(x, embed.weight, None).float() - torch.nn.functional.linear(
-           x.float(), embed.weight.float())).abs().max())}
+       "embed_error": float((embed.cpu_linear(x, embed.weight, None).float() - ref_embed).abs().max()),
+       "head_scale": float(ref.abs().max()), "embed_scale": float(ref_embed.abs().max())}
 print(json.dumps(out))
 """
 
@@ -68,7 +69,10 @@ def _kept() -> str:
 def test_lm_head_mode_packs_only_the_layer_that_computes_logits():
     got = _run("lm-head")
     assert got["states"] == {"embed": "not packed", "head": _kept()}
-    assert got["head_error"] < 0.1 and got["embed_error"] < 0.1  # both still multiply correctly
+    # both still multiply correctly: within bf16's rounding of the outputs (8 significant bits: a
+    # result near 20 is off by up to 0.06 on a path that rounds once, more where it accumulates in
+    # bf16), far below what a wrong product would give (of the order of the outputs themselves)
+    assert got["head_error"] < 0.02 * got["head_scale"] and got["embed_error"] < 0.02 * got["embed_scale"], got
 
 
 def test_vllm_mode_is_unmodified_vllm_both_packed_where_the_cpu_can():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,8 @@ def calibration_configuration(artifact: str | None, arm: str | None, roots: list
         return None
     for root in roots:
         path = Path(artifact) if Path(artifact).is_absolute() else root / artifact
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        data = _read_artifact(str(path.resolve()))
+        if data is None:
             continue
         plan = ((data.get("arms") or {}).get(arm or "planned") or {}).get("plan")
         if isinstance(plan, dict):
@@ -106,6 +106,16 @@ def memory_prediction(arms: dict[str, dict[str, Any]], artifact_path: Path, root
             entry["differs"] = differs
         out["arms"][name] = entry
     return out
+
+
+@lru_cache(maxsize=8)
+def _read_artifact(path: str) -> dict[str, Any] | None:
+    """A calibration artifact, read once however many arms and figures name it (they are MBs)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _same_file(recorded: str, this: Path, roots: list[Path]) -> bool:

@@ -101,7 +101,7 @@ def test_dequantize_is_exact(level, dtype, n, k):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 17, 64])
+@pytest.mark.parametrize("m", [1, 17, 64, 129])
 def test_large_batches_take_the_dense_path(level, dtype, m):
     """From dense_from_m rows on: the dequantized weight times PyTorch's GEMM (activations kept
     in their dtype, so the reference is x @ W^T with the dequantized W)."""
@@ -120,6 +120,18 @@ def test_large_batches_take_the_dense_path(level, dtype, m):
         y = torch.ops.edgectl.linear_w8a8(x, blocks.pack_w8(q8, d8), n, k)
     ref = reference.linear_dense(x, blocks.dequantize_w8(q8, d8, k))
     torch.testing.assert_close(y.float(), ref.float(), rtol=rtol, atol=rtol * float(ref.float().abs().max()))
+
+
+def test_dense_rows_bound_the_gemm_shapes():
+    """The dense path pads m rows up to few sizes (oneDNN keeps a compiled primitive per shape):
+    never fewer rows, at most a quarter more, and a handful of sizes per octave."""
+    rows = [torch.ops.edgectl.dense_rows(m) for m in range(1, 4097)]
+    assert rows[:16] == list(range(1, 17))
+    for m, r in enumerate(rows, start=1):
+        assert m <= r <= m + m // 4, (m, r)
+    assert rows == sorted(rows)
+    assert len(set(rows[127:512])) <= 13  # the 128..512 rows a default plan's prefill chunks have
+    assert len(set(rows[16:4096])) <= 4 * 8 + 1
 
 
 def test_linear_accepts_leading_dims_and_strided_rows(level):

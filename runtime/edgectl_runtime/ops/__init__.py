@@ -19,6 +19,8 @@ follows from them, see ``formats/blocks.py``):
 - ``linear_w8a8(x, w, n, k) -> y``: the same with a packed W8 weight.
 - ``dequantize(w, n, k, bits, dtype) -> W``: the whole matrix, dequantized.
 - ``set_dense_from_m(m) -> previous``: the crossover (-1 = the level's measured default, 0 = never).
+- ``dense_rows(m) -> rows``: the row count the dense path runs its GEMM with for ``m`` rows (``m``
+  rounded up to one of four sizes per octave, so oneDNN compiles a bounded set of shapes).
 - ``embedding_w4 / embedding_w8(ids, w, n, k, dtype) -> rows``: rows of a packed matrix,
   dequantized (the tied embedding of an int8 / int4 LM head, stored once).
 - ``add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)`` and

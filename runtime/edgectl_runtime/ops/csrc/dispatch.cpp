@@ -220,9 +220,30 @@ at::ScalarType dense_dtype(const at::Tensor& x) {
   return bf16 ? at::kBFloat16 : at::kFloat;
 }
 
+// The row count the dense GEMM is called with for m activation rows: m rounded up to one of four
+// sizes per octave (16 -> 16, 17 -> 20, 129 -> 160, 300 -> 320, 512 -> 512). oneDNN compiles a
+// primitive per GEMM shape and keeps it in its primitive cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY,
+// 1024 by default; oneDNN's docs, "Primitive Cache"); with the exact row count, every new prompt
+// length added primitives until the cache was full, ~0.6 GB of the worker's malloc on SmolLM2
+// (docs/memory.md, "Prompts of every length"). Rounded, the shapes a plan can meet are few and
+// are all seen soon after start; the zero rows cost at most 25% more GEMM work (~12% on average).
+int64_t dense_rows(int64_t m) {
+  if (m <= 16) return m;
+  int64_t octave = 16;
+  while (octave * 2 <= m) octave *= 2;  // the largest power of two <= m
+  const int64_t step = octave / 4;
+  return ceil_div(m, step) * step;
+}
+
 void dense_linear(const at::Tensor& x2, const at::Tensor& w, int64_t n, int64_t k, bool w4, at::Tensor& y) {
   const at::ScalarType ct = dense_dtype(x2);
-  const at::Tensor xc = x2.scalar_type() == ct ? x2 : x2.to(ct);
+  const int64_t m = x2.size(0), mp = dense_rows(m);
+  at::Tensor xc = x2.scalar_type() == ct ? x2 : x2.to(ct);
+  if (mp != m) {
+    at::Tensor padded = at::zeros({mp, k}, xc.options());
+    padded.narrow(0, 0, m).copy_(xc);
+    xc = padded;
+  }
   const int64_t kb = w.size(1), record = w.size(2);
   // Scratch of ~2 MB (L2-sized): a chunk of whole tiles.
   const int64_t elem = ct == at::kFloat ? 4 : 2;
@@ -233,8 +254,8 @@ void dense_linear(const at::Tensor& x2, const at::Tensor& w, int64_t n, int64_t 
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
     dequantize(w.data_ptr<uint8_t>() + (r0 / kTileRows) * kb * record, kb, rows, k, scratch.data_ptr(), st);
-    const at::Tensor part = at::mm(xc, scratch.narrow(0, 0, rows).t());  // [m, rows]
-    y.narrow(1, r0, rows).copy_(part);
+    const at::Tensor part = at::mm(xc, scratch.narrow(0, 0, rows).t());  // [mp, rows]
+    y.narrow(1, r0, rows).copy_(part.narrow(0, 0, m));
   }
 }
 
@@ -375,6 +396,7 @@ TORCH_LIBRARY(edgectl, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("dequantize(Tensor w, int n, int k, int bits, ScalarType dtype) -> Tensor");
   m.def("set_dense_from_m(int m) -> int");
+  m.def("dense_rows(int m) -> int");
 }
 
 TORCH_LIBRARY_IMPL(edgectl, CPU, m) {
@@ -395,4 +417,5 @@ TORCH_LIBRARY_IMPL(edgectl, CompositeExplicitAutograd, m) {
   m.impl("supported_isas", edgectl::supported_isas);
   m.impl("set_kernel_isa", edgectl::set_kernel_isa);
   m.impl("set_dense_from_m", edgectl::set_dense_from_m);
+  m.impl("dense_rows", edgectl::dense_rows);
 }

@@ -39,6 +39,16 @@ def model_dir(tmp_path: Path) -> Path:
     return tiny_model(tmp_path)
 
 
+def test_an_artifact_is_named_for_the_device_class_and_the_isa_it_was_held_to(tmp_path) -> None:
+    assert report.class_label("x86_64-amx", {}) == "x86_64-amx"
+    assert report.class_label("x86_64-amx", {"ATEN_CPU_CAPABILITY": "avx2"}) == "avx2-on-x86_64-amx"
+    first = report.artifact_path(tmp_path, "2026-12-02", "x86_64-amx", "smollm2-135m")
+    assert first.name == "2026-12-02-x86_64-amx-smollm2-135m.json"
+    first.write_text("{}")
+    assert report.artifact_path(tmp_path, "2026-12-02", "x86_64-amx", "smollm2-135m").name == \
+        "2026-12-02-x86_64-amx-smollm2-135m-2.json"
+
+
 # -- a complete grid ---------------------------------------------------------------------------------
 
 
@@ -48,9 +58,9 @@ def test_a_complete_grid_has_medians_ratios_and_a_full_artifact(tmp_path, model_
     assert a["schema"] == "edgectl.bench/1"
     assert a["complete"] is True and a["finished"] is True and a["incomplete_reasons"] == []
     assert a["quotable"] is True
-    # the artifact on disk is the result, named <date>-<host>-<model>.json
+    # the artifact on disk is the result, named <date>-<device class>-<model>.json
     assert result.path is not None and result.path.parent == tmp_path / "results"
-    assert result.path.name.endswith("-tiny-llama.json")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d-x86_64-avx512-tiny-llama\.json", result.path.name), result.path.name
     assert json.loads(result.path.read_text()) == json.loads(json.dumps(a))
     prov = a["provenance"]
     for key in ("probe", "edgectl", "vllm", "torch", "command", "started_at", "ended_at", "model", "passes"):

@@ -115,8 +115,8 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     gguf = _gguf_for(opts.model, environ)
 
     date = started.strftime("%Y-%m-%d")
-    host = socket.gethostname()
-    path = report.artifact_path(opts.out, date, host, plan.model.name)
+    host = socket.gethostname()  # recorded in the provenance; the file is named for the device class
+    path = report.artifact_path(opts.out, date, report.class_label(facts.device_class, environ), plan.model.name)
     logs_dir = path.with_suffix(".logs")
     ctx = BenchContext(
         model_name=plan.model.name, model_path=plan.model.path,

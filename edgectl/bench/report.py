@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from edgectl.atomic import write_text_atomic
@@ -249,9 +250,16 @@ def _f(v: float | None) -> str:
 # -- files ------------------------------------------------------------------------------------------
 
 
-def artifact_path(out_dir: Path, date: str, host: str, model: str) -> Path:
-    """``<out>/<date>-<host>-<model>.json``; a second run that day gets ``-2``, ``-3``, …"""
-    stem = f"{date}-{_safe(host)}-{_safe(model)}"
+def class_label(device_class: str, environ: Mapping[str, str]) -> str:
+    """What an artifact's name says it was measured on: the probed device class, prefixed by the ISA
+    PyTorch was held to when it was (``avx2-on-x86_64-amx``: emulated figures, not that class's)."""
+    held = environ.get("ATEN_CPU_CAPABILITY")
+    return f"{held}-on-{device_class}" if held else device_class
+
+
+def artifact_path(out_dir: Path, date: str, label: str, model: str) -> Path:
+    """``<out>/<date>-<device class>-<model>.json``; a second run that day gets ``-2``, ``-3``, …"""
+    stem = f"{date}-{_safe(label)}-{_safe(model)}"
     path = out_dir / f"{stem}.json"
     n = 2
     while path.exists() or path.with_suffix(".logs").exists():

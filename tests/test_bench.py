@@ -283,6 +283,21 @@ def test_llama_server_is_found_in_the_build_cache_or_on_path_or_explained(tmp_pa
     assert find_llama_server(env, host_flags=[*host, "avx512_vnni", "amx_tile", "rtm"]).path == str(built)
     with pytest.raises(EdgectlError, match="not an executable"):
         find_llama_server(env, str(tmp_path / "nope"))
+    # a run held to AVX2 takes only a build held to AVX2, and a run on the CPU's own ISA never takes one
+    held_run = find_llama_server(env, host_flags=[*host, "avx512_vnni", "amx_tile"], held_to="avx2")
+    assert held_run.path is None and "--llama-cpp-isa avx2" in held_run.origin
+    assert "0.3.36: built for this CPU's own ISA" in held_run.origin
+    held_build = tmp_path / "edgectl" / "llama.cpp" / "0.3.36-avx2" / "bin" / "llama-server"
+    held_build.parent.mkdir(parents=True)
+    held_build.write_text("#!/bin/sh\n")
+    held_build.chmod(0o755)
+    (held_build.parent.parent / "CPU_FLAGS").write_text("sse2 avx avx2 fma\n")
+    assert find_llama_server(env, host_flags=[*host, "avx512_vnni", "amx_tile"], held_to="avx2") == \
+        type(missing)(str(held_build), "cache (0.3.36-avx2)")
+    assert find_llama_server(env, host_flags=[*host, "avx512_vnni", "amx_tile"]).path == str(built)
+    os.utime(built.parent.parent / "CPU_FLAGS")
+    held_build.touch()  # the newest build, and still not taken by a run on the CPU's own ISA
+    assert find_llama_server(env, host_flags=[*host, "avx512_vnni", "amx_tile"]).path == str(built)
     # a source archive member escaping the extraction directory is refused
     bad = tmp_path / "bad.tar.gz"
     with tarfile.open(bad, "w:gz") as tar:
@@ -345,6 +360,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path) -> None:
         (["bench", "smollm2-135m", "--passes", "0", "--out", str(out)], "--passes 0"),
         (["bench", "smollm2-135m", "--out", str(out)], "not pulled"),
         (["bench"], "give the MODEL"),
+        (["bench", "smollm2-135m", "--llama-cpp-isa", "avx2", "--out", str(out)], "goes with --build-llama-cpp"),
+        (["bench", "--build-llama-cpp", "--llama-cpp-isa", "sse2"], "--llama-cpp-isa sse2: use avx2"),
     ]:
         done = run_cli(args, env=env, timeout=120)
         assert done.returncode == 2, (args, done.stderr)
@@ -439,3 +456,15 @@ def test_llama_cpp_is_built_for_this_cpu_without_amx() -> None:
     avx2_box = isa_options("fpu sse4_2 avx avx2 fma f16c bmi2".split())
     assert "-DGGML_AVX2=ON" in avx2_box and "-DGGML_AVX512=OFF" in avx2_box and "-DGGML_AVX_VNNI=OFF" in avx2_box
     assert isa_options("fp asimd sve".split()) == ["-DGGML_NATIVE=ON"]  # Arm: the compiler's native choice
+
+
+def test_a_build_held_to_avx2_leaves_out_every_extension_above_it() -> None:
+    from edgectl.bench.llamacpp import held_flags, isa_options
+
+    amx_box = "fpu sse4_2 avx avx2 fma f16c bmi2 avx_vnni avx512f avx512vbmi avx512_vnni avx512_bf16 amx_tile".split()
+    held = held_flags(amx_box, "avx2")
+    assert held == "fpu sse4_2 avx avx2 fma f16c bmi2".split()
+    opts = isa_options(held)
+    assert "-DGGML_AVX2=ON" in opts and "-DGGML_FMA=ON" in opts
+    assert not any(o.endswith("=ON") for o in opts if "AVX512" in o or "VNNI" in o or "AMX" in o), opts
+    assert held_flags(amx_box, None) == amx_box and held_flags(amx_box, "avx512") == amx_box

@@ -111,7 +111,8 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     runtime = prov.runtime_info(runtime_python, child_env)
     plugins, excluded = prov.stock_plugins(runtime)
 
-    llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags)
+    llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,
+                              held_to=environ.get("ATEN_CPU_CAPABILITY"))
     gguf = _gguf_for(opts.model, environ)
 
     date = started.strftime("%Y-%m-%d")

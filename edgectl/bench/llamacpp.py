@@ -61,11 +61,29 @@ def isa_flags(flags: Iterable[str]) -> set[str]:
     return {f for f in flags if f.startswith(_ISA_PREFIXES)}
 
 
+# Extensions above AVX2 + FMA (x86-64-v3): what a run held to AVX2 does not use, and what a build
+# for it leaves out (AVX-VNNI too: edgectl's AVX2 kernels use vpmaddubsw/vpmaddwd, not VNNI).
+_ABOVE_AVX2 = ("avx512", "amx", "avx_vnni", "avx_ifma", "avx_ne", "avx10")
+HELD_ISAS = ("avx2",)
+
+
+def held_flags(flags: Iterable[str], held_to: str | None) -> list[str]:
+    """The CPU flags a run may use when held to ``held_to`` (``ATEN_CPU_CAPABILITY``; None: all)."""
+    if held_to is None or held_to not in HELD_ISAS:
+        return list(flags)
+    return [f for f in flags if not f.startswith(_ABOVE_AVX2)]
+
+
 def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,
-                      host_flags: Iterable[str] | None = None) -> LlamaServer:
+                      host_flags: Iterable[str] | None = None, held_to: str | None = None) -> LlamaServer:
     """``--llama-server`` if given, else the newest cached build this CPU can run (``host_flags``:
     the probe's CPU flags; a build lacking its builder's flags is passed over), else
-    ``llama-server`` on PATH."""
+    ``llama-server`` on PATH. ``held_to="avx2"`` (a run with ``ATEN_CPU_CAPABILITY=avx2``): only a
+    build without the extensions above AVX2 counts (``--build-llama-cpp --llama-cpp-isa avx2``), so
+    both engines of an AVX2-path comparison run AVX2 code."""
+    if host_flags is not None:
+        host_flags = held_flags(host_flags, held_to)
+    held = f" (the run is held to {held_to})" if held_to in HELD_ISAS else ""
     if explicit:
         p = Path(explicit).expanduser()
         if not (p.is_file() and os.access(p, os.X_OK)):
@@ -78,6 +96,11 @@ def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,
                        key=lambda p: p.stat().st_mtime, reverse=True)
         for b in built:
             version_dir = b.parent.parent
+            build_held = next((h for h in HELD_ISAS if version_dir.name.endswith(f"-{h}")), None)
+            if build_held != (held_to if held else None):
+                passed_over.append(f"{version_dir.name}: " + (f"held to {build_held}, for runs held to it"
+                                                              if build_held else "built for this CPU's own ISA"))
+                continue
             if host_flags is not None:
                 record = version_dir / CPU_FLAGS_FILE
                 if not record.is_file():
@@ -86,19 +109,25 @@ def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,
                 missing = sorted(isa_flags(record.read_text().split()) - isa_flags(host_flags))
                 if missing:
                     passed_over.append(f"{version_dir.name}: built on a CPU with {', '.join(missing[:4])}"
-                                       f"{' …' if len(missing) > 4 else ''}, which this one lacks")
+                                       f"{' …' if len(missing) > 4 else ''}, which this one lacks{held}")
                     continue
             return LlamaServer(str(b), f"cache ({version_dir.name})")
     on_path = shutil.which(BINARY, path=environ.get("PATH"))
-    if on_path:
+    if on_path and not held:  # a binary on PATH says nothing about the ISA it was built for
         return LlamaServer(on_path, "PATH")
     why = f" (cached build {'; '.join(passed_over)})" if passed_over else ""
-    return LlamaServer(None, f"no {BINARY} on PATH and none built for this CPU in {root}{why}: build it with "
-                             "`edgectl bench --build-llama-cpp` (several minutes)")
+    how = f"`edgectl bench --build-llama-cpp --llama-cpp-isa {held_to}`" if held else "`edgectl bench --build-llama-cpp`"
+    return LlamaServer(None, f"no {BINARY} {'on PATH and none ' if not held else ''}built for this CPU{held} in "
+                             f"{root}{why}: build it with {how} (several minutes)")
 
 
-def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress, jobs: int | None = None) -> Path:
-    """Download llama-cpp-python's source archive, build llama-server from its vendor/llama.cpp."""
+def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress, jobs: int | None = None,
+                    isa: str | None = None) -> Path:
+    """Download llama-cpp-python's source archive, build llama-server from its vendor/llama.cpp:
+    for this CPU, or (``isa="avx2"``) for its extensions up to AVX2 + FMA only, kept apart as
+    ``<version>-avx2`` for runs held to AVX2."""
+    if isa is not None and isa not in HELD_ISAS:
+        raise EdgectlError(f"--llama-cpp-isa {isa}: use {', '.join(HELD_ISAS)} (or leave it out for this CPU's own)")
     for tool in ("cmake", "c++", "cc"):
         if not shutil.which(tool, path=environ.get("PATH")):
             raise EdgectlError(f"--build-llama-cpp needs {tool} on PATH: install cmake and a C/C++ compiler "
@@ -106,7 +135,9 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
     root = cache_root(environ)
     root.mkdir(parents=True, exist_ok=True)
     jobs = jobs or max(1, len(os.sched_getaffinity(0)))
-    flags = _own_cpu_flags()  # what the build targets, recorded beside the binary
+    flags = held_flags(_own_cpu_flags(), isa)  # what the build targets, recorded beside the binary
+    if isa is not None and isa not in flags:
+        raise EdgectlError(f"--llama-cpp-isa {isa}: this CPU has no {isa}")
     options = isa_options(flags)
     with tempfile.TemporaryDirectory(prefix="edgectl-llama-build-", dir=root) as tmp:
         tmpdir = Path(tmp)
@@ -130,7 +161,8 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
         progress(f"building {' and '.join(TARGETS)} with {jobs} job(s): several minutes on a small box")
         _run(["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(jobs)], "cmake build", environ,
              tmpdir / "build.log")
-        dest = root / version / "bin"
+        name = f"{version}-{isa}" if isa else version  # the cache directory of this build
+        dest = root / name / "bin"
         dest.mkdir(parents=True, exist_ok=True)
         for target in TARGETS:
             built = next((p for p in build.rglob(target) if p.is_file() and os.access(p, os.X_OK)), None)
@@ -140,12 +172,12 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
             tmp_bin = dest / f".{target}.tmp"
             shutil.copy2(built, tmp_bin)
             os.replace(tmp_bin, dest / target)
-        _keep_converter(src, root / version / CONVERT_DIR)
-        (root / version / CPU_FLAGS_FILE).write_text(" ".join(sorted(isa_flags(flags))) + "\n")
-        (root / version / "SOURCE").write_text(
+        _keep_converter(src, root / name / CONVERT_DIR)
+        (root / name / CPU_FLAGS_FILE).write_text(" ".join(sorted(isa_flags(flags))) + "\n")
+        (root / name / "SOURCE").write_text(
             f"{PACKAGE}=={version} (PyPI source archive), vendor/llama.cpp; built for the CPU of the machine "
-            f"that built it: {' '.join(options)}\n")
-    progress(f"built {dest / BINARY} and {dest / QUANTIZE}; the source's converter is in {root / version / CONVERT_DIR}")
+            f"that built it{f', held to {isa}' if isa else ''}: {' '.join(options)}\n")
+    progress(f"built {dest / BINARY} and {dest / QUANTIZE}; the source's converter is in {root / name / CONVERT_DIR}")
     return dest / BINARY
 
 

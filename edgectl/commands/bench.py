@@ -36,15 +36,20 @@ def register(app: typer.Typer) -> None:
         no_fidelity: Annotated[bool, typer.Option("--no-fidelity", help="Skip the fidelity prompts (agreement, KL, perplexity).")] = False,
         llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="The llama-server binary (default: a cached build, else PATH).")] = None,
         build_llama_cpp: Annotated[bool, typer.Option("--build-llama-cpp", help="Build llama-server and llama-quantize once from llama-cpp-python's source archive (pip, cmake; several minutes), keeping its convert_hf_to_gguf.py, then bench if MODEL is given.")] = False,
+        llama_cpp_isa: Annotated[Optional[str], typer.Option("--llama-cpp-isa", help="With --build-llama-cpp: build for this CPU's extensions up to this ISA only (avx2), kept apart for runs held to it with ATEN_CPU_CAPABILITY=avx2.")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the artifact (schema edgectl.bench/1) instead of the table.")] = False,
     ) -> None:
         """Measure arms (stock vLLM, edgectl's plan, its levers, llama.cpp) in interleaved passes; refuse to quote an incomplete grid."""
         from edgectl.contract import environment
 
+        if llama_cpp_isa is not None and not build_llama_cpp:
+            raise EdgectlError("--llama-cpp-isa goes with --build-llama-cpp (a bench held to AVX2 with "
+                               "ATEN_CPU_CAPABILITY=avx2 picks the AVX2 build by itself)")
         if build_llama_cpp:
             from edgectl.bench.llamacpp import build_llama_cpp as build
 
-            path = build(os.environ, environment.read("EDGECTL_RUNTIME_PYTHON", os.environ), progress)
+            path = build(os.environ, environment.read("EDGECTL_RUNTIME_PYTHON", os.environ), progress,
+                         isa=llama_cpp_isa)
             if model is None:
                 emit(_Built(str(path)), as_json)
                 return

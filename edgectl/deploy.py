@@ -193,6 +193,7 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
     write_text_atomic(layout.plan_path, plan.to_json())
     write_text_atomic(layout.unit_path, unit_text)
     t0 = time.monotonic()
+    started_us = time.time_ns() // 1000 - 1_000_000  # the journal's clock; a second of slack
     try:
         sd.daemon_reload()
         sd.reset_failed(layout.unit)
@@ -212,6 +213,10 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
         ok, why, answer = False, exc.message, None
     if not ok:
         tail = sd.journal(layout.unit, 25)
+        # a run of the service ended (failed, or systemd is restarting it): was it the OOM killer?
+        oom = _oom_in_this_start(sd, layout.unit, plan, started_us) if why.startswith("the service") else None
+        if oom:
+            why = f"{why}: {oom}"
         restored = _roll_back(layout, sd, previous, progress)
         raise EdgectlError(f"{layout.unit} did not become ready: {why}; {restored}", exit_code=EXIT_FAILED,
                            details=["--- journal (last lines) ---", *tail])
@@ -221,6 +226,28 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
     return DeployResult(request.name, layout.unit, worker.endpoint(plan.serve), plan, unit_text, False,
                         answer=answer, ready_s=ready_s, memory=memory.to_dict() if memory else None,
                         replaced_previous=previous.was_active)
+
+
+def _oom_in_this_start(sd: Systemd, unit: str, plan: Plan, since_us: int) -> str | None:
+    """The kernel's OOM kills of this start in words, with what to do (None: none seen). Only the
+    deploy can say it for a first deployment: the rollback removes the unit that status would read."""
+    for _ in range(5):  # the journal may hold the run's end a moment after systemd acted on it
+        failures = [f for f in sd.failures(unit) if (f.realtime_us or 0) >= since_us]
+        if failures:
+            break
+        time.sleep(1)
+    oom = [f for f in failures if f.kind == "oom"]
+    if not oom:
+        return None
+    limit, mm = plan.memory.limit_bytes, sd.show(unit).int_prop("MemoryMax")
+    if mm is not None and mm < limit:
+        advice = (f"the unit's MemoryMax is {mib(mm)}, lowered outside edgectl below the plan's {mib(limit)} (a "
+                  f"drop-in or `systemctl set-property`, which outrank the unit edgectl writes): `systemctl revert "
+                  f"{unit}` removes it")
+    else:
+        advice = (f"the plan predicted {mib(plan.memory.total_bytes)} steady and set MemoryMax {mib(limit)}: deploy "
+                  "with a smaller --max-model-len or --max-num-seqs, or a smaller --format")
+    return f"{oom[-1].describe()}, {len(oom)} time(s) in this start; {advice}"
 
 
 def _roll_back(layout: Layout, sd: Systemd, previous: _Snapshot, progress: Progress) -> str:

@@ -25,6 +25,7 @@ import time
 
 import pytest
 
+from edgectl.errors import EXIT_FAILED
 from edgectl.output import mib
 from sandbox import host_dirs_restored, systemd_sandbox, unique_name  # noqa: F401  (the fixture)
 from test_deploy_systemd import edgectl
@@ -117,6 +118,16 @@ def test_a_limit_too_small_is_an_oom_kill_that_status_counts_and_explains(system
             assert (f"limit: the unit's MemoryMax {mib(cap)}; the plan predicted {mib(predicted)} steady and set "
                     f"MemoryMax {mib(plan_limit)}") in text, text
             assert "what to do: MemoryMax was lowered outside edgectl" in text, text
+
+            # -- a re-deploy under the lowered limit is killed the same way; deploy says so, and what to do
+            # (the failed start is rolled back, so status could not tell it)
+            d = edgectl(sb, "deploy", "smollm2-135m", "--name", name, "--port", str(port), "--max-model-len", "2048",
+                        "--compilation", "eager")
+            print(d.stderr)
+            assert d.returncode == EXIT_FAILED, (d.stdout, d.stderr)
+            error = next(line for line in d.stderr.splitlines() if line.startswith("error: "))
+            assert "did not become ready" in error and "the kernel's OOM killer killed " in error, error
+            assert "at the unit's MemoryMax" in error and f"`systemctl revert {unit}` removes it" in error, error
         finally:
             sb.systemctl("revert", unit, check=False)
             edgectl(sb, "undeploy", name, timeout=300)

@@ -29,6 +29,7 @@ from edgectl.deployment import Layout, port_holder, service_memory
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
 from edgectl.output import mib
 from edgectl.planner.service import MAX_START_S
+from edgectl.status import oom_advice
 from edgectl.systemd import Systemd, UnitState, systemd_running
 from edgectl.units import HIDDEN_PREFIXES, render_unit, validate_name
 
@@ -239,14 +240,7 @@ def _oom_in_this_start(sd: Systemd, unit: str, plan: Plan, since_us: int) -> str
     oom = [f for f in failures if f.kind == "oom"]
     if not oom:
         return None
-    limit, mm = plan.memory.limit_bytes, sd.show(unit).int_prop("MemoryMax")
-    if mm is not None and mm < limit:
-        advice = (f"the unit's MemoryMax is {mib(mm)}, lowered outside edgectl below the plan's {mib(limit)} (a "
-                  f"drop-in or `systemctl set-property`, which outrank the unit edgectl writes): `systemctl revert "
-                  f"{unit}` removes it")
-    else:
-        advice = (f"the plan predicted {mib(plan.memory.total_bytes)} steady and set MemoryMax {mib(limit)}: deploy "
-                  "with a smaller --max-model-len or --max-num-seqs, or a smaller --format")
+    advice = oom_advice(oom[-1], unit, sd.show(unit).int_prop("MemoryMax"), plan)
     return f"{oom[-1].describe()}, {len(oom)} time(s) in this start; {advice}"
 
 

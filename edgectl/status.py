@@ -58,6 +58,25 @@ def _monotonic_us() -> int:
     return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
 
 
+def oom_advice(f: Failure | None, unit: str, memory_max: int | None, plan: Plan | None) -> str | None:
+    """After an OOM kill (``f``): what to do, in one line (``memory_max``: the unit's MemoryMax now).
+    Said by ``status`` and by a ``deploy`` whose start was killed."""
+    if f is None or f.kind != "oom":
+        return None
+    kill = f.oom_kills[-1] if f.oom_kills else None
+    if kill is not None and not kill.at_unit_limit:
+        what = f"the limit of {kill.oom_memcg}" if kill.constraint == "CONSTRAINT_MEMCG" else "the machine's memory"
+        return (f"{what} ran out, not this service's MemoryMax: stop what else uses it, or re-deploy with a "
+                "smaller --max-model-len or --max-num-seqs")
+    planned = plan.memory.limit_bytes if plan else None
+    if planned is not None and memory_max is not None and memory_max < planned:
+        return (f"MemoryMax was lowered outside edgectl, below the plan's (a drop-in or `systemctl set-property`, "
+                f"which outrank the unit edgectl wrote): `systemctl set-property {unit} MemoryMax={planned}` "
+                f"puts the plan's back, or `systemctl revert {unit}` removes it")
+    return (f"the plan under-predicts this service's memory here: give it more (`systemctl set-property {unit} "
+            "MemoryMax=…`), or re-deploy with a smaller --max-model-len or --max-num-seqs")
+
+
 @dataclass
 class DeploymentStatus:
     name: str
@@ -95,22 +114,7 @@ class DeploymentStatus:
 
     def oom_advice(self) -> str | None:
         """After an OOM kill: what to do, in one line."""
-        f = self.last_failure
-        if f is None or f.kind != "oom":
-            return None
-        unit, mm = self.unit, self.memory_max_bytes
-        kill = f.oom_kills[-1] if f.oom_kills else None
-        if kill is not None and not kill.at_unit_limit:
-            what = f"the limit of {kill.oom_memcg}" if kill.constraint == "CONSTRAINT_MEMCG" else "the machine's memory"
-            return (f"{what} ran out, not this service's MemoryMax: stop what else uses it, or re-deploy with a "
-                    "smaller --max-model-len or --max-num-seqs")
-        planned = self.plan.memory.limit_bytes if self.plan else None
-        if planned is not None and mm is not None and mm < planned:
-            return (f"MemoryMax was lowered outside edgectl, below the plan's (a drop-in or `systemctl set-property`, "
-                    f"which outrank the unit edgectl wrote): `systemctl set-property {unit} MemoryMax={planned}` "
-                    "puts the plan's back")
-        return (f"the plan under-predicts this service's memory here: give it more (`systemctl set-property {unit} "
-                "MemoryMax=…`), or re-deploy with a smaller --max-model-len or --max-num-seqs")
+        return oom_advice(self.last_failure, self.unit, self.memory_max_bytes, self.plan)
 
     def to_dict(self) -> dict[str, Any]:
         planned = self.plan.memory if self.plan else None

@@ -81,9 +81,10 @@ def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,
     ``llama-server`` on PATH. ``held_to="avx2"`` (a run with ``ATEN_CPU_CAPABILITY=avx2``): only a
     build without the extensions above AVX2 counts (``--build-llama-cpp --llama-cpp-isa avx2``), so
     both engines of an AVX2-path comparison run AVX2 code."""
+    want = held_to if held_to in HELD_ISAS else None  # the held build this run takes, None: a native one
     if host_flags is not None:
-        host_flags = held_flags(host_flags, held_to)
-    held = f" (the run is held to {held_to})" if held_to in HELD_ISAS else ""
+        host_flags = held_flags(host_flags, want)
+    held = f" (the run is held to {want})" if want else ""
     if explicit:
         p = Path(explicit).expanduser()
         if not (p.is_file() and os.access(p, os.X_OK)):
@@ -97,7 +98,7 @@ def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,
         for b in built:
             version_dir = b.parent.parent
             build_held = next((h for h in HELD_ISAS if version_dir.name.endswith(f"-{h}")), None)
-            if build_held != (held_to if held else None):
+            if build_held != want:
                 passed_over.append(f"{version_dir.name}: " + (f"held to {build_held}, for runs held to it"
                                                               if build_held else "built for this CPU's own ISA"))
                 continue
@@ -113,11 +114,11 @@ def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,
                     continue
             return LlamaServer(str(b), f"cache ({version_dir.name})")
     on_path = shutil.which(BINARY, path=environ.get("PATH"))
-    if on_path and not held:  # a binary on PATH says nothing about the ISA it was built for
+    if on_path and not want:  # a binary on PATH says nothing about the ISA it was built for
         return LlamaServer(on_path, "PATH")
     why = f" (cached build {'; '.join(passed_over)})" if passed_over else ""
-    how = f"`edgectl bench --build-llama-cpp --llama-cpp-isa {held_to}`" if held else "`edgectl bench --build-llama-cpp`"
-    return LlamaServer(None, f"no {BINARY} {'on PATH and none ' if not held else ''}built for this CPU{held} in "
+    how = f"`edgectl bench --build-llama-cpp --llama-cpp-isa {want}`" if want else "`edgectl bench --build-llama-cpp`"
+    return LlamaServer(None, f"no {BINARY} {'' if want else 'on PATH and none '}built for this CPU{held} in "
                              f"{root}{why}: build it with {how} (several minutes)")
 
 

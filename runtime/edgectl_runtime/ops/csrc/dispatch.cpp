@@ -27,6 +27,7 @@ namespace {
 struct Levels {
   bool avx2 = false;
   bool avx512vnni = false;
+  bool bf16_gemm = false;  // AVX512-BF16 (CPUID.(7,1):EAX[5]) or AMX-BF16 (CPUID.(7,0):EDX[22])
 };
 
 #if defined(__x86_64__)
@@ -52,6 +53,9 @@ Levels detect_levels() {
   const bool vnni = c >> 11 & 1;
   out.avx2 = os_avx && avx2 && fma && f16c;
   out.avx512vnni = out.avx2 && os_avx512 && avx512f && avx512bw && avx512vl && vnni;
+  const bool amx_bf16 = d >> 22 & 1;
+  __cpuid_count(7, 1, a, b, c, d);
+  out.bf16_gemm = out.avx512vnni && (amx_bf16 || (a >> 5 & 1));
   return out;
 }
 #else
@@ -175,18 +179,11 @@ ActBuffers quantize(const at::Tensor& x2, int64_t k) {
 // MKL; AMX or AVX512-BF16 for bf16 where the CPU has them), instead of the integer kernel. The
 // crossover per level is measured (docs/kernels.md); set_dense_from_m overrides it (0 = never).
 
-bool has_bf16_gemm() {  // AVX512-BF16 (CPUID.(7,1):EAX[5]) or AMX-BF16 (CPUID.(7,0):EDX[22])
-#if defined(__x86_64__)
-  unsigned a, b, c, d;
-  if (__get_cpuid_max(0, nullptr) < 7) return false;
-  __cpuid_count(7, 0, a, b, c, d);
-  const bool amx_bf16 = d >> 22 & 1;
-  __cpuid_count(7, 1, a, b, c, d);
-  return levels().avx512vnni && (amx_bf16 || (a >> 5 & 1));
-#else
-  return false;
-#endif
-}
+// Read from the CPUID results detect_levels() took once: every linear call asks (through
+// dense_from_m), and CPUID is not cheap everywhere — in a KVM guest each one exits to the
+// hypervisor; asked per call it was 9% of a SmolLM2 decode's CPU samples (`perf record`,
+// docs/kernels.md "Per-token overhead").
+bool has_bf16_gemm() { return levels().bf16_gemm; }
 
 // Measured on the 1B-class layer shapes (docs/kernels.md, "Large batches"): with AMX / AVX512-BF16
 // the bf16 GEMM overtakes the integer kernel between 64 and 128 rows (equal at 128, 1.3-2x at

@@ -30,12 +30,18 @@ def models_pull(
 
 
 def models_inspect(
-    model: Annotated[str, typer.Argument(help="A pulled catalog name or a Hugging Face model directory.")],
+    model: Annotated[str, typer.Argument(help="A pulled catalog name, a Hugging Face model directory or a GGUF file.")],
     as_json: JsonOption = False,
 ) -> None:
     """Show a model's shape, context, weight bytes and tokenizer, without loading it."""
-    from edgectl.models import CATALOG, inspect_model, resolve_model
+    from pathlib import Path
 
+    from edgectl.models import CATALOG, inspect_model, resolve_model
+    from edgectl.models.gguf_inspect import inspect_gguf, is_gguf
+
+    if model not in CATALOG and is_gguf(Path(model).expanduser()):
+        emit(inspect_gguf(model), as_json)
+        return
     path = resolve_model(model, os.environ)
     emit(inspect_model(path, name=model if model in CATALOG else None), as_json)
 
@@ -47,7 +53,8 @@ _PULL_HELP = (
 )
 _INSPECT_HELP = (
     "Show a model's shape, context, weight bytes and tokenizer, without loading it.\n\n"
-    "Reads config.json, the safetensors headers and the tokenizer files only."
+    "Reads config.json, the safetensors headers and the tokenizer files only; of a GGUF file, its "
+    "metadata and tensor table (each tensor sized by its ggml type)."
 )
 
 

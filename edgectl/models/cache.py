@@ -184,6 +184,12 @@ def resolve_model(spec: str, environ: Mapping[str, str]) -> Path:
     if path.is_dir():
         return path.resolve()
     if path.exists():
+        from edgectl.models.gguf_inspect import is_gguf
+
+        if is_gguf(path):
+            raise EdgectlError(f"{spec} is a GGUF file: edgectl does not serve a GGUF file directly yet "
+                               f"(`edgectl models inspect {spec}` reads it); use a catalog model "
+                               "(`edgectl models list`) or a Hugging Face model directory")
         raise EdgectlError(f"{spec} is a file: give a Hugging Face model directory or a catalog name")
     raise EdgectlError(
         f"no model {spec!r}: it is neither a catalog name ({', '.join(sorted(CATALOG))}) nor a directory; "

@@ -1,0 +1,195 @@
+"""What a GGUF file holds, as :class:`~edgectl.models.inspect.ModelFacts`, without loading a tensor.
+
+``inspect_gguf(path) -> ModelFacts``: the shape from the ``<architecture>.*`` metadata keys
+(ggml's ``docs/gguf.md``, "Standardized key-value pairs"), the weight bytes from each tensor's
+ggml type (so a Q4_1 file is sized as Q4_1, not as the bf16 it would become), the linear layers
+under the names vLLM's model classes give them, and the tokenizer and chat template from the
+``tokenizer.*`` keys. Refused with one line each: a damaged or truncated file
+(:mod:`edgectl.models.gguf_header`), an architecture edgectl does not map to a vLLM model class,
+tensor types outside what edgectl's kernels take (:data:`KERNEL_TYPES`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from edgectl.errors import EdgectlError
+from edgectl.models import architectures
+from edgectl.models.gguf_header import GGUFHeader, SkippedArray, read_gguf
+from edgectl.models.inspect import (
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
+    LinearLayer,
+    ModelFacts,
+    ParamBytes,
+    _natural_key,
+)
+
+# GGUF ``general.architecture`` -> (vLLM's model class, Hugging Face model_type). The GGUF names
+# are llama.cpp's (``src/llama-arch.cpp``, LLM_ARCH_NAMES); Mistral and SmolLM2 files say "llama".
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+}
+
+# Tensor types a served GGUF may hold: the blocks edgectl's kernels run as they are (Q4_0 and
+# Q4_1 are its W4 block, Q8_0 its W8 block: docs/kernels.md "Layout"), the K-quants that convert
+# block by block to the nearest of those, and plain floats (norms, and small or unquantized files).
+KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16"})
+
+# llama.cpp tensor names (per block ``blk.N.``) of the linear layers -> vLLM's module names.
+_LINEAR = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
+
+
+def _bad(path: Path, problem: str) -> EdgectlError:
+    return EdgectlError(f"{path}: {problem}")
+
+
+def _positive(header: GGUFHeader, key: str, *, required: bool = True) -> int | None:
+    value = header.arch_key(key)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        found = "missing" if value is None else f"{value!r}"
+        raise _bad(header.path, f"metadata {header.architecture}.{key} is {found}, expected a positive "
+                                "integer; the file was not written by a complete converter")
+    return value
+
+
+def _layer_types(arch: str, num_layers: int, window: int | None) -> tuple[str, ...]:
+    if window is None:
+        return (FULL_ATTENTION,) * num_layers
+    if arch == "gemma3":
+        # transformers' Gemma3TextConfig: five sliding layers, then one full (sliding_window_pattern 6)
+        return tuple(FULL_ATTENTION if (i + 1) % 6 == 0 else SLIDING_ATTENTION for i in range(num_layers))
+    return (SLIDING_ATTENTION,) * num_layers
+
+
+def _vocab_size(header: GGUFHeader) -> int | None:
+    size = header.arch_key("vocab_size")
+    if isinstance(size, int) and size > 0:
+        return size
+    tokens = header.metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, SkippedArray):
+        return tokens.length
+    if isinstance(tokens, list):
+        return len(tokens)
+    return None
+
+
+def inspect_gguf(path: Path | str, name: str | None = None) -> ModelFacts:
+    """Facts about the GGUF file ``path``; raises :class:`EdgectlError` with one line for anything
+    edgectl could not serve from it."""
+    path = Path(path).expanduser().resolve()
+    header = read_gguf(path)
+    arch = header.architecture
+    if arch is None:
+        raise _bad(path, "no general.architecture in its metadata, so the model class is unknown")
+    if arch not in ARCHITECTURES:
+        raise _bad(path, f"GGUF architecture {arch!r} is not one edgectl maps to a vLLM model class "
+                         f"(it maps {', '.join(sorted(ARCHITECTURES))})")
+    vllm_class, model_type = ARCHITECTURES[arch]
+    if not architectures.is_supported(vllm_class):
+        raise _bad(path, f"{vllm_class} is not served by vLLM {architectures.VLLM_VERSION}")
+
+    unusable = Counter(t.type.name for t in header.tensors if t.type.name not in KERNEL_TYPES)
+    if unusable:
+        kinds = ", ".join(f"{n} × {kind}" for kind, n in sorted(unusable.items()))
+        raise _bad(path, f"tensor types edgectl's kernels do not take: {kinds} (they take "
+                         f"{', '.join(sorted(KERNEL_TYPES))}); use a Q4_0, Q4_1, Q4_K_M or Q8_0 file of this model")
+
+    num_layers = _positive(header, "block_count")
+    hidden = _positive(header, "embedding_length")
+    heads = _positive(header, "attention.head_count")
+    kv_heads = _positive(header, "attention.head_count_kv", required=False) or heads
+    head_dim = _positive(header, "attention.key_length", required=False) or hidden // heads
+    window = _positive(header, "attention.sliding_window", required=False)
+    theta = header.arch_key("rope.freq_base")
+    scaling_type = header.arch_key("rope.scaling.type")
+    scaling = None
+    if isinstance(scaling_type, str) and scaling_type != "none":
+        scaling = {"rope_type": scaling_type, "factor": header.arch_key("rope.scaling.factor")}
+
+    linear: list[LinearLayer] = []
+    linear_bytes = embedding = lm_head = other = 0
+    kinds: Counter[str] = Counter()
+    for t in header.tensors:
+        m = _BLOCK.match(t.name)
+        if m and m.group(2) in _LINEAR and len(t.dims) == 2:
+            linear.append(LinearLayer(f"model.layers.{m.group(1)}.{_LINEAR[m.group(2)]}",
+                                      out_features=t.dims[1], in_features=t.dims[0]))
+            linear_bytes += t.nbytes
+            kinds[t.type.name] += t.nbytes
+        elif t.name == "token_embd.weight":
+            embedding += t.nbytes
+        elif t.name == "output.weight":
+            lm_head += t.nbytes
+        else:
+            other += t.nbytes
+    if not linear:
+        raise _bad(path, "no linear layers under llama.cpp's names (blk.N.attn_q.weight, ...): "
+                         "not a decoder edgectl can serve")
+    if embedding == 0:
+        raise _bad(path, "no token_embd.weight tensor: the file has no embedding table")
+    types = Counter(t.type.name for t in header.tensors)
+    template = header.metadata.get("tokenizer.chat_template")
+    return ModelFacts(
+        name=name or path.stem,
+        path=str(path),
+        architecture=vllm_class,
+        model_type=model_type,
+        num_layers=num_layers,
+        hidden_size=hidden,
+        intermediate_size=_positive(header, "feed_forward_length", required=False),
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=_vocab_size(header) or 0,
+        tie_word_embeddings=lm_head == 0,
+        max_position_embeddings=_positive(header, "context_length", required=False),
+        rope_theta=float(theta) if isinstance(theta, (int, float)) else None,
+        rope_scaling=scaling,
+        sliding_window=window,
+        layer_types=_layer_types(arch, num_layers, window),
+        dtype="bfloat16",  # what vLLM's CPU backend computes a quantized model in
+        weights_dtype=kinds.most_common(1)[0][0],
+        param_bytes=ParamBytes(linear=linear_bytes, embedding=embedding, lm_head=lm_head, other=other),
+        param_source="gguf",
+        num_params=sum(t.numel for t in header.tensors),
+        linear_layers=tuple(sorted(linear, key=lambda layer: _natural_key(layer.name))),  # as for a directory
+        quantization_config=_quantization(header, types),
+        tokenizer=isinstance(header.metadata.get("tokenizer.ggml.model"), str) and _vocab_size(header) is not None,
+        chat_template=isinstance(template, str) and bool(template.strip()),
+    )
+
+
+def _quantization(header: GGUFHeader, types: Counter[str]) -> dict[str, Any]:
+    return {"quant_method": "gguf", "gguf_version": header.version,
+            "tensor_types": dict(sorted(types.items()))}
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether ``path`` is a file that starts like a GGUF file (or is named like one)."""
+    if not path.is_file():
+        return False
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False

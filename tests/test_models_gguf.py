@@ -1,0 +1,205 @@
+"""Reading a GGUF file's header (edgectl/models/gguf_header.py) and its facts
+(edgectl/models/gguf_inspect.py) without loading a tensor.
+
+Small files are written by the ``gguf`` package's GGUFWriter — the writer llama.cpp's own
+converter uses — so the layout under test is the real one; the real SmolLM2 GGUF of the catalog
+is checked against its converted directory when it is pulled.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgectl.errors import EdgectlError
+from edgectl.models.gguf_header import GGML_TYPES, SkippedArray, read_gguf
+from edgectl.models.gguf_inspect import inspect_gguf
+from models_helpers import run_cli
+
+gguf = pytest.importorskip("gguf")
+Q = gguf.GGMLQuantizationType
+
+
+def _raw(qtype: Q, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random bytes of a [rows, cols] tensor of ``qtype`` (the header only reads its size)."""
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    return np.random.default_rng(seed).integers(0, 256, size=(rows, cols // block * block_bytes), dtype=np.uint8)
+
+
+def write_tiny(path: Path, *, arch: str = "llama", layers: int = 2, hidden: int = 64, ffn: int = 96,
+               heads: int = 4, kv_heads: int = 2, vocab: int = 128, linear: Q = Q.Q4_1, embed: Q = Q.Q8_0,
+               tied: bool = True, window: int | None = None, template: str | None = "{{ messages }}",
+               tokens: int | None = None) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(layers)
+    w.add_context_length(2048)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    if window:
+        w.add_sliding_window(window)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(tokens or vocab)])
+    if template:
+        w.add_chat_template(template)
+    seed = 0
+    w.add_tensor("token_embd.weight", _raw(embed, vocab, hidden, seed), raw_dtype=embed)
+    if not tied:
+        w.add_tensor("output.weight", _raw(embed, vocab, hidden, seed + 1), raw_dtype=embed)
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    head_dim = hidden // heads
+    shapes = {"attn_q": (heads * head_dim, hidden), "attn_k": (kv_heads * head_dim, hidden),
+              "attn_v": (kv_heads * head_dim, hidden), "attn_output": (hidden, heads * head_dim),
+              "ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden), "ffn_down": (hidden, ffn)}
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        for name, (rows, cols) in shapes.items():
+            seed += 1
+            w.add_tensor(f"blk.{i}.{name}.weight", _raw(linear, rows, cols, seed), raw_dtype=linear)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_the_type_table_is_ggmls():
+    # every type edgectl knows has the block size and bytes the gguf package (llama.cpp's) gives it
+    for type_id, t in GGML_TYPES.items():
+        assert gguf.GGML_QUANT_SIZES[Q(type_id)] == (t.block, t.block_bytes), t.name
+        assert Q(type_id).name == t.name
+
+
+def test_a_tiny_llama_reads_back_as_written(tmp_path):
+    path = write_tiny(tmp_path / "tiny.gguf")
+    h = read_gguf(path)
+    assert h.version == 3 and h.architecture == "llama" and h.arch_key("block_count") == 2
+    assert h.metadata["tokenizer.ggml.tokens"] == [f"t{i}" for i in range(128)]  # short arrays are kept
+    by_name = {t.name: t for t in h.tensors}
+    q = by_name["blk.1.ffn_down.weight"]
+    assert q.type.name == "Q4_1" and q.dims == (96, 64) and q.shape == (64, 96)
+    assert q.nbytes == 64 * 96 // 32 * 20
+    assert by_name["token_embd.weight"].nbytes == 128 * 64 // 32 * 34
+    assert h.data_offset % 32 == 0
+    # the tensors fill the data area exactly as GGUFWriter laid them out
+    assert max(h.data_offset + t.offset + t.nbytes for t in h.tensors) <= h.file_bytes
+
+
+def test_long_arrays_are_skipped_not_loaded(tmp_path):
+    h = read_gguf(write_tiny(tmp_path / "v.gguf", vocab=2048))
+    assert h.metadata["tokenizer.ggml.tokens"] == SkippedArray("string", 2048)
+
+
+def test_facts_of_a_tiny_llama(tmp_path):
+    facts = inspect_gguf(write_tiny(tmp_path / "tiny.gguf"))
+    assert facts.architecture == "LlamaForCausalLM" and facts.model_type == "llama"
+    assert (facts.num_layers, facts.hidden_size, facts.intermediate_size) == (2, 64, 96)
+    assert (facts.num_attention_heads, facts.num_kv_heads, facts.head_dim, facts.vocab_size) == (4, 2, 16, 128)
+    assert facts.tie_word_embeddings and facts.max_position_embeddings == 2048 and facts.rope_theta == 10000.0
+    assert facts.layer_types == ("full_attention",) * 2 and facts.sliding_window is None
+    assert facts.weights_dtype == "Q4_1" and facts.param_source == "gguf"
+    # sized by the ggml types: 2 layers × (q 64×64 + k, v 32×64 + o 64×64 + gate, up 96×64 + down 64×96)
+    linear_elems = 2 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 96 * 64)
+    assert facts.param_bytes.linear == linear_elems // 32 * 20
+    assert facts.param_bytes.embedding == 128 * 64 // 32 * 34 and facts.param_bytes.lm_head == 0
+    assert facts.param_bytes.other == (2 * 2 + 1) * 64 * 4
+    assert facts.num_params == linear_elems + 128 * 64 + 5 * 64
+    assert [x.name for x in facts.linear_layers[:7]] == [  # in the order a directory's facts list them
+        "model.layers.0.mlp.down_proj", "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj",
+        "model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.o_proj", "model.layers.0.self_attn.q_proj",
+        "model.layers.0.self_attn.v_proj"]
+    down = facts.linear_layers[0]
+    assert (down.out_features, down.in_features) == (64, 96)
+    assert facts.tokenizer and facts.chat_template
+    assert facts.quantization_config["tensor_types"] == {"F32": 5, "Q4_1": 14, "Q8_0": 1}
+
+
+def test_untied_head_and_no_template(tmp_path):
+    facts = inspect_gguf(write_tiny(tmp_path / "u.gguf", tied=False, template=None))
+    assert not facts.tie_word_embeddings and facts.param_bytes.lm_head == 128 * 64 // 32 * 34
+    assert not facts.chat_template
+
+
+def test_gemma3_slides_five_layers_in_six(tmp_path):
+    facts = inspect_gguf(write_tiny(tmp_path / "g.gguf", arch="gemma3", layers=12, window=512, linear=Q.Q4_K,
+                                    hidden=256, ffn=512, embed=Q.Q6_K))
+    assert facts.architecture == "Gemma3ForCausalLM" and facts.sliding_window == 512
+    assert facts.layer_types == (("sliding_attention",) * 5 + ("full_attention",)) * 2
+    assert facts.weights_dtype == "Q4_K"
+
+
+@pytest.mark.parametrize("cut", [3, 30, 200, 2000, -1])
+def test_a_truncated_file_is_one_clear_error(tmp_path, cut):
+    whole = write_tiny(tmp_path / "tiny.gguf").read_bytes()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(whole[:cut])
+    with pytest.raises(EdgectlError) as err:
+        read_gguf(bad)
+    msg = err.value.message
+    assert "\n" not in msg and str(bad) in msg
+    assert ("truncated" in msg) or (cut == 3 and "not a GGUF file" in msg), msg
+
+
+def test_not_gguf_and_old_versions_are_refused(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"PK\x03\x04" + bytes(100))
+    with pytest.raises(EdgectlError, match="not a GGUF file"):
+        read_gguf(junk)
+    v1 = tmp_path / "v1.gguf"
+    v1.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(100))
+    with pytest.raises(EdgectlError, match="GGUF version 1"):
+        read_gguf(v1)
+
+
+def test_an_architecture_edgectl_does_not_map_is_refused(tmp_path):
+    with pytest.raises(EdgectlError, match="GGUF architecture 'mamba' is not one edgectl maps"):
+        inspect_gguf(write_tiny(tmp_path / "m.gguf", arch="mamba"))
+
+
+def test_tensor_types_the_kernels_do_not_take_are_refused(tmp_path):
+    with pytest.raises(EdgectlError) as err:
+        inspect_gguf(write_tiny(tmp_path / "iq.gguf", linear=Q.IQ2_XXS, hidden=256, ffn=512))
+    assert "14 × IQ2_XXS" in err.value.message and "\n" not in err.value.message
+
+
+def test_inspect_cli_reads_a_gguf_and_refuses_damage(tmp_path):
+    path = write_tiny(tmp_path / "tiny.gguf")
+    ok = run_cli(["models", "inspect", str(path), "--json"], timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert '"param_source": "gguf"' in ok.stdout
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:-100])
+    bad = run_cli(["models", "inspect", str(cut)], timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1 and "truncated" in bad.stderr
+    # serving it is refused with one line naming what works today, nothing written
+    env = {"EDGECTL_UNIT_DIR": str(tmp_path / "units"), "EDGECTL_CONFIG_DIR": str(tmp_path / "etc")}
+    plan = run_cli(["deploy", str(path), "--dry-run"], env=env, timeout=60)
+    assert plan.returncode == 2 and plan.stderr.count("\n") == 1, plan.stderr
+    assert "is a GGUF file: edgectl does not serve a GGUF file directly yet" in plan.stderr
+    assert not (tmp_path / "units").exists() and not (tmp_path / "etc").exists()
+
+
+def test_the_catalog_gguf_agrees_with_its_converted_directory():
+    from edgectl.models import inspect_model, read_manifest, resolve_model
+
+    try:
+        directory = resolve_model("smollm2-135m", os.environ)
+    except EdgectlError as exc:
+        pytest.skip(f"SmolLM2 is not pulled ({exc.message})")
+    gguf_file = Path(read_manifest(directory)["gguf"]["path"])
+    g, d = inspect_gguf(gguf_file), inspect_model(directory)
+    same = ("architecture", "model_type", "num_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+            "num_kv_heads", "head_dim", "vocab_size", "tie_word_embeddings", "max_position_embeddings",
+            "rope_theta", "layer_types", "num_params", "linear_layers", "tokenizer", "chat_template")
+    assert {k: getattr(g, k) for k in same} == {k: getattr(d, k) for k in same}
+    # the file's own types: 210 Q4_1 layers, the tied table in Q8_0 (docs/facts.md, "The catalog model")
+    assert g.quantization_config["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
+    assert g.param_bytes.linear == sum(x.out_features * x.in_features for x in g.linear_layers) // 32 * 20

@@ -441,6 +441,12 @@ def test_an_isa_held_down_is_recorded_and_said() -> None:
          "incomplete_reasons": ["no arm ran"]}
     text = report.render_text(a, None, [])
     assert "ISA held down: the servers' PyTorch ran at AVX2" in text and "x86_64-amx host" in text
+    assert "vLLM was not held" not in text
+    # without tests/isa_avx2, PyTorch is held but vLLM still loads its AVX-512 library: said
+    half = provenance.runtime_info(RUNTIME_PYTHON, {**env, "ATEN_CPU_CAPABILITY": "avx2"})["isa"]
+    a["provenance"]["runtime_isa"] = half
+    if half["torch_avx512_supported"]:  # an AVX-512 machine: the case this line is for
+        assert "but vLLM was not held" in report.render_text(a, None, [])
     a["provenance"]["runtime_isa"] = native
     assert "ISA held down" not in report.render_text(a, None, [])
 

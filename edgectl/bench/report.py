@@ -147,6 +147,12 @@ def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> st
                      f"(ATEN_CPU_CAPABILITY={isa.get('ATEN_CPU_CAPABILITY', 'unset')}, ONEDNN_MAX_CPU_ISA="
                      f"{isa.get('ONEDNN_MAX_CPU_ISA', 'unset')}) on a {prov['probe'].get('device_class')} host: "
                      "emulated figures, not that class's")
+        if isa.get("torch_avx512_supported"):
+            # vLLM picks its C library and attention kernel from torch.cpu._is_avx512_supported(),
+            # which reads cpuid, not ATEN_CPU_CAPABILITY (tests/isa_avx2/sitecustomize.py)
+            lines.append("  but vLLM was not held: torch.cpu._is_avx512_supported() said True, so its C library and "
+                         "attention ran AVX-512 code; for the whole AVX2 path add PYTHONPATH=tests/isa_avx2 of an "
+                         "edgectl checkout")
     rows = [("arm", "passes", "decode tok/s", "prefill tok/s", "ready s", "PSS steady", "PSS peak", "procs",
              "top-1", "KL", "ppl")]
     for name, arm in a["arms"].items():

@@ -237,8 +237,9 @@ void dense_linear(const at::Tensor& x2, const at::Tensor& w, int64_t n, int64_t 
   const int64_t m = x2.size(0), mp = dense_rows(m);
   at::Tensor xc = x2.scalar_type() == ct ? x2 : x2.to(ct);
   if (mp != m) {
-    at::Tensor padded = at::zeros({mp, k}, xc.options());
+    at::Tensor padded = at::empty({mp, k}, xc.options());
     padded.narrow(0, 0, m).copy_(xc);
+    padded.narrow(0, m, mp - m).zero_();  // only the padding rows: the rest is overwritten
     xc = padded;
   }
   const int64_t kb = w.size(1), record = w.size(2);

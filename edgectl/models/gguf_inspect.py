@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from edgectl.errors import EdgectlError
 from edgectl.models import architectures
@@ -106,7 +105,8 @@ def inspect_gguf(path: Path | str, name: str | None = None) -> ModelFacts:
     if not architectures.is_supported(vllm_class):
         raise _bad(path, f"{vllm_class} is not served by vLLM {architectures.VLLM_VERSION}")
 
-    unusable = Counter(t.type.name for t in header.tensors if t.type.name not in KERNEL_TYPES)
+    types = Counter(t.type.name for t in header.tensors)
+    unusable = {kind: n for kind, n in types.items() if kind not in KERNEL_TYPES}
     if unusable:
         kinds = ", ".join(f"{n} × {kind}" for kind, n in sorted(unusable.items()))
         raise _bad(path, f"tensor types edgectl's kernels do not take: {kinds} (they take "
@@ -145,8 +145,8 @@ def inspect_gguf(path: Path | str, name: str | None = None) -> ModelFacts:
                          "not a decoder edgectl can serve")
     if embedding == 0:
         raise _bad(path, "no token_embd.weight tensor: the file has no embedding table")
-    types = Counter(t.type.name for t in header.tensors)
     template = header.metadata.get("tokenizer.chat_template")
+    vocab = _vocab_size(header)
     return ModelFacts(
         name=name or path.stem,
         path=str(path),
@@ -158,7 +158,7 @@ def inspect_gguf(path: Path | str, name: str | None = None) -> ModelFacts:
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        vocab_size=_vocab_size(header) or 0,
+        vocab_size=vocab or 0,
         tie_word_embeddings=lm_head == 0,
         max_position_embeddings=_positive(header, "context_length", required=False),
         rope_theta=float(theta) if isinstance(theta, (int, float)) else None,
@@ -171,15 +171,11 @@ def inspect_gguf(path: Path | str, name: str | None = None) -> ModelFacts:
         param_source="gguf",
         num_params=sum(t.numel for t in header.tensors),
         linear_layers=tuple(sorted(linear, key=lambda layer: _natural_key(layer.name))),  # as for a directory
-        quantization_config=_quantization(header, types),
-        tokenizer=isinstance(header.metadata.get("tokenizer.ggml.model"), str) and _vocab_size(header) is not None,
+        quantization_config={"quant_method": "gguf", "gguf_version": header.version,
+                             "tensor_types": dict(sorted(types.items()))},
+        tokenizer=isinstance(header.metadata.get("tokenizer.ggml.model"), str) and vocab is not None,
         chat_template=isinstance(template, str) and bool(template.strip()),
     )
-
-
-def _quantization(header: GGUFHeader, types: Counter[str]) -> dict[str, Any]:
-    return {"quant_method": "gguf", "gguf_version": header.version,
-            "tensor_types": dict(sorted(types.items()))}
 
 
 def is_gguf(path: Path) -> bool:

@@ -64,3 +64,24 @@ class Int4TestExtension(ReadbackExtension):
                 rel = float((out - ref).norm() / ref.norm().clamp_min(1e-12))
                 worst[str(m)] = max(worst.get(str(m), 0.0), rel)
         return worst
+
+    def edgectl_dump_dequantized(self, path: str, names: list[str]) -> list[str]:
+        """The fp32 weights edgectl's kernels multiply by (``w = d q + m`` / ``d q``, computed like
+        formats.blocks.dequantize_*), of the named layers, to a safetensors file."""
+        from safetensors.torch import save_file
+
+        from edgectl_runtime.cpu_int4 import W_ATTR
+        from edgectl_runtime.formats import blocks
+
+        modules = dict(self.get_model().named_modules())
+        tensors = {}
+        for name in names:
+            layer = modules[name]
+            method, packed = layer.quant_method, getattr(layer, W_ATTR)
+            if method.bits == 4:
+                w = blocks.dequantize_w4(*blocks.unpack_w4(packed, method.n), method.k)
+            else:
+                w = blocks.dequantize_w8(*blocks.unpack_w8(packed, method.n), method.k)
+            tensors[name] = w.contiguous()
+        save_file(tensors, path)
+        return sorted(tensors)

@@ -37,9 +37,11 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
 }
 
 # Tensor types a served GGUF may hold: the blocks edgectl's kernels run as they are (Q4_0 and
-# Q4_1 are its W4 block, Q8_0 its W8 block: docs/kernels.md "Layout"), the K-quants that convert
-# block by block to the nearest of those, and plain floats (norms, and small or unquantized files).
-KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16"})
+# Q4_1 are its W4 block, Q8_0 and Q5_0 its W8 block: docs/kernels.md "Layout"), the K-quants and
+# Q5_1 that convert block by block to the nearest of those (runtime/edgectl_runtime/formats/
+# ggml.py), and plain floats (norms, and small or unquantized files). Q4_K_M files use Q5_0 where
+# a row is not a multiple of 256 values (Gemma-3-270M's 640).
+KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16"})
 
 # llama.cpp tensor names (per block ``blk.N.``) of the linear layers -> vLLM's module names.
 _LINEAR = {

@@ -2,7 +2,13 @@
 
 Run by ``edgectl models pull`` under the runtime interpreter, in a subprocess::
 
-    python -m edgectl_runtime.convert_gguf GGUF OUT_DIR
+    python -m edgectl_runtime.convert_gguf [--direct] GGUF OUT_DIR
+
+With ``--direct`` the weights stay in the GGUF: the directory gets ``config.json`` made from the
+GGUF metadata (``edgectl.models.gguf_hf.hf_config``, completed by transformers' config class of
+that model type), the tokenizer and chat template made from the GGUF's, and the GGUF itself as
+``model.gguf`` (a hard link; a copy across file systems), which edgectl's load format
+``edgectl_gguf`` reads (``gguf_loader.py``). Without it (the older path, kept for comparison):
 
 The weights are dequantized to bfloat16 (a GGUF Q4_1 file becomes a plain bf16
 checkpoint that stock vLLM loads), and the tokenizer and chat template embedded in the
@@ -63,10 +69,47 @@ def convert(gguf_path: Path, out_dir: Path) -> dict:
     return {"files": files, "tools": tool_versions()}
 
 
+GGUF_FILE = "model.gguf"  # gguf_loader.GGUF_FILE (not imported: that module imports vLLM)
+
+
+def write_direct(gguf_path: Path, out_dir: Path) -> dict:
+    """The small directory of a GGUF served as it is (see the module docstring)."""
+    import shutil
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from edgectl.models import gguf_hf
+    from edgectl.models.gguf_header import read_gguf
+
+    header = read_gguf(gguf_path)
+    fields = gguf_hf.hf_config(header)
+    model_type = fields.pop("model_type")
+    config = AutoConfig.for_model(model_type, **fields)
+    config.save_pretrained(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    # transformers' GGUF tokenizer ignores tokenizer.ggml.add_bos_token (Gemma-3's is true, and
+    # without its <bos> the model answers garbage); llama.cpp honours it, and so must we.
+    for key in ("add_bos_token", "add_eos_token"):
+        value = header.metadata.get(f"tokenizer.ggml.{key}")
+        if isinstance(value, bool) and hasattr(tokenizer, key):
+            setattr(tokenizer, key, value)
+    tokenizer.save_pretrained(out_dir)
+    target = out_dir / GGUF_FILE
+    try:
+        os.link(gguf_path, target)
+    except OSError:
+        shutil.copyfile(gguf_path, target)
+    files = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file())
+    return {"files": files, "tools": tool_versions(), "direct": True}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    direct = bool(args) and args[0] == "--direct"
+    if direct:
+        args = args[1:]
     if len(args) != 2:
-        print("usage: python -m edgectl_runtime.convert_gguf GGUF OUT_DIR", file=sys.stderr)
+        print("usage: python -m edgectl_runtime.convert_gguf [--direct] GGUF OUT_DIR", file=sys.stderr)
         return 2
     gguf_path, out_dir = Path(args[0]).resolve(), Path(args[1])
     if not gguf_path.is_file():
@@ -76,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out_dir} is not empty", file=sys.stderr)
         return 2
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = convert(gguf_path, out_dir)
+    result = write_direct(gguf_path, out_dir) if direct else convert(gguf_path, out_dir)
     sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
     return 0
 

@@ -6,6 +6,7 @@ worker: ``vllm/plugins/__init__.py`` ``load_general_plugins``), before any model
 - registers the ``cpu_int4`` quantization method (importing ``edgectl_runtime.cpu_int4``
   registers it; the config object is pickled to the children, so the class must be importable
   everywhere, which the entry point guarantees);
+- registers the ``edgectl_gguf`` load format (``gguf_loader.py``: a model straight from a GGUF);
 - registers edgectl's fused RMSNorm as provider ``edgectl`` of vLLM's norm IR ops
   (``fused_norm.py``), used only by a server whose ``ir_op_priority`` names it;
 - installs the RoPE cap if ``EDGECTL_ROPE_CAP=1`` (off by default: the plugin is loaded by
@@ -28,7 +29,7 @@ logger = logging.getLogger("edgectl.plugin")
 
 def register() -> None:
     """Called once per vLLM process."""
-    from edgectl_runtime import cpu_int4, fused_norm, rope
+    from edgectl_runtime import cpu_int4, fused_norm, gguf_loader, rope  # noqa: F401 (gguf_loader registers)
 
     request_amx()
     capped = rope.install(os.environ)

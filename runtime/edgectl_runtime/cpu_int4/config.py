@@ -72,6 +72,14 @@ def tied_embeddings() -> bool:
     return bool(getattr(text, "tie_word_embeddings", False))
 
 
+def gguf_load_format() -> bool:
+    """Whether the model is being loaded by edgectl's GGUF loader (``gguf_loader.py``)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    cfg = get_current_vllm_config_or_none()
+    return cfg is not None and str(cfg.load_config.load_format) == "edgectl_gguf"
+
+
 def _tensor_parallel_size() -> int:
     from vllm.distributed import get_tensor_model_parallel_world_size
 

@@ -35,8 +35,8 @@ from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
 from vllm.model_executor.utils import set_weight_attrs
 
 from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, choose_group_size, quantizable_partitions
-from edgectl_runtime.cpu_int4.config import NAME, CpuInt4Config, tied_embeddings
-from edgectl_runtime.formats import blocks
+from edgectl_runtime.cpu_int4.config import NAME, CpuInt4Config, gguf_load_format, tied_embeddings
+from edgectl_runtime.formats import blocks, ggml
 from edgectl_runtime.formats.gptq_awq import awq_to_int4, gptq_to_int4
 from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4, unpack_nibbles
 from edgectl_runtime.ops.tinygemm import (
@@ -92,6 +92,9 @@ class CpuInt4LinearMethod(LinearMethodBase):
         # meta device and the layer is materialized, loaded and packed when its last shard
         # arrives. Off = the naive path (whole model dense, then packed).
         self.uses_meta_device = bool(config.layerwise)
+        # Loaded by edgectl's GGUF loader (gguf_loader.py): edgectl's kernels take the file's
+        # blocks (load_gguf); other kernels get dequantized weights like any checkpoint.
+        self.takes_gguf = gguf_load_format() and self.kernel == "edgectl"
 
     # --- weights
 
@@ -108,7 +111,16 @@ class CpuInt4LinearMethod(LinearMethodBase):
             # Tied: ParallelLMHead.tie_weights() hands us the embedding right after this; the
             # head owns no weight of its own (nothing to load, nothing resident).
             setattr(layer, INFO_ATTR, {"role": self.role, "format": "tied", "reason": "tied to the embedding"})
+            self.uses_meta_device = self.takes_gguf = False
+            return
+        if self.takes_gguf:
+            # Nothing to allocate: load_gguf() installs the packed blocks in one step.
             self.uses_meta_device = False
+            self.group_size = blocks.BLOCK
+            layer.logical_widths = sizes
+            setattr(layer, INFO_ATTR, {"role": self.role, "format": "pending", "kernel": self.kernel,
+                                       "bits": self.bits, "group_size": blocks.BLOCK, "source": "gguf",
+                                       "reason": "GGUF blocks", "out_features": self.n, "in_features": k})
             return
         ok, reason = self._holds(sizes, k)
         if not ok:
@@ -161,6 +173,48 @@ class CpuInt4LinearMethod(LinearMethodBase):
             return  # the direct loader packs it
         if self.uses_meta_device:
             initialize_online_processing(layer)
+
+    def load_gguf(self, layer: torch.nn.Module, parts: list[tuple[str, torch.Tensor, int]]) -> None:
+        """Install a layer from GGUF tensors: ``(ggml type, raw uint8 rows, k)`` per part, in
+        output order (q, k, v). A linear layer keeps its file's precision — W4 where every part
+        is a 4-bit type, W8 where one is 5 to 8 bits (Q5_0, Q8_0, Q6_K, ...), the plan's bits for
+        floats; the embedding / head takes the plan's head format. How each part converts is the
+        layer's read-back reason (``formats.ggml.conversion``)."""
+        types = [t for t, _, _ in parts]
+        if self.role == "linear":
+            native = {ggml.NATIVE_BITS.get(t) for t in types}
+            bits = 8 if 8 in native else 4 if 4 in native else self.bits
+        else:
+            bits = self.bits
+        rows = sum(raw.shape[0] for _, raw, _ in parts)
+        if any(k != self.k for _, _, k in parts) or rows > self.n:
+            raise ValueError(f"cpu_int4: {self.prefix}: GGUF tensors {[tuple(r.shape) for _, r, _ in parts]} "
+                             f"do not fit [{self.n}, {self.k}]")
+        kp = blocks.ceil_div(self.k, blocks.BLOCK) * blocks.BLOCK
+        q = torch.zeros((self.n, kp), dtype=torch.uint8 if bits == 4 else torch.int8)
+        d = torch.zeros((self.n, kp // blocks.BLOCK), dtype=torch.float16)
+        m = torch.zeros_like(d) if bits == 4 else None
+        r0 = 0
+        for type_name, raw, k in parts:
+            for c0 in range(0, raw.shape[0], blocks.PACK_ROWS * 16):  # bounds the int32/fp32 transient
+                chunk = raw[c0:c0 + blocks.PACK_ROWS * 16]
+                a, b = r0 + c0, r0 + c0 + chunk.shape[0]
+                if bits == 4:
+                    q[a:b], d[a:b], m[a:b] = ggml.to_w4(chunk, type_name, k)
+                else:
+                    q[a:b], d[a:b] = ggml.to_w8(chunk, type_name, k)
+            r0 += raw.shape[0]
+        packed = torch.empty(blocks.packed_shape(self.n, self.k, bits), dtype=torch.uint8)
+        step = blocks.PACK_ROWS
+        for a in range(0, self.n, step):
+            b = min(self.n, a + step)
+            t0, t1 = a // 16, blocks.ceil_div(b, 16)
+            packed[t0:t1] = blocks.pack_w4(q[a:b], d[a:b], m[a:b]) if bits == 4 else blocks.pack_w8(q[a:b], d[a:b])
+        self.bits = bits
+        getattr(layer, INFO_ATTR).update(
+            format=format_name(self.kernel, bits, blocks.BLOCK), bits=bits,
+            reason="; ".join(sorted({ggml.conversion(t, bits) for t in types})))
+        self._install_blocks(layer, packed)
 
     def config_group(self, k: int) -> int:
         """The group of a portable checkpoint's stored tensors (the rule the writer used)."""

@@ -81,6 +81,11 @@ def load_all_profiles(environ: Mapping[str, str]) -> list[Profile]:
     return load_profiles(profile_dirs(environ))
 
 
+# The catalog's copy of a model's GGUF header, tensor table included (no tensor data), to plan it
+# before the pull: edgectl/data/catalog/<name>/ (written by tests/test_models_gguf.py's check).
+GGUF_HEADER_JSON = "gguf-header.json"
+
+
 def model_facts(spec: str, environ: Mapping[str, str]) -> tuple[ModelFacts, bool]:
     """Facts about a catalog model or a model directory; (facts, pulled)."""
     from edgectl.models.cache import model_dir, resolve_model
@@ -94,8 +99,19 @@ def model_facts(spec: str, environ: Mapping[str, str]) -> tuple[ModelFacts, bool
         shipped = paths.data_dir() / "catalog" / spec
         if entry is None or not (shipped / "config.json").is_file():
             raise
-        # Not pulled yet: plan from the shipped configuration; the path is where it will be.
-        facts = inspect_model(shipped, name=spec, require_tokenizer=False)
+        # Not pulled yet: plan from the shipped copy of its GGUF's header (the pull serves the
+        # GGUF as it is), else its configuration; the path is where it will be.
+        header = shipped / GGUF_HEADER_JSON
+        if header.is_file():
+            import json
+
+            from edgectl.contract.gguf_header import header_from_json
+            from edgectl.models.gguf_inspect import facts_from_header
+
+            facts = facts_from_header(header_from_json(json.loads(header.read_text()), shipped / entry.gguf_name),
+                                      spec)
+        else:
+            facts = inspect_model(shipped, name=spec, require_tokenizer=False)
         return replace(facts, path=str(model_dir(entry, environ))), False
     name = spec if spec in CATALOG else None
     return inspect_model(path, name=name), True

@@ -41,3 +41,15 @@ def pulled_smollm2() -> Path:
     import json
 
     return Path(json.loads(r.stdout)["path"])
+
+
+@pytest.fixture(scope="session")
+def smollm2_bf16(pulled_smollm2) -> Path:
+    """SmolLM2's GGUF dequantized to a bf16 Hugging Face directory by transformers (what the pull
+    wrote before it served the GGUF as it is; now made for the bench's stock-vLLM arm)."""
+    import os
+
+    from edgectl.models.catalog import CATALOG
+    from edgectl.models.pull import bf16_copy
+
+    return bf16_copy(CATALOG["smollm2-135m"], os.environ)

@@ -1,5 +1,5 @@
-"""The real model: SmolLM2-135M's catalog checkpoint is its Q4_1 GGUF dequantized to bf16 (the
-embedding is Q8_0 there). edgectl's W4 / W8 quantizers (formats/blocks.py) must give back the
+"""The real model: SmolLM2-135M's Q4_1 GGUF dequantized to bf16 by transformers (the bf16 copy
+the bench's stock arm loads; the embedding is Q8_0 there). edgectl's W4 / W8 quantizers (formats/blocks.py) must give back the
 GGUF's own 4-bit / 8-bit values for every tensor and, in the kernel's arithmetic, every bf16
 weight of the checkpoint: the w4a8 format with an int8 head adds no weight error to this model."""
 
@@ -40,14 +40,14 @@ def _gguf_blocks(tensor, width: int) -> np.ndarray:
     return np.asarray(tensor.data).reshape(-1).view(np.uint8).reshape(-1, width)
 
 
-def test_every_weight_of_smollm2_is_exact(pulled_smollm2):
+def test_every_weight_of_smollm2_is_exact(pulled_smollm2, smollm2_bf16):
     from safetensors import safe_open
 
     manifest = json.loads((pulled_smollm2 / "edgectl-model.json").read_text())
-    config = json.loads((pulled_smollm2 / "config.json").read_text())
+    config = json.loads((smollm2_bf16 / "config.json").read_text())
     reader = gguf.GGUFReader(manifest["gguf"]["path"])
     checked = {"Q4_1": 0, "Q8_0": 0}
-    with safe_open(str(pulled_smollm2 / "model.safetensors"), "pt") as ckpt:
+    with safe_open(str(smollm2_bf16 / "model.safetensors"), "pt") as ckpt:
         for t in reader.tensors:
             name = _hf_name(t.name)
             if name is None:

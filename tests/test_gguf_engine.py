@@ -1,8 +1,8 @@
 """A GGUF served as it is: edgectl's load format ``edgectl_gguf`` (runtime/edgectl_runtime/
 gguf_loader.py) inside a real vLLM engine, on the catalog's real SmolLM2 GGUF.
 
-The directory is the one ``python -m edgectl_runtime.convert_gguf --direct`` writes (config.json
-from the metadata, the tokenizer from the GGUF, the GGUF itself). The engine runs in a subprocess
+The directory is the one ``edgectl models pull`` writes (config.json from the metadata, the
+tokenizer from the GGUF, the GGUF itself). The engine runs in a subprocess
 executing this file as a script; it prints the read-back, a greedy answer, and dumps the weights
 edgectl's kernels multiply by for a few layers, which the test compares with the GGUF's own
 values (formats/ggml.py, checked against gguf-py in test_formats_ggml.py): Q4_1 and Q8_0 blocks
@@ -56,13 +56,12 @@ def smollm2_gguf(pulled_smollm2) -> Path:
 
 
 @pytest.fixture(scope="module")
-def direct_dir(tmp_path_factory, smollm2_gguf) -> Path:
-    out = tmp_path_factory.mktemp("gguf-direct") / "smollm2"
-    done = run_runtime(["-m", "edgectl_runtime.convert_gguf", "--direct", str(smollm2_gguf), str(out)])
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["chat_template.jinja", "config.json", "model.gguf",
-                                                     "tokenizer.json", "tokenizer_config.json"]
-    return out
+def direct_dir(pulled_smollm2) -> Path:
+    # What `edgectl models pull` writes now: no bf16 copy, the GGUF hard-linked.
+    assert sorted(p.name for p in pulled_smollm2.iterdir()) == [
+        "chat_template.jinja", "config.json", "edgectl-model.json", "model.gguf", "tokenizer.json",
+        "tokenizer_config.json"]
+    return pulled_smollm2
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +93,7 @@ def test_weights_are_the_files_blocks_bit_for_bit(served, smollm2_gguf) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from edgectl.models import gguf_hf
+    from edgectl.contract import gguf_names
     from edgectl_runtime.formats import ggml
     from edgectl_runtime.gguf_loader import GGUFFile
 
@@ -109,7 +108,7 @@ def test_weights_are_the_files_blocks_bit_for_bit(served, smollm2_gguf) -> None:
             subs = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}.get(leaf, [leaf])
             want = []
             for sub in subs:
-                t = f.tensors[gguf_hf.gguf_name("llama", f"{parent}.{sub}.weight")]
+                t = f.tensors[gguf_names.gguf_name("llama", f"{parent}.{sub}.weight")]
                 want.append(ggml.dequantize(f.rows_in_order(t, Config), t.type.name, t.dims[0]))
             want = torch.cat(want)
             got = dumped[name][: want.shape[0]]

@@ -57,6 +57,8 @@ def _engine_main(argv: list[str]) -> int:
                   worker_extension_cls="int4_extension.Int4TestExtension")
     if a.quantization:
         kwargs["quantization"] = a.quantization
+    if (Path(a.model) / "model.gguf").is_file():  # a pulled catalog model: its GGUF, served as it is
+        kwargs["load_format"] = "edgectl_gguf"
     if a.fused_norm:
         from edgectl_runtime import fused_norm
 
@@ -345,8 +347,8 @@ def test_gptq_checkpoint_converted_at_load(work, tiny):
 
 
 def test_real_model_answers(work, pulled_smollm2):
-    """SmolLM2-135M (its weights are Q4_1-derived: groups of 32 reproduce them) answers a
-    factual question through the plugin."""
+    """SmolLM2-135M (its GGUF's Q4_1 blocks, dequantized at load and quantized again for
+    PyTorch's kernel: groups of 32 reproduce them) answers a factual question through the plugin."""
     model = pulled_smollm2
     env = {"EDGECTL_ROPE_CAP": "1", "EDGECTL_INT4_GROUP_SIZE": "32", "EDGECTL_LM_HEAD": "dense"}
     result = run_engine(work, model, env, "--quantization", "cpu_int4", "--max-model-len", "2048",
@@ -460,9 +462,9 @@ def test_portable_checkpoint_on_edgectl_kernels(work, portable, tiny):
 
 
 @pytest.mark.isa_avx2
-def test_real_model_on_edgectl_kernels(work, pulled_smollm2):
-    """SmolLM2-135M on w4a8 with the int8 head. Both formats hold its GGUF-derived weights exactly
-    (tests/test_formats_real.py), so the engine must agree with the unquantized model run in fp32
+def test_real_model_on_edgectl_kernels(work, pulled_smollm2, smollm2_bf16):
+    """SmolLM2-135M's GGUF served as it is, on w4a8 with the int8 head: both hold its blocks
+    exactly (tests/test_gguf_engine.py), so the engine must agree with the unquantized model run in fp32
     (transformers) up to the int8 activations. (Not one greedy answer: "The capital of France
     is" is a near-tie in this model that bf16 rounding alone flips.)"""
     import torch
@@ -475,7 +477,7 @@ def test_real_model_on_edgectl_kernels(work, pulled_smollm2):
     assert result["readback"]["formats"] == {"w4a8/b32": 120, "w8a8/b32": 1, "w8a8/b32-tied-embedding": 1}
     assert result["readback"]["kernel"]["edgectl_isa"] == _expected_isa(), result["readback"]["kernel"]
     assert result["chat"].strip()
-    model = LlamaForCausalLM.from_pretrained(str(pulled_smollm2), dtype=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(str(smollm2_bf16), dtype=torch.float32)
     with torch.no_grad():
         ref = [torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)[:-1]
                for ids in result["prompt_ids"]]

@@ -1,4 +1,4 @@
-"""Reading a GGUF file's header (edgectl/models/gguf_header.py) and its facts
+"""Reading a GGUF file's header (edgectl/contract/gguf_header.py) and its facts
 (edgectl/models/gguf_inspect.py) without loading a tensor.
 
 Small files are written by the ``gguf`` package's GGUFWriter — the writer llama.cpp's own
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from edgectl.errors import EdgectlError
-from edgectl.models.gguf_header import GGML_TYPES, SkippedArray, read_gguf
+from edgectl.contract.gguf_header import GGML_TYPES, SkippedArray, read_gguf
 from edgectl.models.gguf_inspect import inspect_gguf
 from models_helpers import run_cli
 
@@ -203,3 +203,36 @@ def test_the_catalog_gguf_agrees_with_its_converted_directory():
     # the file's own types: 210 Q4_1 layers, the tied table in Q8_0 (docs/facts.md, "The catalog model")
     assert g.quantization_config["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
     assert g.param_bytes.linear == sum(x.out_features * x.in_features for x in g.linear_layers) // 32 * 20
+
+
+def test_the_catalogs_shipped_header_is_the_real_files():
+    import json
+
+    from edgectl import paths
+    from edgectl.contract.gguf_header import header_to_json
+    from edgectl.models import read_manifest, resolve_model
+
+    try:
+        directory = resolve_model("smollm2-135m", os.environ)
+    except EdgectlError as exc:
+        pytest.skip(f"SmolLM2 is not pulled ({exc.message})")
+    shipped = json.loads((paths.data_dir() / "catalog" / "smollm2-135m" / "gguf-header.json").read_text())
+    real = json.loads(json.dumps(header_to_json(read_gguf(read_manifest(directory)["gguf"]["path"]))))
+    assert shipped == real
+
+
+def test_a_plan_before_the_pull_sizes_the_gguf_as_after(tmp_path):
+    # the shipped header gives the same facts the pulled file will (bar the path)
+    import dataclasses
+
+    from edgectl.inputs import model_facts
+    from edgectl.models import resolve_model
+
+    try:
+        resolve_model("smollm2-135m", os.environ)
+    except EdgectlError as exc:
+        pytest.skip(f"SmolLM2 is not pulled ({exc.message})")
+    before, pulled_before = model_facts("smollm2-135m", {**os.environ, "EDGECTL_MODEL_CACHE": str(tmp_path)})
+    after, pulled_after = model_facts("smollm2-135m", os.environ)
+    assert (pulled_before, pulled_after) == (False, True)
+    assert dataclasses.replace(before, path=after.path) == after

@@ -1,5 +1,5 @@
-"""A GGUF in vLLM's terms (edgectl/models/gguf_hf.py): tensor names, llama.cpp's q/k row
-permutation undone, and config.json from the metadata — checked against llama.cpp's own Python
+"""A GGUF in vLLM's terms (edgectl/contract/gguf_names.py, edgectl/models/gguf_hf.py): tensor
+names, llama.cpp's q/k row permutation undone, and config.json from the metadata — checked against llama.cpp's own Python
 (the gguf package's tensor name map) and against the catalog model's transformers conversion."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from edgectl.errors import EdgectlError
+from edgectl.contract import gguf_names
 from edgectl.models import gguf_hf
-from edgectl.models.gguf_header import read_gguf
+from edgectl.contract.gguf_header import read_gguf
 from test_models_gguf import write_tiny
 
 gguf = pytest.importorskip("gguf")
@@ -26,15 +27,15 @@ def test_names_agree_with_llama_cpps_tensor_map(arch: str) -> None:
     # gguf-py's TensorNameMap is what convert_hf_to_gguf.py names the tensors with.
     tmap = gguf.get_tensor_name_map(ARCHS[arch], 4)
     hf_names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
-    hf_names += [f"model.layers.3.{m}.weight" for m in gguf_hf.BLOCK_NAMES[arch].values()]
+    hf_names += [f"model.layers.3.{m}.weight" for m in gguf_names.BLOCK_NAMES[arch].values()]
     for hf in hf_names:
         theirs = tmap.get_name(hf, try_suffixes=(".weight", ".bias"))
-        ours = gguf_hf.gguf_name(arch, hf)
+        ours = gguf_names.gguf_name(arch, hf)
         assert ours == theirs, (arch, hf)
-        assert gguf_hf.hf_name(arch, ours) == hf
-    assert gguf_hf.hf_name(arch, "blk.0.attn_q.bias") == "model.layers.0.self_attn.q_proj.bias"
-    assert gguf_hf.hf_name(arch, "blk.0.no_such.weight") is None
-    assert gguf_hf.hf_name(arch, "rope_freqs.weight") is None
+        assert gguf_names.hf_name(arch, ours) == hf
+    assert gguf_names.hf_name(arch, "blk.0.attn_q.bias") == "model.layers.0.self_attn.q_proj.bias"
+    assert gguf_names.hf_name(arch, "blk.0.no_such.weight") is None
+    assert gguf_names.hf_name(arch, "rope_freqs.weight") is None
 
 
 @pytest.mark.parametrize("heads,rows", [(9, 576), (3, 192), (1, 8)])
@@ -44,18 +45,18 @@ def test_unpermute_inverts_llama_cpps_permute(heads: int, rows: int) -> None:
     w = np.arange(rows * 3).reshape(rows, 3)
     # convert_hf_to_gguf.py LlamaModel.permute:
     permuted = w.reshape(heads, 2, rows // heads // 2, 3).swapaxes(1, 2).reshape(rows, 3)
-    order = gguf_hf.unpermute_order(rows, heads)
+    order = gguf_names.unpermute_order(rows, heads)
     assert (permuted[order] == w).all()
     assert not (permuted == w).all() or rows // heads == 2
 
 
 def test_only_llama_is_permuted() -> None:
     cfg = {"num_attention_heads": 9, "num_key_value_heads": 3}
-    assert gguf_hf.heads_of("llama", "blk.0.attn_q.weight", cfg) == 9
-    assert gguf_hf.heads_of("llama", "blk.0.attn_k.weight", cfg) == 3
-    assert gguf_hf.heads_of("llama", "blk.0.attn_v.weight", cfg) is None
+    assert gguf_names.heads_of("llama", "blk.0.attn_q.weight", cfg) == 9
+    assert gguf_names.heads_of("llama", "blk.0.attn_k.weight", cfg) == 3
+    assert gguf_names.heads_of("llama", "blk.0.attn_v.weight", cfg) is None
     for arch in ("qwen2", "qwen3", "gemma3"):
-        assert gguf_hf.heads_of(arch, "blk.0.attn_q.weight", cfg) is None
+        assert gguf_names.heads_of(arch, "blk.0.attn_q.weight", cfg) is None
 
 
 def test_config_of_a_tiny_gemma3(tmp_path: Path) -> None:

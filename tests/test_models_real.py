@@ -33,26 +33,34 @@ def test_real_smollm2_matches_its_published_shape(smollm2: Path) -> None:
             facts.head_dim) == (30, 576, 9, 3, 64)
     assert (facts.vocab_size, facts.max_position_embeddings, facts.tie_word_embeddings) == (49152, 8192, True)
     assert round(facts.num_params / 1e6, 1) == 134.5
-    assert facts.param_source == "safetensors" and facts.dtype == facts.weights_dtype == "bfloat16"
-    assert facts.tokenizer and facts.chat_template and facts.quantization_config is None
+    # the pull serves the Q4_1 GGUF as it is (the embedding table Q8_0)
+    assert facts.param_source == "gguf" and facts.dtype == "bfloat16" and facts.weights_dtype == "Q4_1"
+    assert facts.quantization_config["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
+    assert facts.tokenizer and facts.chat_template
     assert facts.layer_types == ("full_attention",) * 30 and facts.sliding_window is None
 
 
 def test_real_smollm2_agrees_with_its_config_only_shape(smollm2: Path) -> None:
-    # the shape's config.json is a copy of a real conversion's; the sizes computed from it must
-    # equal the sizes read from the real safetensors headers
-    assert json.loads((smollm2 / "config.json").read_text()) == json.loads(
-        (SHAPES / "smollm2-135m" / "config.json").read_text())
+    # the shape's config.json is a copy of transformers' conversion; the config made from the GGUF
+    # metadata must agree with it on every field it sets, and the bytes the planner prices the
+    # dequantized weights at must equal those computed from the shape
+    from edgectl.planner.ledger import _served_param_bytes
+
+    ours = json.loads((smollm2 / "config.json").read_text())
+    theirs = json.loads((SHAPES / "smollm2-135m" / "config.json").read_text())
+    assert {k: v for k, v in ours.items() if k != "transformers_version"} == {
+        k: v for k, v in theirs.items() if k in ours and k != "transformers_version"}
     real, shape = inspect_model(smollm2), inspect_model(SHAPES / "smollm2-135m")
-    assert real.param_bytes == shape.param_bytes
-    assert real.linear_layers == shape.linear_layers
+    assert _served_param_bytes(real) == shape.param_bytes
+    assert [(x.name, x.out_features, x.in_features) for x in real.linear_layers] == [
+        (x.name, x.out_features, x.in_features) for x in shape.linear_layers]
 
 
 def test_real_smollm2_is_intact_and_readable(smollm2: Path) -> None:
     entry = CATALOG["smollm2-135m"]
     assert check_model_dir(smollm2, entry, full=True) is None
     manifest = read_manifest(smollm2)
-    assert manifest is not None and manifest["files"]["model.safetensors"]["sha256"] == entry.safetensors_sha256
+    assert manifest is not None and manifest["files"]["model.gguf"]["sha256"] == entry.gguf_sha256
     for f in smollm2.iterdir():
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
     assert Path(manifest["gguf"]["path"]).stat().st_size == entry.gguf_bytes

@@ -63,7 +63,7 @@ def check_plan_json(d: dict) -> None:
     for key, kind in TOP.items():
         assert isinstance(d[key], kind) and not (kind is int and isinstance(d[key], bool)), (key, d[key])
     assert d["schema"] == "edgectl.plan/1"
-    assert set(d["model"]) == MODEL and d["model"]["checkpoint_format"] in ("bf16", "cpu_int4", "gptq", "awq")
+    assert set(d["model"]) == MODEL and d["model"]["checkpoint_format"] in ("bf16", "cpu_int4", "gptq", "awq", "gguf")
     assert set(d["profile"]) == PROFILE and d["profile"]["kind"] in ("measured", "external", "fallback")
     assert d["weight_format"] in ("w4a16", "w4a8", "w4a16-vllm", "bf16")
     assert d["topology"] in ("single-process", "stock") and d["compilation"] in ("eager", "default")
@@ -266,8 +266,9 @@ def test_a_bad_local_profile_reports_every_problem(tmp_path: Path):
 def _check_plan_for_this_host(d: dict, model_path: Path) -> None:
     check_plan_json(d)
     facts = probe("/", environ=os.environ)
+    # the pull serves the GGUF as it is
     assert d["model"] == {"name": "smollm2-135m", "path": str(model_path), "architecture": "LlamaForCausalLM",
-                          "checkpoint_format": "bf16"}
+                          "checkpoint_format": "gguf"}
     assert d["device_class"] == str(facts.device_class)
     # never a kernel this host cannot run
     if not facts.cpu.isa.avx512f:

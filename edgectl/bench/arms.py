@@ -26,7 +26,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,8 @@ class BenchContext:
     launchers: dict[str, Launcher] = field(default_factory=dict)
     concurrency: int = 1  # streams decoded at once in each pass (1: the single-stream figures only)
     soak_s: float = 0  # seconds of mixed requests after each pass's measurements (bench/soak.py); 0: none
+    # A GGUF served as it is: the bf16 directory of the same weights for stock vLLM (core._stock_model_for).
+    stock_model_path: str | None = None
 
 
 class PreparedArm:
@@ -318,6 +320,13 @@ class VllmArm(PreparedArm):
             "kv_cache_bytes": ctx.planned.kv_cache_bytes, "kv_cache_dtype": str(ctx.planned.kv_cache_dtype),
             # what unmodified vLLM does (edgectl's plugin is not loaded; the plan says so)
             "embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, **spec.overrides}))
+        if self.plan.model.checkpoint_format == "gguf":
+            # Stock vLLM has no GGUF loader (and runs without edgectl's): the same weights, dequantized.
+            if not ctx.stock_model_path:
+                raise EdgectlError("stock vLLM cannot read a GGUF, and this model has no bf16 copy "
+                                   "(only catalog models get one)")
+            self.plan = replace(self.plan, model=replace(self.plan.model, path=ctx.stock_model_path,
+                                                         checkpoint_format="bf16"))
 
     def server_args(self, port: int) -> list[str]:
         return server_args(_with_port(self.plan, port), stock=True) + ["--worker-extension-cls", READBACK_EXTENSION]

@@ -11,14 +11,14 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgectl.bench import provenance as prov
 from edgectl.bench import report
-from edgectl.bench.arms import CONTROL, BenchContext, Launcher, parse_arm_names, prepare_arms
+from edgectl.bench.arms import ARMS, CONTROL, BenchContext, Launcher, parse_arm_names, prepare_arms
 from edgectl.bench.llamacpp import find_llama_server
 from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
@@ -27,6 +27,7 @@ from edgectl.contract import environment
 from edgectl.errors import EdgectlError
 
 if TYPE_CHECKING:
+    from edgectl.contract.plan import Plan
     from edgectl.probe.facts import HostFacts
 
 MIN_PASSES_FOR_PROFILE = 3
@@ -51,7 +52,19 @@ class BenchOptions:
     fidelity: bool = True
     concurrency: int = 1  # N > 1: each pass also decodes N streams at once (the plan's max_num_seqs = N)
     soak_s: float = 0  # > 0: each pass ends with that many seconds of mixed requests (bench/soak.py)
+    # The arm the others' fidelity is measured against (default: reference_arm_for()).
+    reference: str | None = None
     argv: list[str] | None = None
+
+
+def reference_arm_for(ran: Collection[str], gguf_served: bool, asked: str | None = None) -> str | None:
+    """The fidelity reference: the one asked for; else, for a GGUF served as it is, llama.cpp on
+    the same file (GGUF's reference implementation); else edgectl's bf16 arm, else stock vLLM."""
+    if asked is not None:
+        return asked if asked in ran else None
+    if gguf_served and "llama.cpp" in ran:
+        return "llama.cpp"
+    return "bf16" if "bf16" in ran else (CONTROL if CONTROL in ran else None)
 
 
 def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress, *,
@@ -114,6 +127,9 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,
                               held_to=environ.get("ATEN_CPU_CAPABILITY"))
     gguf = _gguf_for(opts.model, environ)
+    if opts.reference is not None and opts.reference not in names:
+        raise EdgectlError(f"--reference {opts.reference}: that arm is not in --arms ({', '.join(names)})")
+    stock_model = _stock_model_for(plan, names, opts.model, environ, progress)
 
     date = started.strftime("%Y-%m-%d")
     host = socket.gethostname()  # recorded in the provenance; the file is named for the device class
@@ -126,7 +142,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         logs_dir=logs_dir, usable_cpus=len(facts.topology.usable_cpus or []) or 1,
         stock_plugins=plugins, llama_server=llama.path, llama_unavailable=llama.origin if not llama.path else None,
         gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}),
-        concurrency=opts.concurrency, soak_s=opts.soak_s,
+        concurrency=opts.concurrency, soak_s=opts.soak_s, stock_model_path=stock_model,
     )
     arms, skipped = prepare_arms(names, ctx)
     for name, why in skipped.items():
@@ -170,7 +186,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         artifact["incomplete_reasons"] = ["interrupted"]
         report.write_json_atomic(path, artifact)
         raise
-    reference = "bf16" if "bf16" in records else (CONTROL if CONTROL in records else None)
+    reference = reference_arm_for(records, plan.model.checkpoint_format == "gguf", opts.reference)
     artifact["fidelity"] = attach_fidelity(records, raw, reference)
     finish(artifact, records, opts.passes, facts.bandwidth_gbps)
     if artifact["complete"]:
@@ -218,6 +234,21 @@ def _repo_root() -> Path:
     """The checkout edgectl runs from (where committed artifacts live), else the working directory."""
     here = Path(__file__).resolve().parents[2]
     return here if (here / "results").is_dir() else Path.cwd()
+
+
+def _stock_model_for(plan: Plan, names: Collection[str], model: str, environ: Mapping[str, str],
+                     progress: Progress) -> str | None:
+    """For a GGUF served as it is, the bf16 directory stock vLLM arms load (it has no GGUF
+    loader, and they run without edgectl's plugin): made once by ``models.pull.bf16_copy``."""
+    if plan.model.checkpoint_format != "gguf" or not any(ARMS[n].launcher == "vllm" for n in names if n in ARMS):
+        return None
+    from edgectl.models.catalog import CATALOG
+    from edgectl.models.pull import bf16_copy
+
+    entry = CATALOG.get(model)
+    if entry is None:
+        return None  # the stock arms are skipped, saying why (arms.VllmArm)
+    return str(bf16_copy(entry, environ, progress))
 
 
 def _gguf_for(model: str, environ: Mapping[str, str]) -> Path | None:

@@ -208,7 +208,7 @@ class ModelRef:
     name: str = field(metadata=check(_nonempty))
     path: str = field(metadata=check(_nonempty))
     architecture: str
-    checkpoint_format: str  # bf16 | cpu_int4 | gptq | awq | the quant_method config.json names
+    checkpoint_format: str  # bf16 | cpu_int4 | gptq | awq | gguf (served as it is) | the quant_method config.json names
 
 
 @dataclass(frozen=True)

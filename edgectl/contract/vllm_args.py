@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 CPU_INT4 = "cpu_int4"
 # vLLM's worker extension (``--worker-extension-cls``) that adds edgectl's read-back RPCs.
 READBACK_EXTENSION = "edgectl_runtime.readback.ReadbackExtension"
+# vLLM's --load-format for a directory serving a GGUF as it is (checkpoint format "gguf"): the
+# loader edgectl's plugin registers (runtime/edgectl_runtime/gguf_loader.py).
+GGUF_LOAD_FORMAT = "edgectl_gguf"
 # vLLM's ``ir_op_priority`` that puts its RMSNorm IR ops on edgectl's fused op (the provider the
 # plugin registers, runtime/edgectl_runtime/fused_norm.py); vLLM appends its own ``native`` after.
 EDGECTL_NORMS = {"rms_norm": ["edgectl"], "fused_add_rms_norm": ["edgectl"]}
@@ -42,9 +45,10 @@ def quantization_for(plan: Plan) -> str | None:
 def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
     """Arguments for vLLM's OpenAI server that carry every setting of the plan.
 
-    ``stock=True`` drops what only edgectl's runtime understands (its quantization method and
-    the in-process executor) — the bench's control arm: unmodified vLLM on the same model
-    with the same context, concurrency and KV bytes.
+    ``stock=True`` drops what only edgectl's runtime understands (its quantization method, its
+    GGUF loader and the in-process executor) — the bench's control arm: unmodified vLLM on the
+    same model with the same context, concurrency and KV bytes (for a GGUF, on its bf16
+    conversion: ``bench.core``).
     """
     args = [
         "--model", plan.model.path,
@@ -63,6 +67,8 @@ def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
     if plan.compilation is Compilation.EAGER:
         args.append("--enforce-eager")
     if not stock:
+        if plan.model.checkpoint_format == "gguf":
+            args += ["--load-format", GGUF_LOAD_FORMAT]
         quant = quantization_for(plan)
         if quant:
             args += ["--quantization", quant]

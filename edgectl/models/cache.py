@@ -104,6 +104,11 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     return manifest
 
 
+# The manifest's "layout" of a directory that serves its GGUF as it is (edgectl/models/pull.py).
+# An older edgectl wrote a bf16 copy and no layout: such a directory is converted again.
+LAYOUT = "gguf-direct"
+
+
 def check_model_dir(path: Path, entry: CatalogEntry, *, full: bool) -> str | None:
     """What is wrong with the pulled directory ``path``, or None when it is intact.
 
@@ -122,6 +127,8 @@ def check_model_dir(path: Path, entry: CatalogEntry, *, full: bool) -> str | Non
         return f"{MANIFEST_NAME} describes another model or source"
     if entry.synthetic is not None and manifest.get("synthetic", {}).get("spec") != entry.synthetic.to_dict():
         return f"{MANIFEST_NAME} describes another synthetic shape or seed"
+    if manifest.get("layout") != LAYOUT:
+        return "written by an older edgectl (a bf16 copy of the weights; the GGUF is now served as it is)"
     files: dict[str, dict[str, Any]] = manifest["files"]
     present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {MANIFEST_NAME}
     extra = sorted(present - set(files))

@@ -5,7 +5,7 @@
 ggml type (so a Q4_1 file is sized as Q4_1, not as the bf16 it would become), the linear layers
 under the names vLLM's model classes give them, and the tokenizer and chat template from the
 ``tokenizer.*`` keys. Refused with one line each: a damaged or truncated file
-(:mod:`edgectl.models.gguf_header`), an architecture edgectl does not map to a vLLM model class,
+(:mod:`edgectl.contract.gguf_header`), an architecture edgectl does not map to a vLLM model class,
 tensor types outside what edgectl's kernels take (:data:`KERNEL_TYPES`).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from edgectl.errors import EdgectlError
 from edgectl.models import architectures
-from edgectl.models.gguf_header import GGUFHeader, SkippedArray, read_gguf
+from edgectl.contract.gguf_header import GGUFHeader, SkippedArray, read_gguf
 from edgectl.models.inspect import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
@@ -53,6 +53,11 @@ _LINEAR = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# The layers vLLM merges (its packed_modules_mapping: qkv_proj, gate_up_proj).
+_MERGED = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "ffn_gate": "gate_up", "ffn_up": "gate_up"}
+# The bits of the edgectl block each type becomes as it is (runtime/edgectl_runtime/formats/ggml.py
+# NATIVE_BITS); floats take the plan's 4.
+_NATIVE_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q8_0": 8, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q6_K": 8}
 _BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
 
 
@@ -96,7 +101,12 @@ def inspect_gguf(path: Path | str, name: str | None = None) -> ModelFacts:
     """Facts about the GGUF file ``path``; raises :class:`EdgectlError` with one line for anything
     edgectl could not serve from it."""
     path = Path(path).expanduser().resolve()
-    header = read_gguf(path)
+    return facts_from_header(read_gguf(path), name or path.stem)
+
+
+def facts_from_header(header: GGUFHeader, name: str) -> ModelFacts:
+    """:func:`inspect_gguf` of a header already read (or shipped: ``gguf_header.header_from_json``)."""
+    path = header.path
     arch = header.architecture
     if arch is None:
         raise _bad(path, "no general.architecture in its metadata, so the model class is unknown")
@@ -129,11 +139,11 @@ def inspect_gguf(path: Path | str, name: str | None = None) -> ModelFacts:
     linear: list[LinearLayer] = []
     linear_bytes = embedding = lm_head = other = 0
     kinds: Counter[str] = Counter()
+    found: list[tuple[str, str, str, int, int]] = []  # block, llama.cpp name, type, rows, columns
     for t in header.tensors:
         m = _BLOCK.match(t.name)
         if m and m.group(2) in _LINEAR and len(t.dims) == 2:
-            linear.append(LinearLayer(f"model.layers.{m.group(1)}.{_LINEAR[m.group(2)]}",
-                                      out_features=t.dims[1], in_features=t.dims[0]))
+            found.append((m.group(1), m.group(2), t.type.name, t.dims[1], t.dims[0]))
             linear_bytes += t.nbytes
             kinds[t.type.name] += t.nbytes
         elif t.name == "token_embd.weight":
@@ -142,6 +152,14 @@ def inspect_gguf(path: Path | str, name: str | None = None) -> ModelFacts:
             lm_head += t.nbytes
         else:
             other += t.nbytes
+    # vLLM merges q/k/v and gate/up into one layer: it gets the widest block of its parts.
+    group_bits: dict[tuple[str, str], int] = {}
+    for block, base, kind, _, _ in found:
+        key = (block, _MERGED.get(base, base))
+        group_bits[key] = max(group_bits.get(key, 4), _NATIVE_BITS.get(kind, 4))
+    for block, base, kind, rows, cols in found:
+        linear.append(LinearLayer(f"model.layers.{block}.{_LINEAR[base]}", out_features=rows, in_features=cols,
+                                  gguf_bits=group_bits[(block, _MERGED.get(base, base))]))
     if not linear:
         raise _bad(path, "no linear layers under llama.cpp's names (blk.N.attn_q.weight, ...): "
                          "not a decoder edgectl can serve")
@@ -150,7 +168,7 @@ def inspect_gguf(path: Path | str, name: str | None = None) -> ModelFacts:
     template = header.metadata.get("tokenizer.chat_template")
     vocab = _vocab_size(header)
     return ModelFacts(
-        name=name or path.stem,
+        name=name,
         path=str(path),
         architecture=vllm_class,
         model_type=model_type,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgectl.contract.gguf_names import DIRECT_GGUF
 from edgectl.errors import EdgectlError
 from edgectl.models import architectures
 from edgectl.models.safetensors_header import (
@@ -56,9 +57,16 @@ class LinearLayer:
     name: str  # the module name, e.g. "model.layers.0.self_attn.q_proj"
     out_features: int
     in_features: int
+    # A GGUF served as it is: the bits of the edgectl block its file's type becomes (4 for
+    # Q4_0/Q4_1/Q4_K, 8 for 5-8-bit types), the widest of the layers vLLM merges with it; None
+    # for a checkpoint quantized at load (the plan's format decides).
+    gguf_bits: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "out_features": self.out_features, "in_features": self.in_features}
+        out: dict[str, Any] = {"name": self.name, "out_features": self.out_features, "in_features": self.in_features}
+        if self.gguf_bits is not None:
+            out["gguf_bits"] = self.gguf_bits
+        return out
 
 
 @dataclass(frozen=True)
@@ -182,7 +190,7 @@ class ModelFacts:
                 param_source=data["param_source"],
                 num_params=data.get("num_params"),
                 linear_layers=tuple(
-                    LinearLayer(name=d["name"], out_features=int(d["out_features"]),
+                    LinearLayer(name=d["name"], out_features=int(d["out_features"]), gguf_bits=d.get("gguf_bits"),
                                 in_features=int(d["in_features"]))
                     for d in data["linear_layers"]
                 ),
@@ -536,6 +544,21 @@ def _prod(shape: tuple[int, ...]) -> int:
 # --- the entry point ---------------------------------------------------------------------
 
 
+def _direct_gguf_facts(path: Path, name: str | None, require_tokenizer: bool) -> ModelFacts:
+    """The facts of a direct GGUF directory: the weights from the GGUF's tensor table, the
+    tokenizer and chat template from the directory (what vLLM will read)."""
+    import dataclasses
+
+    from edgectl.models.gguf_inspect import inspect_gguf
+
+    facts = inspect_gguf(path / DIRECT_GGUF, name or path.name)
+    if require_tokenizer and not _has_tokenizer(path):
+        raise EdgectlError(f"{path}: no tokenizer beside {DIRECT_GGUF}: pull the model again "
+                           "(`edgectl models pull`) to write it")
+    return dataclasses.replace(facts, path=str(path), tokenizer=_has_tokenizer(path),
+                               chat_template=_has_chat_template(path))
+
+
 def inspect_model(path: Path | str, name: str | None = None, *, require_tokenizer: bool = True) -> ModelFacts:
     """Facts about the HF model directory ``path``, without loading any tensor.
 
@@ -552,6 +575,8 @@ def inspect_model(path: Path | str, name: str | None = None, *, require_tokenize
             "or a catalog name from `edgectl models list`"
         )
     path = path.resolve()
+    if (path / DIRECT_GGUF).is_file():
+        return _direct_gguf_facts(path, name, require_tokenizer)
     config = _text_config(read_config(path))
     arch = _architecture(path, config)
     unknown: list[str] = []

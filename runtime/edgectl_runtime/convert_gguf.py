@@ -2,17 +2,17 @@
 
 Run by ``edgectl models pull`` under the runtime interpreter, in a subprocess::
 
-    python -m edgectl_runtime.convert_gguf [--direct] GGUF OUT_DIR
+    python -m edgectl_runtime.convert_gguf [--direct CONFIG_JSON] GGUF OUT_DIR
 
 With ``--direct`` the weights stay in the GGUF: the directory gets ``config.json`` made from the
-GGUF metadata (``edgectl.models.gguf_hf.hf_config``, completed by transformers' config class of
-that model type), the tokenizer and chat template made from the GGUF's, and the GGUF itself as
-``model.gguf`` (a hard link; a copy across file systems), which edgectl's load format
-``edgectl_gguf`` reads (``gguf_loader.py``). Without it (the older path, kept for comparison):
-
-The weights are dequantized to bfloat16 (a GGUF Q4_1 file becomes a plain bf16
-checkpoint that stock vLLM loads), and the tokenizer and chat template embedded in the
-GGUF are written beside them. ``OUT_DIR`` must not exist or be empty; the caller
+GGUF metadata (CONFIG_JSON: ``model_type`` and the keyword arguments the control plane derived,
+``edgectl/models/gguf_hf.py``, completed by transformers' config class of that model type), the
+tokenizer and chat template made from the GGUF's, and the GGUF itself as ``model.gguf`` (a hard
+link; a copy across file systems), which edgectl's load format ``edgectl_gguf`` reads
+(``gguf_loader.py``). Without it (``edgectl.models.pull.bf16_copy``: for stock vLLM, which cannot
+read a GGUF) the weights are dequantized to bfloat16 by transformers (a GGUF Q4_1 file becomes a
+plain bf16 checkpoint), and the tokenizer and chat template embedded in the GGUF are written
+beside them. ``OUT_DIR`` must not exist or be empty; the caller
 writes into a temporary directory and renames it into place.
 
 On success the last line on stdout is one JSON object: the files written and the versions
@@ -69,20 +69,17 @@ def convert(gguf_path: Path, out_dir: Path) -> dict:
     return {"files": files, "tools": tool_versions()}
 
 
-GGUF_FILE = "model.gguf"  # gguf_loader.GGUF_FILE (not imported: that module imports vLLM)
-
-
-def write_direct(gguf_path: Path, out_dir: Path) -> dict:
+def write_direct(gguf_path: Path, out_dir: Path, fields: dict) -> dict:
     """The small directory of a GGUF served as it is (see the module docstring)."""
     import shutil
 
     from transformers import AutoConfig, AutoTokenizer
 
-    from edgectl.models import gguf_hf
-    from edgectl.models.gguf_header import read_gguf
+    from edgectl.contract.gguf_header import read_gguf
+    from edgectl.contract.gguf_names import DIRECT_GGUF
 
     header = read_gguf(gguf_path)
-    fields = gguf_hf.hf_config(header)
+    fields = dict(fields)
     model_type = fields.pop("model_type")
     config = AutoConfig.for_model(model_type, **fields)
     config.save_pretrained(out_dir)
@@ -94,7 +91,7 @@ def write_direct(gguf_path: Path, out_dir: Path) -> dict:
         if isinstance(value, bool) and hasattr(tokenizer, key):
             setattr(tokenizer, key, value)
     tokenizer.save_pretrained(out_dir)
-    target = out_dir / GGUF_FILE
+    target = out_dir / DIRECT_GGUF
     try:
         os.link(gguf_path, target)
     except OSError:
@@ -105,11 +102,18 @@ def write_direct(gguf_path: Path, out_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    direct = bool(args) and args[0] == "--direct"
-    if direct:
-        args = args[1:]
+    fields = None
+    if len(args) >= 2 and args[0] == "--direct":
+        try:
+            fields = json.loads(args[1])
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict) or "model_type" not in fields:
+            print("error: --direct takes the config as a JSON object with model_type", file=sys.stderr)
+            return 2
+        args = args[2:]
     if len(args) != 2:
-        print("usage: python -m edgectl_runtime.convert_gguf [--direct] GGUF OUT_DIR", file=sys.stderr)
+        print("usage: python -m edgectl_runtime.convert_gguf [--direct CONFIG_JSON] GGUF OUT_DIR", file=sys.stderr)
         return 2
     gguf_path, out_dir = Path(args[0]).resolve(), Path(args[1])
     if not gguf_path.is_file():
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out_dir} is not empty", file=sys.stderr)
         return 2
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = write_direct(gguf_path, out_dir) if direct else convert(gguf_path, out_dir)
+    result = write_direct(gguf_path, out_dir, fields) if fields is not None else convert(gguf_path, out_dir)
     sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
     return 0
 

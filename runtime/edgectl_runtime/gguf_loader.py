@@ -2,7 +2,7 @@
 
 vLLM 0.32 has no GGUF loader (``vllm/model_executor/model_loader/`` holds none), so the plugin
 registers this one (``register_model_loader``, ``model_loader/__init__.py``). The model
-directory is what ``edgectl models pull`` writes for a GGUF (``edgectl/models/gguf_dir.py``):
+directory is what ``edgectl models pull`` writes for a GGUF (``edgectl/models/pull.py``):
 ``config.json`` made from the GGUF metadata, the tokenizer made from the GGUF's, and the GGUF
 itself as :data:`GGUF_FILE`. Nothing is downloaded.
 
@@ -32,14 +32,16 @@ import torch
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-from edgectl.models import gguf_hf
-from edgectl.models.gguf_header import GGUFHeader, GGUFTensor, read_gguf
+from edgectl.contract.vllm_args import GGUF_LOAD_FORMAT
+from edgectl.contract import gguf_names
+from edgectl.contract.gguf_header import GGUFHeader, GGUFTensor, read_gguf
+from edgectl.contract.gguf_names import DIRECT_GGUF
 from edgectl_runtime.formats import ggml
 
 logger = logging.getLogger("edgectl.gguf_loader")
 
-LOAD_FORMAT = "edgectl_gguf"
-GGUF_FILE = "model.gguf"
+LOAD_FORMAT = GGUF_LOAD_FORMAT
+GGUF_FILE = DIRECT_GGUF
 
 
 class GGUFFile:
@@ -67,18 +69,18 @@ class GGUFFile:
     def rows_in_order(self, t: GGUFTensor, config) -> torch.Tensor:
         """Raw rows, with llama.cpp's per-head q/k permutation undone."""
         raw = self.raw(t)
-        heads = gguf_hf.heads_of(self.arch, t.name, {
+        heads = gguf_names.heads_of(self.arch, t.name, {
             "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads})
         if heads is not None:
             if len(t.dims) != 2:
                 raise ValueError(f"{self.path}: {t.name}: a permuted q/k bias is not supported")
-            raw = raw[torch.tensor(gguf_hf.unpermute_order(raw.shape[0], heads))]
+            raw = raw[torch.tensor(gguf_names.unpermute_order(raw.shape[0], heads))]
         return raw
 
     def values(self, t: GGUFTensor, config) -> torch.Tensor:
         """fp32 in PyTorch's shape, in vLLM's terms (rows unpermuted, norm offset removed)."""
         w = ggml.dequantize(self.rows_in_order(t, config), t.type.name, t.dims[0]).reshape(t.shape)
-        offset = gguf_hf.NORM_OFFSET.get(self.arch)
+        offset = gguf_names.NORM_OFFSET.get(self.arch)
         if offset and t.name.endswith("norm.weight"):
             w = w - offset
         return w
@@ -128,7 +130,7 @@ class GGUFModelLoader(BaseModelLoader):
         for prefix, module in _block_layers(model):
             parts = []
             for hf in _parts(model, prefix):
-                name = gguf_hf.gguf_name(gguf.arch, hf)
+                name = gguf_names.gguf_name(gguf.arch, hf)
                 t = gguf.tensors.get(name or "")
                 if t is None:
                     raise ValueError(f"{gguf.path}: no tensor {name or '?'} for {hf} (the file does not hold "
@@ -145,7 +147,7 @@ class GGUFModelLoader(BaseModelLoader):
             for t in gguf.header.tensors:
                 if t.name in used:
                     continue
-                hf = gguf_hf.hf_name(gguf.arch, t.name)
+                hf = gguf_names.hf_name(gguf.arch, t.name)
                 if hf is None:
                     unknown.append(t.name)
                     continue
@@ -155,8 +157,10 @@ class GGUFModelLoader(BaseModelLoader):
         if unknown:
             raise ValueError(f"{gguf.path}: tensors edgectl does not map to {gguf.arch}'s parameters: "
                              f"{', '.join(unknown[:5])}{' …' if len(unknown) > 5 else ''}")
-        missing = sorted(name for name, p in model.named_parameters()
-                         if name not in loaded and name.rpartition(".")[0] not in direct)
+        # By module: a layer quantized as it loads (vLLM's layer-wise path) has swapped the
+        # parameter the checkpoint fed for its packed ones.
+        fed = direct | {name.rpartition(".")[0] for name in loaded}
+        missing = sorted(name for name, _ in model.named_parameters() if name.rpartition(".")[0] not in fed)
         if missing:
             raise ValueError(f"{gguf.path}: no tensor fed {', '.join(missing[:5])}"
                              f"{' …' if len(missing) > 5 else ''}")

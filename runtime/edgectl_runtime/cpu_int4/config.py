@@ -76,8 +76,10 @@ def gguf_load_format() -> bool:
     """Whether the model is being loaded by edgectl's GGUF loader (``gguf_loader.py``)."""
     from vllm.config import get_current_vllm_config_or_none
 
+    from edgectl.contract.vllm_args import GGUF_LOAD_FORMAT
+
     cfg = get_current_vllm_config_or_none()
-    return cfg is not None and str(cfg.load_config.load_format) == "edgectl_gguf"
+    return cfg is not None and str(cfg.load_config.load_format) == GGUF_LOAD_FORMAT
 
 
 def _tensor_parallel_size() -> int:

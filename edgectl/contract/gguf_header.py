@@ -206,6 +206,25 @@ class _Reader:
         raise ValueError(f"{key} has a value of unknown type {vtype}")
 
 
+def header_to_json(header: GGUFHeader) -> dict[str, Any]:
+    """A header as JSON (no tensor data): what the catalog ships to plan a model before its pull."""
+    meta = {k: ({"skipped_array": v.element_type, "length": v.length} if isinstance(v, SkippedArray) else v)
+            for k, v in header.metadata.items()}
+    return {"version": header.version, "data_offset": header.data_offset, "file_bytes": header.file_bytes,
+            "metadata": meta,
+            "tensors": [[t.name, list(t.dims), t.type.name, t.offset, t.nbytes] for t in header.tensors]}
+
+
+def header_from_json(data: dict[str, Any], path: Path) -> GGUFHeader:
+    """The inverse of :func:`header_to_json`; ``path`` is where the file will be."""
+    by_name = {t.name: t for t in GGML_TYPES.values()}
+    meta = {k: (SkippedArray(v["skipped_array"], v["length"]) if isinstance(v, dict) and "skipped_array" in v else v)
+            for k, v in data["metadata"].items()}
+    tensors = tuple(GGUFTensor(name, tuple(dims), by_name[kind], offset, nbytes)
+                    for name, dims, kind, offset, nbytes in data["tensors"])
+    return GGUFHeader(path, int(data["version"]), meta, tensors, int(data["data_offset"]), int(data["file_bytes"]))
+
+
 def _bad(path: Path, problem: str) -> EdgectlError:
     return EdgectlError(f"{path}: {problem}")
 

@@ -97,7 +97,7 @@ def model_facts(spec: str, environ: Mapping[str, str]) -> tuple[ModelFacts, bool
     except EdgectlError:
         entry = CATALOG.get(spec)
         shipped = paths.data_dir() / "catalog" / spec
-        if entry is None or not (shipped / "config.json").is_file():
+        if entry is None or not ((shipped / "config.json").is_file() or (shipped / GGUF_HEADER_JSON).is_file()):
             raise
         # Not pulled yet: plan from the shipped copy of its GGUF's header (the pull serves the
         # GGUF as it is), else its configuration; the path is where it will be.

@@ -69,20 +69,18 @@ def _status(sb: SystemdSandbox, name: str) -> dict:
 
 
 def _broken_copy(src: Path, dst: Path) -> None:
-    """A model that passes inspection (config, tokenizer, headers) but cannot load: a weight is missing."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
+    """A model that passes inspection (config, tokenizer, the GGUF's header) but cannot load: the
+    GGUF's tensor ``blk.29.ffn_down.weight`` renamed in its header, so layer 29's down_proj gets
+    no weights (edgectl's loader refuses an incomplete model)."""
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
-        if f.name != "model.safetensors" and f.is_file():
+        if f.name != "model.gguf" and f.is_file():
             shutil.copy(f, dst / f.name)
-    tensors = {}
-    with safe_open(str(src / "model.safetensors"), "pt") as st:
-        for name in st.keys():
-            if name != "model.layers.29.mlp.down_proj.weight":
-                tensors[name] = st.get_tensor(name)
-    save_file(tensors, str(dst / "model.safetensors"))
+    data = bytearray((src / "model.gguf").read_bytes())
+    at = data.find(b"blk.29.ffn_down.weight")
+    assert at > 0
+    data[at:at + 22] = b"blk.29.ffn_dowx.weight"
+    (dst / "model.gguf").write_bytes(bytes(data))
     for f in dst.iterdir():
         os.chmod(f, 0o644)
     os.chmod(dst, 0o755)

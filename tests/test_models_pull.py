@@ -331,3 +331,19 @@ def test_converter_refuses_bad_arguments(tmp_path: Path) -> None:
     assert not_empty.returncode == 2 and "is not empty" in not_empty.stderr
     usage = subprocess.run([sys.executable, "-P", script], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and usage.stderr.startswith("usage: ")
+
+
+def test_a_model_under_terms_is_not_downloaded_until_they_are_accepted(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    env = {"EDGECTL_MODEL_CACHE": str(cache)}
+    for extra in ([], ["--accept-terms", "yes"]):
+        done = run_cli(["models", "pull", "gemma3-270m", *extra], env=env)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+        assert "Gemma Terms of Use (https://ai.google.dev/gemma/terms)" in done.stderr
+        assert "--accept-terms gemma" in done.stderr and "nothing was downloaded" in done.stderr
+        assert not (cache / "downloads").exists() or not list((cache / "downloads").iterdir())
+        assert not (cache / "gemma3-270m").exists() and not (cache / "gguf").exists()
+    assert "is not the word" in done.stderr
+    listed = run_cli(["models", "list"], env=env)
+    assert "pull with: edgectl models pull gemma3-270m --accept-terms gemma" in listed.stdout

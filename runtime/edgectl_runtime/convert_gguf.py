@@ -48,9 +48,23 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
+def gguf_tokenizer(gguf_path: Path, metadata: dict):
+    """The GGUF's tokenizer as transformers builds it, with ``tokenizer.ggml.add_bos_token`` /
+    ``add_eos_token`` honoured: transformers' GGUF tokenizer drops them (Gemma-3's add_bos is true,
+    and without its <bos> the model answers "France of France of ..."); llama.cpp honours them."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    for key in ("add_bos_token", "add_eos_token"):
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        if isinstance(value, bool) and hasattr(tokenizer, key):
+            setattr(tokenizer, key, value)
+    return tokenizer
+
+
 def convert(gguf_path: Path, out_dir: Path) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     pkg_dir, name = str(gguf_path.parent), gguf_path.name
     # Without GgufConfig(dequantize=True) save_pretrained refuses a GGUF-loaded model
@@ -63,8 +77,9 @@ def convert(gguf_path: Path, out_dir: Path) -> dict:
     )
     model.save_pretrained(out_dir)
     del model
-    tokenizer = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=name)
-    tokenizer.save_pretrained(out_dir)
+    from edgectl.contract.gguf_header import read_gguf
+
+    gguf_tokenizer(gguf_path, read_gguf(gguf_path).metadata).save_pretrained(out_dir)
     files = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file())
     return {"files": files, "tools": tool_versions()}
 
@@ -73,7 +88,7 @@ def write_direct(gguf_path: Path, out_dir: Path, fields: dict) -> dict:
     """The small directory of a GGUF served as it is (see the module docstring)."""
     import shutil
 
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from edgectl.contract.gguf_header import read_gguf
     from edgectl.contract.gguf_names import DIRECT_GGUF
@@ -83,14 +98,7 @@ def write_direct(gguf_path: Path, out_dir: Path, fields: dict) -> dict:
     model_type = fields.pop("model_type")
     config = AutoConfig.for_model(model_type, **fields)
     config.save_pretrained(out_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    # transformers' GGUF tokenizer ignores tokenizer.ggml.add_bos_token (Gemma-3's is true, and
-    # without its <bos> the model answers garbage); llama.cpp honours it, and so must we.
-    for key in ("add_bos_token", "add_eos_token"):
-        value = header.metadata.get(f"tokenizer.ggml.{key}")
-        if isinstance(value, bool) and hasattr(tokenizer, key):
-            setattr(tokenizer, key, value)
-    tokenizer.save_pretrained(out_dir)
+    gguf_tokenizer(gguf_path, header.metadata).save_pretrained(out_dir)
     target = out_dir / DIRECT_GGUF
     try:
         os.link(gguf_path, target)

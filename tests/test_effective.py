@@ -117,3 +117,28 @@ def test_a_4bit_checkpoint_keeps_its_own_groups():
     p = plan(group_size=32)
     p = dataclasses.replace(p, model=dataclasses.replace(p.model, checkpoint_format="gptq"))
     assert mismatches(p, read_back(p, group_of=lambda k, g: 128 if k % 128 == 0 else 64)) == []
+
+
+def _gguf(p: Plan) -> Plan:
+    return dataclasses.replace(p, model=dataclasses.replace(p.model, checkpoint_format="gguf"))
+
+
+def test_a_gguf_keeps_its_wider_layers_in_8_bit_blocks():
+    # A Q4_K_M file's 5-8-bit layers are held in edgectl's W8 blocks (docs/gguf.md): that is the
+    # plan taking effect for a GGUF, and a mismatch for a checkpoint quantized at load.
+    base = plan()
+    for p, expected in ((_gguf(base), []), (base, ["1 linear layers are not 4-bit although the plan quantizes them "
+                                                   "(e.g. model.layers.0.mlp.down_proj: w8a8/b32)"])):
+        got = read_back(p)
+        got["linear_formats"]["model.layers.0.mlp.down_proj"] = "w8a8/b32"
+        assert mismatches(p, got) == expected
+    got = read_back(_gguf(base))
+    got["linear_formats"]["model.layers.0.mlp.down_proj"] = "bf16"
+    assert len(mismatches(_gguf(base), got)) == 1
+
+
+def test_a_gguf_must_be_loaded_by_edgectls_loader():
+    p = _gguf(plan())
+    assert mismatches(p, {**read_back(p), "load_format": "edgectl_gguf"}) == []
+    assert mismatches(p, {**read_back(p), "load_format": "auto"}) == [
+        "the model was loaded with 'auto', a GGUF is served by 'edgectl_gguf'"]

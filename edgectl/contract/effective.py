@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from edgectl.contract import int4_layout
+from edgectl.contract.vllm_args import GGUF_LOAD_FORMAT
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Plan
@@ -87,7 +88,10 @@ def mismatches(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
                 out.append(f"{len(int4)} linear layers are 4-bit, the plan says bf16 (e.g. {int4[0]})")
         else:
             body = {n: f for n, f in formats.items() if n != "lm_head"}
-            not_int4 = sorted(n for n, f in body.items() if not is_int4(f))
+            # a GGUF served as it is keeps its 5-8-bit layers in edgectl's 8-bit blocks (docs/gguf.md)
+            held = (lambda f: is_int4(f) or str(f).startswith("w8a8")) if plan.model.checkpoint_format == "gguf" \
+                else is_int4
+            not_int4 = sorted(n for n, f in body.items() if not held(f))
             if not int4:
                 out.append(f"no linear layer is 4-bit, the plan says {plan.weight_format}")
             elif not_int4:
@@ -103,6 +107,10 @@ def mismatches(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
         if ((plan.weight_format == "w4a8" or plan.lm_head_format == "int8")
                 and "kernel_isa" in effective and not effective["kernel_isa"]):
             out.append(f"edgectl's kernel library is not loaded, the plan's {plan.weight_format} runs on it")
+
+    if (plan.model.checkpoint_format == "gguf" and "load_format" in effective
+            and effective["load_format"] != GGUF_LOAD_FORMAT):
+        out.append(f"the model was loaded with {effective['load_format']!r}, a GGUF is served by {GGUF_LOAD_FORMAT!r}")
 
     processes = effective.get("processes")
     if plan.topology == "single-process" and processes != 1:

@@ -194,9 +194,8 @@ def resolve_model(spec: str, environ: Mapping[str, str]) -> Path:
         from edgectl.models.gguf_inspect import is_gguf
 
         if is_gguf(path):
-            raise EdgectlError(f"{spec} is a GGUF file: edgectl does not serve a GGUF file directly yet "
-                               f"(`edgectl models inspect {spec}` reads it); use a catalog model "
-                               "(`edgectl models list`) or a Hugging Face model directory")
+            raise EdgectlError(f"{spec} is a GGUF file: pull it first with `edgectl models pull {spec}`, which "
+                               "checks it and writes the directory to deploy")
         raise EdgectlError(f"{spec} is a file: give a Hugging Face model directory or a catalog name")
     raise EdgectlError(
         f"no model {spec!r}: it is neither a catalog name ({', '.join(sorted(CATALOG))}) nor a directory; "

@@ -95,6 +95,63 @@ def pull(name: str, environ: Mapping[str, str], progress: Progress = _quiet,
     return pull_entry(get_entry(name), environ, progress, accept_terms)
 
 
+def local_name(path: Path) -> str:
+    """The cache name of a GGUF file pulled by its path: its stem, lower-case, [a-z0-9-] only."""
+    name = "".join(c if c.isalnum() else "-" for c in path.stem.lower()).strip("-")
+    while "--" in name:
+        name = name.replace("--", "-")
+    return name or "model"
+
+
+def pull_file(path: Path, environ: Mapping[str, str], progress: Progress = _quiet) -> PullResult:
+    """``edgectl models pull FILE.gguf``: a GGUF the user has, made servable like a catalog model.
+
+    It is inspected first (an architecture edgectl does not map, tensor types its kernels do not
+    take, a truncated or damaged file: one error, nothing written), copied into ``<cache>/gguf/``
+    with its sha256, and given the same directory as a catalog model (``<cache>/<name>``, name from
+    the file's stem), which `edgectl deploy <cache>/<name>` serves. Pulling the same file again
+    checks it and does nothing more."""
+    from edgectl.models.gguf_inspect import inspect_gguf
+
+    path = path.expanduser().resolve()
+    inspect_gguf(path)  # refuses, with one line, what cannot be served
+    name = local_name(path)
+    cache = cache_dir(environ)
+    make_dirs(cache)
+    digest, size = sha256_file(path), path.stat().st_size
+    licence = read_gguf(path).metadata.get("general.license")
+    entry = CatalogEntry(name=name, description=f"the GGUF file {path}", licence=str(licence or "unknown"),
+                         package="", version="", member=path.name, gguf_sha256=digest, gguf_bytes=size,
+                         wheel_bytes=0, converted_bytes=0, safetensors_sha256=None)
+    final, gguf = cache / name, cache / "gguf" / path.name
+    with pull_lock(cache, name, progress):
+        remove_leftovers(cache, entry)
+        if (check_model_dir(final, entry, full=True) is None and gguf.is_file()
+                and (read_manifest(final) or {}).get("source", {}).get("path") == str(path)):
+            progress(f"done: {path.name} is already pulled as {final}")
+            return PullResult(name, final, gguf, "already pulled", read_manifest(final) or {})
+        if final.exists() and (read_manifest(final) or {}).get("source", {}).get("path") != str(path):
+            raise EdgectlError(f"{final} already holds another model: rename {path.name}, or remove {final}")
+        make_dirs(gguf.parent)
+        if not (gguf.is_file() and gguf.stat().st_size == size and sha256_file(gguf) == digest):
+            _check_space(cache, size, f"copying {path.name}")
+            progress(f"copy: {path} -> {gguf}")
+            tmp = Path(tempfile.mkstemp(prefix=f".{gguf.name}.tmp-", dir=gguf.parent)[1])
+            try:
+                shutil.copyfile(path, tmp)
+                if sha256_file(tmp) != digest:
+                    raise EdgectlError(f"{path} changed while it was copied: pull it again", exit_code=EXIT_FAILED)
+                os.chmod(tmp, FILE_MODE)
+                os.replace(tmp, gguf)
+            finally:
+                tmp.unlink(missing_ok=True)
+        manifest = _convert(entry, cache, gguf, final, environ, progress,
+                            source={"kind": "file", "path": str(path)},
+                            gguf_record={"path": str(gguf), "sha256": digest, "bytes": size})
+    progress(f"done: {path.name} is at {final}; serve it with `edgectl deploy {final}`")
+    return PullResult(name, final, gguf, "pulled", manifest)
+
+
 def check_terms(entry: CatalogEntry, accept_terms: str | None) -> None:
     """Refuse, before anything is downloaded, a model whose terms of use were not accepted."""
     terms = entry.terms

@@ -237,6 +237,7 @@ async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
         "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
         "kv_cache_memory_bytes_config": vc.cache_config.kv_cache_memory_bytes,
         "quantization": vc.model_config.quantization,
+        "load_format": str(vc.load_config.load_format),
         "enforce_eager": bool(vc.model_config.enforce_eager),
         **worker,
         **process_tree_facts(os.getpid()),

@@ -111,15 +111,16 @@ def pull_file(path: Path, environ: Mapping[str, str], progress: Progress = _quie
     with its sha256, and given the same directory as a catalog model (``<cache>/<name>``, name from
     the file's stem), which `edgectl deploy <cache>/<name>` serves. Pulling the same file again
     checks it and does nothing more."""
-    from edgectl.models.gguf_inspect import inspect_gguf
+    from edgectl.models.gguf_inspect import facts_from_header
 
     path = path.expanduser().resolve()
-    inspect_gguf(path)  # refuses, with one line, what cannot be served
+    header = read_gguf(path)
+    facts_from_header(header, path.stem)  # refuses, with one line, what cannot be served
     name = local_name(path)
     cache = cache_dir(environ)
     make_dirs(cache)
     digest, size = sha256_file(path), path.stat().st_size
-    licence = read_gguf(path).metadata.get("general.license")
+    licence = header.metadata.get("general.license")
     entry = CatalogEntry(name=name, description=f"the GGUF file {path}", licence=str(licence or "unknown"),
                          package="", version="", member=path.name, gguf_sha256=digest, gguf_bytes=size,
                          wheel_bytes=0, converted_bytes=0, safetensors_sha256=None)

@@ -208,7 +208,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         step = blocks.PACK_ROWS
         for a in range(0, self.n, step):
             b = min(self.n, a + step)
-            t0, t1 = a // 16, blocks.ceil_div(b, 16)
+            t0, t1 = a // blocks.TILE_ROWS, blocks.ceil_div(b, blocks.TILE_ROWS)
             packed[t0:t1] = blocks.pack_w4(q[a:b], d[a:b], m[a:b]) if bits == 4 else blocks.pack_w8(q[a:b], d[a:b])
         self.bits = bits
         getattr(layer, INFO_ATTR).update(

@@ -102,6 +102,9 @@ def test_a_live_process_is_attributed_within_five_percent(tmp_path):
         "from edgectl_runtime import memory\n"
         "kv = torch.zeros(32 << 20, dtype=torch.uint8)\n"
         "w = torch.ones(48 << 20, dtype=torch.uint8)\n"
+        # what a compiled graph keeps: a tensor whose storage refuses data_ptr() (found in a
+        # compiled worker, where /edgectl/memory answered 500)
+        "fake = torch.ones(4); torch._C._set_throw_on_mutable_data_ptr(fake)\n"
         "class M(torch.nn.Module):\n"
         "    def __init__(self):\n"
         "        super().__init__(); self.p = torch.nn.Parameter(w, requires_grad=False)\n"

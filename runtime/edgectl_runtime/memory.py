@@ -378,11 +378,11 @@ def tensor_ranges(model=None, kv_caches=None) -> dict[str, list[tuple[int, int]]
     def add(role: str, t) -> None:
         if not isinstance(t, torch.Tensor) or t.is_meta or t.device.type != "cpu":
             return
-        try:
+        try:  # a compiled graph keeps fake tensors whose storage refuses data_ptr(): they hold no memory
             storage = t.untyped_storage()
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
         except (RuntimeError, NotImplementedError):
             return
-        ptr, nbytes = storage.data_ptr(), storage.nbytes()
         if not ptr or not nbytes or ptr in seen:
             return
         seen.add(ptr)

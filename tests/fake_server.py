@@ -131,6 +131,9 @@ class State:
                 "python_optimize": sys.flags.optimize,
                 "optional_imports": {n: "kept out" if p.levers.optional_imports == "skip" else "not imported"
                                      for n in ("opentelemetry", "cv2", "accelerate")},
+                "tokenizer": {"lean": p.levers.tokenizer == "lean", "processor_loaded": p.levers.tokenizer != "lean",
+                          "construction_inputs": {"held": [] if p.levers.tokenizer == "lean" else ["_vocab", "_merges"],
+                                                  "read_after_init": []}},
                 "embedding_pack": {} if p.quantize_lm_head else {
                     "model.embed_tokens": {"state": "not packed" if p.levers.embedding_pack == "lm-head" else "packed",
                                            "lm_head": False},

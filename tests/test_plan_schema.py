@@ -22,8 +22,9 @@ OLD_PLANS = sorted((Path(__file__).parent / "fixtures" / "plans").glob("*.json")
 # (unmodified vLLM's behaviour: the memory levers of docs/memory.md off, bf16 KV).
 ADDED_SINCE = {
     None: {"kv_cache_dtype": "auto"},
-    "levers": {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0},
-    "request": {"kv_cache_dtype": None, "embedding_pack": None, "optional_imports": None, "python_optimize": None},
+    "levers": {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, "tokenizer": "vllm"},
+    "request": {"kv_cache_dtype": None, "embedding_pack": None, "optional_imports": None, "tokenizer": None,
+                "python_optimize": None},
 }
 
 

@@ -189,6 +189,12 @@ def test_the_worker_reads_the_memory_levers_back_and_they_match_the_plan(server)
     assert eff["optional_imports"] == {"opentelemetry": "kept out", "cv2": "kept out", "accelerate": "kept out"}
     assert {n: e["state"] for n, e in eff["embedding_pack"].items()} == _packs_expected(plan)
     assert (eff["kv_cache_dtype"], eff["kv_tensor_dtypes"]) == (["auto"], ["bfloat16"])
+    # the lean tokenizer: read again after the warm-up, whose chat render is where vLLM would load
+    # the tokenizer a second time looking for a processor
+    assert plan["levers"]["tokenizer"] == "lean"
+    assert eff["tokenizer"]["lean"] is True and eff["tokenizer"]["processor_loaded"] is False, eff["tokenizer"]
+    inputs = eff["tokenizer"]["construction_inputs"]
+    assert set(inputs["held"]) <= set(inputs["read_after_init"]), inputs
 
 
 @pytest.mark.engine

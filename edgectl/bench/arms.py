@@ -88,7 +88,11 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("optional-imports-load", "worker", {"optional_imports": "load"},
             "the plan with opentelemetry, cv2 and accelerate imported"),
     ArmSpec("optimize-off", "worker", {"python_optimize": 0}, "the plan with the worker under python without -OO"),
-    ArmSpec("memory-levers-off", "worker", {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0},
+    ArmSpec("tokenizer-vllm", "worker", {"tokenizer": "vllm"},
+            "the plan with the tokenizer as vLLM holds it (loaded again at the first chat render, its vocabulary "
+            "and merges kept as Python objects)"),
+    ArmSpec("memory-levers-off", "worker", {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0,
+                                            "tokenizer": "vllm"},
             "the plan with none of the memory levers"),
     ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
             "the plan with fp8_e4m3 KV (half the KV bytes at the same context; AVX-512 or AMX only)"),
@@ -319,7 +323,8 @@ class VllmArm(PreparedArm):
             "weight_format": "bf16", "topology": "stock", "compilation": "default", "rope_cap": False,
             "kv_cache_bytes": ctx.planned.kv_cache_bytes, "kv_cache_dtype": str(ctx.planned.kv_cache_dtype),
             # what unmodified vLLM does (edgectl's plugin is not loaded; the plan says so)
-            "embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, **spec.overrides}))
+            "embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, "tokenizer": "vllm",
+            **spec.overrides}))
         if self.plan.model.checkpoint_format == "gguf":
             # Stock vLLM has no GGUF loader (and runs without edgectl's): the same weights, dequantized.
             if not ctx.stock_model_path:

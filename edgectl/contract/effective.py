@@ -25,6 +25,9 @@ a pass invalid). The fields it compares:
                            kernel": vLLM tried and this CPU has no packed GEMM for it (AVX2:
                            runtime/edgectl_runtime/embedding.py), which a plan that keeps the copy accepts
     optional_imports       {package: "kept out" | "loaded" | "not imported"} in the server's process
+    tokenizer              {"lean": bool, "processor_loaded": bool | None (read again after the warm-up,
+                           which is when vLLM probes for a processor), "construction_inputs":
+                           {"held": [...], "read_after_init": [...]} | None}
     python_optimize        the server process's ``sys.flags.optimize``
     max_model_len, max_num_seqs
 """
@@ -155,6 +158,18 @@ def _memory_levers(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
         if wrong:
             out.append(f"{', '.join(wrong)} {'loaded' if skip else 'kept out'}, the plan says "
                        f"{plan.levers.optional_imports}")
+    tokenizer = effective.get("tokenizer")
+    lean = str(plan.levers.tokenizer) == "lean"
+    if not isinstance(tokenizer, Mapping):
+        out.append("the tokenizer's state could not be read back")
+    else:
+        if bool(tokenizer.get("lean")) != lean:
+            out.append(f"the tokenizer is {'lean' if tokenizer.get('lean') else 'as vLLM holds it'}, the plan's "
+                       f"tokenizer is {plan.levers.tokenizer}")
+        inputs = tokenizer.get("construction_inputs") or {}
+        releasable = sorted(set(inputs.get("held") or []) - set(inputs.get("read_after_init") or []))
+        if lean and releasable:
+            out.append(f"the tokenizer still holds {', '.join(releasable)}, the plan's tokenizer is lean")
     packs = effective.get("embedding_pack")
     if not isinstance(packs, Mapping):
         out.append("the embedding tables' packed copies could not be read back")

@@ -95,6 +95,13 @@ class OptionalImports(StrEnum):
     SKIP = "skip"
 
 
+class TokenizerLever(StrEnum):
+    """How many copies of the tokenizer the worker holds (runtime/edgectl_runtime/lean.py)."""
+
+    VLLM = "vllm"  # as unmodified vLLM: a second load at the first chat render, construction inputs kept
+    LEAN = "lean"  # no second load where the model has no processor; construction inputs released
+
+
 class KvCacheDtype(StrEnum):
     """The KV cache's element type (vLLM's ``--kv-cache-dtype``)."""
 
@@ -185,6 +192,7 @@ class Request:
     kv_cache_dtype: str | None = None  # auto | fp8_e4m3; None: bf16, fp8 only where bf16 cannot fit
     embedding_pack: str | None = None
     optional_imports: str | None = None
+    tokenizer: str | None = None  # vllm | lean
     python_optimize: int | None = None  # 0 or 2 (python -OO)
     watchdog_s: int | None = None  # WatchdogSec; default: from the predicted longest engine step
 
@@ -231,6 +239,7 @@ class Levers:
     # plan written before them ran with.
     embedding_pack: EmbeddingPack = field(default=EmbeddingPack.VLLM, kw_only=True)
     optional_imports: OptionalImports = field(default=OptionalImports.LOAD, kw_only=True)
+    tokenizer: TokenizerLever = field(default=TokenizerLever.VLLM, kw_only=True)
     python_optimize: int = field(default=0, kw_only=True, metadata=check(_optimize_level))
 
 

@@ -102,7 +102,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         levers=Levers(rope_cap=levers.value.rope_cap, kv_exact=True, layerwise_repack=levers.value.layerwise_repack,
                       topology=topology, reserve_frontend_core=cpus.reserve_frontend_core,
                       embedding_pack=memory_levers.embedding_pack, optional_imports=memory_levers.optional_imports,
-                      python_optimize=memory_levers.python_optimize),
+                      python_optimize=memory_levers.python_optimize, tokenizer=memory_levers.tokenizer),
         memory=fit.memory,
         predicted=predicted,
         serve=Serve(request.name, request.host, request.port),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edgectl.contract import int4_layout
-from edgectl.contract.plan import (Compilation, EmbeddingPack, KvCacheDtype, OptionalImports, Request, Topology,
+from edgectl.contract.plan import (Compilation, EmbeddingPack, KvCacheDtype, OptionalImports, Request, TokenizerLever, Topology,
                                    WeightFormat)
 from edgectl.errors import EdgectlError
 from edgectl.planner.service import MIN_WATCHDOG_S
@@ -24,6 +24,7 @@ def check_request(request: Request) -> None:
     _one_of("--kv-cache-dtype", request.kv_cache_dtype, KvCacheDtype)
     _one_of("embedding pack", request.embedding_pack, EmbeddingPack)
     _one_of("optional imports", request.optional_imports, OptionalImports)
+    _one_of("tokenizer", request.tokenizer, TokenizerLever)
     if request.python_optimize is not None and request.python_optimize not in (0, 1, 2):
         raise EdgectlError(f"python optimize level {request.python_optimize}: use 0, 1 or 2")
     if request.watchdog_s is not None and request.watchdog_s < MIN_WATCHDOG_S:

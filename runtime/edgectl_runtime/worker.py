@@ -35,7 +35,7 @@ from edgectl.contract import environment
 from edgectl.contract import worker as contract
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
 from edgectl.contract.effective import mismatches
-from edgectl.contract.plan import OptionalImports, Plan, Topology
+from edgectl.contract.plan import OptionalImports, Plan, TokenizerLever, Topology
 from edgectl.contract.vllm_args import server_args
 from edgectl.errors import EdgectlError
 
@@ -221,7 +221,7 @@ class Service:
 
 async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
     """The settings the running engine actually has, read from the process that holds the model."""
-    from edgectl_runtime.lean import optional_imports_state
+    from edgectl_runtime.lean import optional_imports_state, tokenizer_state
     from edgectl_runtime.readback import collect_worker_facts, process_tree_facts
 
     if plan.topology is Topology.SINGLE_PROCESS:
@@ -244,6 +244,7 @@ async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
         # read in the server's own process, where the worker applied them before importing vLLM
         "python_optimize": sys.flags.optimize,
         "optional_imports": optional_imports_state(),
+        "tokenizer": tokenizer_state(engine_client),
     }
     return eff
 
@@ -349,6 +350,10 @@ async def serve(plan: Plan, service: Service) -> None:
                 notifier.status(f"warm-up failed: {exc}")
                 os._exit(1)  # nothing served yet: let systemd restart us
             _release_freed_memory()
+            if service.effective is not None:  # the processor probe runs at the first chat render: read it again
+                from edgectl_runtime.lean import tokenizer_state
+
+                service.effective["tokenizer"] = tokenizer_state(engine_client)
             service.ready_s = time.monotonic() - service.started_monotonic
             service.phase = contract.SERVING
             log.info("warm-up answered %r", text)
@@ -499,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
         from edgectl_runtime.lean import skip_optional_imports
 
         log.info("kept out (optional for vLLM): %s", ", ".join(skip_optional_imports()))
+    if plan.levers.tokenizer is TokenizerLever.LEAN:
+        from edgectl_runtime.lean import share_tokenizer
+
+        share_tokenizer()
 
     interval_s = watchdog_interval_s(dict(os.environ), plan.timeouts.watchdog_s)
     service = Service(plan, notifier, ping_every_s=interval_s)

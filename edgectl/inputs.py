@@ -108,8 +108,11 @@ def model_facts(spec: str, environ: Mapping[str, str]) -> tuple[ModelFacts, bool
             from edgectl.contract.gguf_header import header_from_json
             from edgectl.models.gguf_inspect import facts_from_header
 
+            from edgectl.models.inspect import tokenizer_cost
+
             facts = facts_from_header(header_from_json(json.loads(header.read_text()), shipped / entry.gguf_name),
                                       spec)
+            facts = replace(facts, tokenizer_bytes=tokenizer_cost(shipped))
         else:
             facts = inspect_model(shipped, name=spec, require_tokenizer=False)
         return replace(facts, path=str(model_dir(entry, environ))), False

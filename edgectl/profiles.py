@@ -144,6 +144,9 @@ class Profile:
     compiled: CompiledFigures | None = None  # measured in compiled mode too (the planner chooses with it)
     # Figures for formats edgectl does not serve (RECORDED_NOT_SERVED), by name: data, never planned.
     recorded_not_served: dict[str, FormatFigures] = field(default_factory=dict)
+    # What the tokenizer of the model process_bytes was measured with costs the worker
+    # (edgectl_runtime/tokenizer_cost.py): the ledger adds a model's own cost minus this one.
+    tokenizer_bytes: Figure | None = None
 
     @property
     def reason_source(self) -> ReasonSource:
@@ -382,7 +385,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
 
     rt = c.mapping(_dict(top.get("runtime")), "runtime", {},
                    {"process_bytes": dict, "processes": dict, "workspace_bytes_per_token": dict,
-                    "load_peak_ratio": dict, "ready_s": dict})
+                    "load_peak_ratio": dict, "ready_s": dict, "tokenizer_bytes": dict})
     processes = {Topology.SINGLE_PROCESS: 1, Topology.STOCK: 4}
     for topo, n in _dict(rt.get("processes")).items():
         c.one_of(topo, f"runtime.processes.{topo}", tuple(Topology))
@@ -426,6 +429,7 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         emulated=top.get("emulated") or None,
         compiled=compiled,
         recorded_not_served=recorded,
+        tokenizer_bytes=figure(rt.get("tokenizer_bytes"), "runtime.tokenizer_bytes"),
     )
     if profile.emulated and profile.kind is not ProfileKind.MEASURED:
         c.err("emulated", "only a measured profile can be emulated (it says how the ISA was held down)")

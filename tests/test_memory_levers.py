@@ -121,12 +121,16 @@ def _effective(plan) -> dict:
         "kv_tensor_dtypes": ["uint8" if plan.kv_cache_dtype == "fp8_e4m3" else "bfloat16"],
         "python_optimize": plan.levers.python_optimize,
         "optional_imports": {n: "kept out" if skip else "loaded" for n in ("opentelemetry", "cv2", "accelerate")},
+        "tokenizer": {"lean": plan.levers.tokenizer == "lean", "processor_loaded": plan.levers.tokenizer != "lean",
+                          "construction_inputs": {"held": [] if plan.levers.tokenizer == "lean" else ["_vocab", "_merges"],
+                                                  "read_after_init": []}},
         "embedding_pack": {"model.embed_tokens": {"state": "not packed" if head_only else "packed", "lm_head": False},
                            "lm_head": {"state": "packed", "lm_head": True}},
     }
 
 
-@pytest.mark.parametrize("levers", [{}, {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0},
+@pytest.mark.parametrize("levers", [{}, {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0,
+                                         "tokenizer": "vllm"},
                                     {"kv_cache_dtype": "fp8_e4m3"}])
 def test_a_worker_that_runs_the_plan_matches_it(levers):
     p = make_plan(host_facts(AMX), shape(SMOLLM2), **levers)
@@ -147,6 +151,10 @@ def test_a_worker_that_runs_the_plan_matches_it(levers):
     (lambda e: e.pop("kv_tensor_dtypes"), "the KV cache dtype could not be read back"),
     (lambda e: e.pop("optional_imports"), "the optional imports could not be read back"),
     (lambda e: e.pop("embedding_pack"), "the embedding tables' packed copies could not be read back"),
+    (lambda e: e["tokenizer"].update(lean=False), "the tokenizer is as vLLM holds it, the plan's tokenizer is lean"),
+    (lambda e: e["tokenizer"]["construction_inputs"].update(held=["_merges"]),
+     "the tokenizer still holds _merges, the plan's tokenizer is lean"),
+    (lambda e: e.pop("tokenizer"), "the tokenizer's state could not be read back"),
 ])
 def test_a_lever_that_did_not_take_effect_is_named(change, says):
     p = make_plan(host_facts(AMX), shape(SMOLLM2))
@@ -173,3 +181,30 @@ def test_fp8_planned_but_bf16_running_is_a_mismatch():
     eff = _effective(replace(p, kv_cache_dtype=KvCacheDtype.AUTO))
     assert mismatches(p, eff) == ["the attention layers' KV cache dtype is auto, the plan says fp8_e4m3",
                                   "the KV tensors are bfloat16, the plan's fp8_e4m3 KV is uint8"]
+
+
+def test_the_ledger_adds_what_a_models_tokenizer_holds_beyond_the_profiles():
+    """The per-process figure carries the tokenizer of the model it was measured with; a model's own,
+    measured at pull, adds the difference (negative for a smaller one), and the reason says which."""
+    from plan_helpers import frozen_profiles, shipped_profiles
+
+    profiles = shipped_profiles()
+    # a host whose profile was measured (with SmolLM2, saying what its tokenizer held)
+    for name in FIXTURE_NAMES:
+        host = host_facts(name)
+        unmeasured = make_plan(host, replace(shape(SMOLLM2), tokenizer_bytes=None), profiles)
+        profile = next(p for p in profiles if p.name == unmeasured.profile.name)
+        if profile.tokenizer_bytes is not None:
+            break
+    else:
+        raise AssertionError("no shipped profile says what its model's tokenizer held")
+    base = int(profile.tokenizer_bytes.median)
+    for own in (base + (359 << 20), base - (14 << 20)):
+        p = make_plan(host, replace(shape(SMOLLM2), tokenizer_bytes=own), profiles)
+        assert p.memory.runtime_bytes - unmeasured.memory.runtime_bytes == own - base
+        assert p.memory.total_bytes - unmeasured.memory.total_bytes == own - base
+        assert f"{(own - base) / 2**20:+.0f} MiB for the tokenizer" in reasons_by_decision(p)["runtime_bytes"][0]["detail"]
+    assert "not measured" in reasons_by_decision(unmeasured)["runtime_bytes"][0]["detail"]
+    # a profile that does not say what its own model's tokenizer held: nothing added, and said so
+    older = make_plan(host, replace(shape(SMOLLM2), tokenizer_bytes=base + (359 << 20)), frozen_profiles())
+    assert "the profile does not say" in reasons_by_decision(older)["runtime_bytes"][0]["detail"]

@@ -10,6 +10,8 @@ each naming a source that carries the run's provenance:
 - ``runtime.process_bytes``: solved so that the planner's ledger for the planned request
   (runtime × processes + weights + KV + RoPE + workspace) equals the measured steady PSS —
   the planner itself computes the model-dependent parts, so nothing is estimated twice;
+- ``runtime.tokenizer_bytes``: what the model's tokenizer costs the worker, as its pull measured it
+  (the per-process figure carries it; the ledger adds another model's difference from it);
 - ``runtime.processes.stock``: with a ``topology-stock`` arm, the process count whose ledger is
   closest to that arm's steady PSS (process-equivalents: vLLM's processes differ in size);
 - ``runtime.load_peak_ratio`` (peak PSS launch→ready / steady PSS, at least 1) and ``runtime.ready_s``;
@@ -181,6 +183,9 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
     # -- runtime.process_bytes: the planner's ledger for the planned request = the measured steady PSS
     # eager mode's ledger: the request names the mode, or a profile with compiled figures could pick the other
     request = replace(plan.request, weight_format=fmt, compilation=str(plan.compilation))
+    if model.tokenizer_bytes is not None and str(plan.levers.tokenizer) == "lean":
+        # the per-process figure below carries this model's tokenizer, as its pull measured it
+        runtime["tokenizer_bytes"] = {"median": model.tokenizer_bytes, "passes": 1, "source": planned_key}
     steady = [p["pss_steady_bytes"] for p in planned["passes"]]
     n, rest = _ledger_parts(doc, facts, model, request, existing_profiles, planned_key)
     per_pass = [(s - rest) / n for s in steady]

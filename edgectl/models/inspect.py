@@ -121,6 +121,9 @@ class ModelFacts:
     tokenizer: bool
     chat_template: bool
     unknown: tuple[str, ...] = field(default=())  # fields that could not be read
+    # What the worker holds of the tokenizer, measured at pull (edgectl_runtime/tokenizer_cost.py);
+    # None: not measured (a directory edgectl did not pull, or an older pull)
+    tokenizer_bytes: int | None = field(default=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +155,7 @@ class ModelFacts:
             "tokenizer": self.tokenizer,
             "chat_template": self.chat_template,
             "unknown": list(self.unknown),
+            "tokenizer_bytes": self.tokenizer_bytes,
         }
 
     @classmethod
@@ -198,6 +202,7 @@ class ModelFacts:
                 tokenizer=bool(data["tokenizer"]),
                 chat_template=bool(data["chat_template"]),
                 unknown=tuple(data.get("unknown", ())),
+                tokenizer_bytes=data.get("tokenizer_bytes"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise EdgectlError(f"model facts ({SCHEMA}) are malformed: {exc.__class__.__name__}: {exc}") from None
@@ -559,7 +564,38 @@ def _direct_gguf_facts(path: Path, name: str | None, require_tokenizer: bool) ->
                                chat_template=_has_chat_template(path))
 
 
+# The measured cost of a model's tokenizer in the worker: in a pulled directory, its manifest's
+# "tokenizer_cost" (edgectl/models/pull.py); in the catalog's shipped copy, this file.
+TOKENIZER_COST_JSON = "tokenizer-cost.json"
+
+
+def tokenizer_cost(path: Path) -> int | None:
+    """The tokenizer's measured bytes recorded in ``path`` (a pulled directory or a shipped one), or None."""
+    import json
+
+    from edgectl.models.cache import MANIFEST_NAME
+
+    for name, key in ((MANIFEST_NAME, "tokenizer_cost"), (TOKENIZER_COST_JSON, None)):
+        try:
+            data = json.loads((path / name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        record = data.get(key) if key and isinstance(data, dict) else data
+        value = record.get("bytes") if isinstance(record, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
 def inspect_model(path: Path | str, name: str | None = None, *, require_tokenizer: bool = True) -> ModelFacts:
+    """As :func:`_inspect_model`, with the tokenizer's measured cost where the directory records it."""
+    import dataclasses
+
+    facts = _inspect_model(path, name, require_tokenizer=require_tokenizer)
+    return dataclasses.replace(facts, tokenizer_bytes=tokenizer_cost(Path(facts.path)))
+
+
+def _inspect_model(path: Path | str, name: str | None = None, *, require_tokenizer: bool = True) -> ModelFacts:
     """Facts about the HF model directory ``path``, without loading any tensor.
 
     ``name`` is how the user called it (a catalog name); default: the directory's name.

@@ -185,6 +185,21 @@ class Costs:
     peak_what: str = "load peak"
 
 
+def tokenizer_delta(model: ModelFacts, profile: Profile) -> tuple[int, str]:
+    """What this model's tokenizer costs the worker beyond the one the profile's per-process figure
+    was measured with (both measured by ``edgectl_runtime/tokenizer_cost.py``), and the reason's words.
+    A model with a smaller tokenizer gets a negative term."""
+    if model.tokenizer_bytes is None:
+        return 0, "; the tokenizer's own memory is not counted (not measured: `edgectl models pull` measures it)"
+    if profile.tokenizer_bytes is None:
+        return 0, (f"; the tokenizer's {model.tokenizer_bytes / MiB:.0f} MiB is not counted beyond the per-process "
+                   "figure (the profile does not say what its own model's tokenizer held)")
+    base = int(profile.tokenizer_bytes.median)
+    delta = model.tokenizer_bytes - base
+    return delta, (f"; {delta / MiB:+.0f} MiB for the tokenizer: {model.tokenizer_bytes / MiB:.0f} MiB measured at "
+                   f"pull, {base / MiB:.0f} MiB in the per-process figure ({profile.tokenizer_bytes.source.key})")
+
+
 def fixed_costs(model: ModelFacts, profile: Profile, topology: Topology,
                 compilation: Compilation = Compilation.EAGER) -> Decided[Costs]:
     """The runtime's memory per process, the processes of the topology, the load peak, the workspace;
@@ -204,6 +219,9 @@ def fixed_costs(model: ModelFacts, profile: Profile, topology: Topology,
         detail += f" + {extra.describe('bytes')} measured over eager in compiled mode"
     elif compilation is Compilation.DEFAULT:
         detail += " (compiled mode's own memory is not measured here)"
+    tokenizer, why = tokenizer_delta(model, profile)
+    runtime_bytes += tokenizer
+    detail += why
     if profile.load_peak_ratio is not None:
         peak_ratio, peak_source = profile.load_peak_ratio.median, profile.reason_source
     else:

@@ -129,6 +129,8 @@ def check_model_dir(path: Path, entry: CatalogEntry, *, full: bool) -> str | Non
         return f"{MANIFEST_NAME} describes another synthetic shape or seed"
     if manifest.get("layout") != LAYOUT:
         return "written by an older edgectl (a bf16 copy of the weights; the GGUF is now served as it is)"
+    if full and "tokenizer_cost" not in manifest:
+        return "written by an older edgectl (what its tokenizer costs the worker was not measured)"
     files: dict[str, dict[str, Any]] = manifest["files"]
     present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {MANIFEST_NAME}
     extra = sorted(present - set(files))

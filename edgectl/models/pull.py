@@ -134,7 +134,9 @@ def pull_file(path: Path, environ: Mapping[str, str], progress: Progress = _quie
         if final.exists() and (read_manifest(final) or {}).get("source", {}).get("path") != str(path):
             raise EdgectlError(f"{final} already holds another model: rename {path.name}, or remove {final}")
         make_dirs(gguf.parent)
+        copied = False
         if not (gguf.is_file() and gguf.stat().st_size == size and sha256_file(gguf) == digest):
+            copied = True
             _check_space(cache, size, f"copying {path.name}")
             progress(f"copy: {path} -> {gguf}")
             tmp = Path(tempfile.mkstemp(prefix=f".{gguf.name}.tmp-", dir=gguf.parent)[1])
@@ -146,9 +148,14 @@ def pull_file(path: Path, environ: Mapping[str, str], progress: Progress = _quie
                 os.replace(tmp, gguf)
             finally:
                 tmp.unlink(missing_ok=True)
-        manifest = _convert(entry, cache, gguf, final, environ, progress,
-                            source={"kind": "file", "path": str(path)},
-                            gguf_record={"path": str(gguf), "sha256": digest, "bytes": size})
+        try:
+            manifest = _convert(entry, cache, gguf, final, environ, progress,
+                                source={"kind": "file", "path": str(path)},
+                                gguf_record={"path": str(gguf), "sha256": digest, "bytes": size})
+        except EdgectlError:
+            if copied and not final.exists():  # refused (or failed): the copy made for it goes too
+                gguf.unlink(missing_ok=True)
+            raise
     progress(f"done: {path.name} is at {final}; serve it with `edgectl deploy {final}`")
     return PullResult(name, final, gguf, "pulled", manifest)
 
@@ -362,7 +369,14 @@ def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ:
         config = json.dumps(hf_config(read_gguf(gguf)), sort_keys=True)
         report = _run_converter(python, ["--direct", config, str(gguf), str(tmp)], gguf, environ)
         tools = report["tools"]
-        progress(f"convert: done in {time.monotonic() - started:.0f} s; checking the written files")
+        progress(f"convert: done in {time.monotonic() - started:.0f} s; measuring what its tokenizer costs the worker")
+        tokenizer = _measure_tokenizer(python, tmp, environ)
+        progress("convert: " + (f"the tokenizer holds {tokenizer['bytes'] / 2**20:.0f} MiB in the worker"
+                                if tokenizer.get("bytes") is not None else
+                                f"the tokenizer's memory could not be measured ({tokenizer.get('error')})"))
+        agreement = _check_agreement(entry, tmp, gguf, environ, progress) if entry.synthetic is None else {
+            "checked": False, "why": "random weights: nothing to agree on"}
+        progress("convert: checking the written files")
 
         files = {}
         for p in sorted(tmp.rglob("*")):
@@ -388,6 +402,8 @@ def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ:
             "gguf": gguf_record or {"path": str(gguf), "sha256": entry.gguf_sha256, "bytes": entry.gguf_bytes},
             **(extra or {}),
             "layout": LAYOUT,
+            "tokenizer_cost": tokenizer,
+            "agreement": agreement,
             "files": files,
             "converter": {"tool": "edgectl_runtime.convert_gguf --direct", "edgectl": edgectl.__version__,
                           "python": python, "tools": tools},
@@ -417,6 +433,52 @@ def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_agreement(entry: CatalogEntry, model: Path, gguf: Path, environ: Mapping[str, str],
+                     progress: Progress) -> dict[str, Any]:
+    """The short check against llama-server on the same GGUF (edgectl/bench/agreement.py): refuses,
+    with its servers' logs kept, a model edgectl would serve grossly differently."""
+    from edgectl.bench import agreement
+
+    logs = Path(tempfile.mkdtemp(prefix=f"edgectl-pull-check-{entry.name}-"))
+    try:
+        record = agreement.check(model, gguf, environ, progress, logs)
+    except EdgectlError as exc:
+        raise EdgectlError(f"the agreement check of {entry.name} could not run: {exc.message} (logs in {logs})",
+                           exit_code=EXIT_FAILED) from None
+    if not record.get("checked"):
+        shutil.rmtree(logs, ignore_errors=True)
+        progress(f"check: not compared with llama.cpp ({record.get('why')})")
+        return record
+    if not record["passed"]:
+        why = agreement.verdict({"next_token_prompts": record["prompts"],
+                                 "next_token_top1_agreement": record["next_token_top1_agreement"],
+                                 "prompts_tokenized_differently": record["prompts_tokenized_differently"]})
+        raise EdgectlError(f"{entry.name} refused: {why}; nothing was installed (the servers' logs: {logs})")
+    shutil.rmtree(logs, ignore_errors=True)
+    progress(f"check: edgectl and llama.cpp agree on the next token of {record['next_token_top1_agreement'] * record['prompts']:.0f} "
+             f"of {record['prompts']} prompts ({record['seconds']:.0f} s)")
+    return record
+
+
+def _measure_tokenizer(python: str, model: Path, environ: Mapping[str, str]) -> dict[str, Any]:
+    """What the tokenizer in ``model`` costs the worker (edgectl_runtime/tokenizer_cost.py, its own
+    process, offline). A failure is recorded, not raised: the plan then says it was not measured."""
+    package = converter_script().parent
+    env = {**environ, **environment.OFFLINE,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(package.parent), environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run([python, "-P", "-m", "edgectl_runtime.tokenizer_cost", str(model)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise ValueError(_tail(done.stderr))
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        if not isinstance(report.get("bytes"), int):
+            raise ValueError("no bytes in its report")
+        return report
+    except (IndexError, ValueError, AttributeError, subprocess.TimeoutExpired) as exc:
+        return {"bytes": None, "error": str(exc) or "no report"}
 
 
 def _run_converter(python: str, args: list[str], gguf: Path, environ: Mapping[str, str]) -> dict[str, Any]:

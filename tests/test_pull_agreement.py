@@ -75,3 +75,18 @@ def test_edgectl_and_llama_server_agree_on_smollm2(pulled_smollm2, tmp_path):
     assert record["prompts"] >= agreement.PROMPTS - 1 and record["prompts_tokenized_differently"] == 0, record
     assert record["next_token_top1_agreement"] >= agreement.REFUSE_BELOW
     assert any("llama-server" in line for line in lines)
+
+
+def test_a_llama_server_that_cannot_read_the_file_leaves_the_model_unchecked(pulled_smollm2, tmp_path):
+    """llama.cpp is the reference: when it cannot serve the file (an architecture newer than the
+    build), there is nothing to compare with, and the pull goes on saying so."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "llama-server"  # stands in for a build that cannot read this GGUF
+    fake.write_text("#!/bin/sh\necho 'error: unknown model architecture' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+           "EDGECTL_MODEL_CACHE": str(tmp_path / "models")}  # no cached llama.cpp build beside it
+    record = agreement.check(pulled_smollm2, _gguf_of(pulled_smollm2), env, lambda _: None, tmp_path / "logs")
+    assert record["checked"] is False and "llama-server exited with code 1" in record["why"], record
+    assert "unknown model architecture" in record["why"]

@@ -89,12 +89,15 @@ def check(model_dir: Path, gguf: Path, environ: Mapping[str, str], progress: Cal
         servers.append(ServerProcess([llama.path, "-m", str(gguf), "-c", str(CONTEXT), "-np", "1", "-t", threads,
                                       "-tb", threads, "--host", "127.0.0.1", "--port", str(llama_port),
                                       "--no-webui"], env, logs / "llama-server.log"))
-        servers.append(ServerProcess(worker.command(environment.runtime_python(environ), str(plan_path),
-                                                    plan.levers.python_optimize), env, logs / "worker.log"))
         deadline = time.monotonic() + START_TIMEOUT_S
         llama_client = Client("127.0.0.1", llama_port)
+        try:
+            _wait(lambda: llama_client.status("/health") == 200, servers[0], "llama-server", deadline)
+        except EdgectlError as exc:  # the reference cannot read the file: nothing to compare with
+            return {"checked": False, "why": exc.message}
+        servers.append(ServerProcess(worker.command(environment.runtime_python(environ), str(plan_path),
+                                                    plan.levers.python_optimize), env, logs / "worker.log"))
         ours = Client.of(plan.serve)
-        _wait(lambda: llama_client.status("/health") == 200, servers[0], "llama-server", deadline)
         _wait(lambda: _worker_ready(ours), servers[1], "edgectl worker", deadline)
         reference = fidelity.collect_llama(llama_client, subset)
         served = fidelity.collect_vllm(ours, plan.model.name, subset)

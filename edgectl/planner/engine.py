@@ -148,8 +148,9 @@ TOKENIZER_LEAN_EVIDENCE = ("one tokenizer load, not two (vLLM loads it again at 
                            "for a processor the model directory does not have), and without the vocabulary and "
                            "merges transformers keeps as Python objects after building the Rust tokenizer: "
                            "Gemma-3-270M 1.36 GB steady against 1.82 GB, SmolLM2-135M 0.85 against 0.87 GB, decode "
-                           "within the spread (x86_64-avx512-bf16, 3 interleaved passes, docs/memory.md "
-                           "\"A large vocabulary\")")
+                           "within the spread; SmolLM2's prefill median 3-8% lower in three runs whose ranges overlap, "
+                           "unexplained (x86_64-avx512-bf16, 3 interleaved passes each, docs/memory.md \"A large "
+                           "vocabulary\")")
 
 
 @dataclass(frozen=True)

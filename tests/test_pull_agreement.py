@@ -41,8 +41,9 @@ def test_a_refused_gguf_of_ones_own_leaves_nothing(pulled_smollm2, tmp_path, mon
     directory; the servers' logs are named."""
     from edgectl.models.pull import pull_file
 
+    compared = {"next_token_prompts": 6, "next_token_top1_agreement": 1 / 6, "prompts_tokenized_differently": 0}
     record = {"checked": True, "passed": False, "prompts": 6, "next_token_top1_agreement": 1 / 6,
-              "prompts_tokenized_differently": 0, "seconds": 1.0}
+              "prompts_tokenized_differently": 0, "seconds": 1.0, "refused": agreement.verdict(compared)}
     seen = []
 
     def disagreeing(model_dir, gguf, environ, progress, logs):

@@ -105,12 +105,12 @@ def check(model_dir: Path, gguf: Path, environ: Mapping[str, str], progress: Cal
         for s in servers:
             s.stop(timeout_s=30)
     got = fidelity.compare(reference, served)
-    agreement = got["next_token_top1_agreement"]
+    refused = verdict(got)
     return {"checked": True, "llama_server": llama.path, "prompts": got["next_token_prompts"],
             "prompts_tokenized_differently": got["prompts_tokenized_differently"],
-            "next_token_top1_agreement": agreement, "next_token_mean_kl": got["next_token_mean_kl"],
-            "refuse_below": REFUSE_BELOW, "seconds": round(time.monotonic() - started, 1),
-            "passed": verdict(got) is None}
+            "next_token_top1_agreement": got["next_token_top1_agreement"],
+            "next_token_mean_kl": got["next_token_mean_kl"], "refuse_below": REFUSE_BELOW,
+            "seconds": round(time.monotonic() - started, 1), "passed": refused is None, "refused": refused}
 
 
 def verdict(compared: Mapping[str, Any]) -> str | None:

@@ -452,10 +452,8 @@ def _check_agreement(entry: CatalogEntry, model: Path, gguf: Path, environ: Mapp
         progress(f"check: not compared with llama.cpp ({record.get('why')})")
         return record
     if not record["passed"]:
-        why = agreement.verdict({"next_token_prompts": record["prompts"],
-                                 "next_token_top1_agreement": record["next_token_top1_agreement"],
-                                 "prompts_tokenized_differently": record["prompts_tokenized_differently"]})
-        raise EdgectlError(f"{entry.name} refused: {why}; nothing was installed (the servers' logs: {logs})")
+        raise EdgectlError(f"{entry.name} refused: {record['refused']}; nothing was installed (the servers' logs: "
+                           f"{logs})")
     shutil.rmtree(logs, ignore_errors=True)
     progress(f"check: edgectl and llama.cpp agree on the next token of {record['next_token_top1_agreement'] * record['prompts']:.0f} "
              f"of {record['prompts']} prompts ({record['seconds']:.0f} s)")

@@ -119,8 +119,13 @@ def share_tokenizer() -> None:
     if getattr(probe, "edgectl_lean", False):
         return
 
+    no_processor: dict[str, bool] = {}  # asked at every chat render: look at each directory once
+
     def processor_chat_template(tokenizer, **kwargs):
-        if not has_processor_files(getattr(tokenizer, "name_or_path", None)):
+        name = getattr(tokenizer, "name_or_path", None)
+        if name not in no_processor:
+            no_processor[name] = not has_processor_files(name)
+        if no_processor[name]:
             return None  # what vLLM concludes for such a directory, without loading the tokenizer again
         return probe(tokenizer, **kwargs)
 

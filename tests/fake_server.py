@@ -131,6 +131,7 @@ class State:
                 "python_optimize": sys.flags.optimize,
                 "optional_imports": {n: "kept out" if p.levers.optional_imports == "skip" else "not imported"
                                      for n in ("opentelemetry", "cv2", "accelerate")},
+                "idle_trim": {"enabled": p.levers.idle_trim, "available": True},
                 "tokenizer": {"lean": p.levers.tokenizer == "lean", "processor_loaded": p.levers.tokenizer != "lean",
                           "construction_inputs": {"held": [] if p.levers.tokenizer == "lean" else ["_vocab", "_merges"],
                                                   "read_after_init": []}},

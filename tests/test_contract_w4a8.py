@@ -32,6 +32,7 @@ def _effective(plan: Plan, body: str, head: str, **extra) -> dict:
             "python_optimize": plan.levers.python_optimize,
             "optional_imports": {n: "kept out" if plan.levers.optional_imports == "skip" else "loaded"
                                  for n in ("opentelemetry", "cv2", "accelerate")},
+            "idle_trim": {"enabled": plan.levers.idle_trim, "available": True},
             "tokenizer": {"lean": plan.levers.tokenizer == "lean", "processor_loaded": plan.levers.tokenizer != "lean",
                           "construction_inputs": {"held": [] if plan.levers.tokenizer == "lean" else ["_vocab", "_merges"],
                                                   "read_after_init": []}},

@@ -43,6 +43,7 @@ def read_back(p: Plan, group_of=lambda k, g: g if k % g == 0 else 64) -> dict:
             "python_optimize": p.levers.python_optimize,
             "optional_imports": {n: "kept out" if p.levers.optional_imports == "skip" else "loaded"
                                  for n in ("opentelemetry", "cv2", "accelerate")},
+            "idle_trim": {"enabled": p.levers.idle_trim, "available": True},
             "tokenizer": {"lean": p.levers.tokenizer == "lean", "processor_loaded": p.levers.tokenizer != "lean",
                           "construction_inputs": {"held": [] if p.levers.tokenizer == "lean" else ["_vocab", "_merges"],
                                                   "read_after_init": []}},

@@ -23,11 +23,11 @@ AMX = "xeon-spr-amx-2s"
 
 def test_the_planner_takes_the_kept_levers_with_their_measured_reasons():
     p = make_plan(host_facts(AMX), shape(SMOLLM2))
-    assert (p.levers.embedding_pack, p.levers.optional_imports, p.levers.python_optimize) == (
-        EmbeddingPack.LM_HEAD, OptionalImports.SKIP, 2)
+    assert (p.levers.embedding_pack, p.levers.optional_imports, p.levers.python_optimize, p.levers.idle_trim) == (
+        EmbeddingPack.LM_HEAD, OptionalImports.SKIP, 2, True)
     why = reasons_by_decision(p)
     for decision, figure in (("embedding_pack", "−55 MiB anonymous"), ("optional_imports", "−11 MiB anonymous"),
-                             ("python_optimize", "−29 MiB anonymous")):
+                             ("python_optimize", "−29 MiB anonymous"), ("idle_trim", "0.87 GB steady")):
         (reason,) = why[decision]
         assert reason["source"] == "default" and figure in reason["detail"] and "docs/memory.md" in reason["detail"]
 
@@ -61,9 +61,11 @@ def test_the_embedding_pack_reason_covers_each_kind_of_host():
 
 
 def test_each_lever_can_be_switched_back_to_unmodified_vllm():
-    p = make_plan(host_facts(AMX), shape(SMOLLM2), embedding_pack="vllm", optional_imports="load", python_optimize=0)
-    assert (p.levers.embedding_pack, p.levers.optional_imports, p.levers.python_optimize) == ("vllm", "load", 0)
-    assert {r["source"] for d in ("embedding_pack", "optional_imports", "python_optimize")
+    p = make_plan(host_facts(AMX), shape(SMOLLM2), embedding_pack="vllm", optional_imports="load", python_optimize=0,
+                  idle_trim=False)
+    assert (p.levers.embedding_pack, p.levers.optional_imports, p.levers.python_optimize, p.levers.idle_trim) == (
+        "vllm", "load", 0, False)
+    assert {r["source"] for d in ("embedding_pack", "optional_imports", "python_optimize", "idle_trim")
             for r in reasons_by_decision(p)[d]} == {"flag"}
     with pytest.raises(EdgectlError, match="^embedding pack 'none': use one of vllm, lm-head$"):
         make_plan(host_facts(AMX), shape(SMOLLM2), embedding_pack="none")
@@ -75,6 +77,14 @@ def _pulled(p):
     """The plan with its model where `edgectl models pull` keeps it (the shape's directory lies in
     the checkout, which may be under /tmp, where the unit refuses a model)."""
     return replace(p, model=replace(p.model, path="/var/lib/edgectl/models/smollm2-135m"))
+
+
+def test_the_idle_trim_is_off_where_the_engine_runs_in_vllms_processes():
+    # the trim runs on the in-process engine thread's idle beats; vLLM's own topology has none
+    p = make_plan(host_facts(AMX), shape(SMOLLM2), topology="stock")
+    assert p.levers.idle_trim is False
+    (reason,) = reasons_by_decision(p)["idle_trim"]
+    assert reason["source"] == "default" and "vLLM's own processes" in reason["detail"]
 
 
 def test_what_the_worker_is_started_with_carries_the_levers():
@@ -121,6 +131,7 @@ def _effective(plan) -> dict:
         "kv_tensor_dtypes": ["uint8" if plan.kv_cache_dtype == "fp8_e4m3" else "bfloat16"],
         "python_optimize": plan.levers.python_optimize,
         "optional_imports": {n: "kept out" if skip else "loaded" for n in ("opentelemetry", "cv2", "accelerate")},
+        "idle_trim": {"enabled": plan.levers.idle_trim, "available": True, "trims": 0},
         "tokenizer": {"lean": plan.levers.tokenizer == "lean", "processor_loaded": plan.levers.tokenizer != "lean",
                           "construction_inputs": {"held": [] if plan.levers.tokenizer == "lean" else ["_vocab", "_merges"],
                                                   "read_after_init": []}},
@@ -130,7 +141,7 @@ def _effective(plan) -> dict:
 
 
 @pytest.mark.parametrize("levers", [{}, {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0,
-                                         "tokenizer": "vllm"},
+                                         "tokenizer": "vllm", "idle_trim": False},
                                     {"kv_cache_dtype": "fp8_e4m3"}])
 def test_a_worker_that_runs_the_plan_matches_it(levers):
     p = make_plan(host_facts(AMX), shape(SMOLLM2), **levers)
@@ -155,6 +166,9 @@ def test_a_worker_that_runs_the_plan_matches_it(levers):
     (lambda e: e["tokenizer"]["construction_inputs"].update(held=["_merges"]),
      "the tokenizer still holds _merges, the plan's tokenizer is lean"),
     (lambda e: e.pop("tokenizer"), "the tokenizer's state could not be read back"),
+    (lambda e: e.update(idle_trim={"enabled": False}), "the idle trim is off, the plan's idle_trim is on"),
+    (lambda e: e["idle_trim"].update(available=False), "the idle trim is on but this C library has no malloc_trim (glibc's)"),
+    (lambda e: e.pop("idle_trim"), "the idle trim's state could not be read back"),
 ])
 def test_a_lever_that_did_not_take_effect_is_named(change, says):
     p = make_plan(host_facts(AMX), shape(SMOLLM2))

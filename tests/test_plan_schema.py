@@ -22,8 +22,9 @@ OLD_PLANS = sorted((Path(__file__).parent / "fixtures" / "plans").glob("*.json")
 # (unmodified vLLM's behaviour: the memory levers of docs/memory.md off, bf16 KV).
 ADDED_SINCE = {
     None: {"kv_cache_dtype": "auto"},
-    "levers": {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, "tokenizer": "vllm"},
-    "request": {"kv_cache_dtype": None, "embedding_pack": None, "optional_imports": None, "tokenizer": None,
+    "levers": {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, "tokenizer": "vllm",
+               "idle_trim": False},
+    "request": {"kv_cache_dtype": None, "embedding_pack": None, "optional_imports": None, "tokenizer": None, "idle_trim": None,
                 "python_optimize": None},
 }
 
@@ -102,7 +103,7 @@ def test_unknown_fields_are_refused_by_name(plan_dict):
     plan_dict["levers"]["warp"] = 9
     found = problems_of(plan_dict)
     assert any(p.startswith("plan.turbo: unknown field (known: ") for p in found), found
-    assert any(p.startswith("plan.levers.warp: unknown field (known: embedding_pack, kv_exact, layerwise_repack, ") for p in found)
+    assert any(p.startswith("plan.levers.warp: unknown field (known: embedding_pack, idle_trim, kv_exact, layerwise_repack, ") for p in found), found
     assert len(found) == 2
 
 

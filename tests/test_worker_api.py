@@ -195,6 +195,15 @@ def test_the_worker_reads_the_memory_levers_back_and_they_match_the_plan(server)
     assert eff["tokenizer"]["lean"] is True and eff["tokenizer"]["processor_loaded"] is False, eff["tokenizer"]
     inputs = eff["tokenizer"]["construction_inputs"]
     assert set(inputs["held"]) <= set(inputs["read_after_init"]), inputs
+    # the idle trim: on, and it runs once the server has had 1 s without requests (the warm-up and
+    # the other tests' requests came before; /edgectl/ routes are not API requests)
+    assert plan["levers"]["idle_trim"] is True and eff["idle_trim"]["enabled"] is True, eff["idle_trim"]
+    assert eff["idle_trim"]["available"] is True
+    deadline = time.monotonic() + 30
+    while _get(base, "/edgectl/effective")["idle_trim"]["trims"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    trim = _get(base, "/edgectl/effective")["idle_trim"]
+    assert trim["trims"] >= 1 and trim["in_flight"] == 0 and trim["last_ms"] is not None, trim
 
 
 @pytest.mark.engine

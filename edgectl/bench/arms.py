@@ -91,8 +91,10 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("tokenizer-vllm", "worker", {"tokenizer": "vllm"},
             "the plan with the tokenizer as vLLM holds it (loaded again at the first chat render, its vocabulary "
             "and merges kept as Python objects)"),
+    ArmSpec("idle-trim-off", "worker", {"idle_trim": False},
+            "the plan without the idle trim (freed heap memory stays resident in glibc's arenas)"),
     ArmSpec("memory-levers-off", "worker", {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0,
-                                            "tokenizer": "vllm"},
+                                            "tokenizer": "vllm", "idle_trim": False},
             "the plan with none of the memory levers"),
     ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
             "the plan with fp8_e4m3 KV (half the KV bytes at the same context; AVX-512 or AMX only)"),
@@ -324,7 +326,7 @@ class VllmArm(PreparedArm):
             "kv_cache_bytes": ctx.planned.kv_cache_bytes, "kv_cache_dtype": str(ctx.planned.kv_cache_dtype),
             # what unmodified vLLM does (edgectl's plugin is not loaded; the plan says so)
             "embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, "tokenizer": "vllm",
-            **spec.overrides}))
+            "idle_trim": False, **spec.overrides}))
         if self.plan.model.checkpoint_format == "gguf":
             # Stock vLLM has no GGUF loader (and runs without edgectl's): the same weights, dequantized.
             if not ctx.stock_model_path:

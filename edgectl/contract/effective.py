@@ -28,6 +28,8 @@ a pass invalid). The fields it compares:
     tokenizer              {"lean": bool, "processor_loaded": bool | None (read again after the warm-up,
                            which is when vLLM probes for a processor), "construction_inputs":
                            {"held": [...], "read_after_init": [...]} | None}
+    idle_trim              {"enabled": bool, "available": bool (glibc's malloc_trim found), "trims": n,
+                           "released_bytes", "last_ms", "max_ms", ...}: the trimmer's running figures
     python_optimize        the server process's ``sys.flags.optimize``
     max_model_len, max_num_seqs
 """
@@ -170,6 +172,14 @@ def _memory_levers(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
         releasable = sorted(set(inputs.get("held") or []) - set(inputs.get("read_after_init") or []))
         if lean and releasable:
             out.append(f"the tokenizer still holds {', '.join(releasable)}, the plan's tokenizer is lean")
+    trim = effective.get("idle_trim")
+    if not isinstance(trim, Mapping):
+        out.append("the idle trim's state could not be read back")
+    elif bool(trim.get("enabled")) != plan.levers.idle_trim:
+        out.append(f"the idle trim is {'on' if trim.get('enabled') else 'off'}, the plan's idle_trim is "
+                   f"{'on' if plan.levers.idle_trim else 'off'}")
+    elif plan.levers.idle_trim and not trim.get("available"):
+        out.append("the idle trim is on but this C library has no malloc_trim (glibc's)")
     packs = effective.get("embedding_pack")
     if not isinstance(packs, Mapping):
         out.append("the embedding tables' packed copies could not be read back")

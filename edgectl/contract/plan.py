@@ -193,6 +193,7 @@ class Request:
     embedding_pack: str | None = None
     optional_imports: str | None = None
     tokenizer: str | None = None  # vllm | lean
+    idle_trim: bool | None = None
     python_optimize: int | None = None  # 0 or 2 (python -OO)
     watchdog_s: int | None = None  # WatchdogSec; default: from the predicted longest engine step
 
@@ -240,6 +241,8 @@ class Levers:
     embedding_pack: EmbeddingPack = field(default=EmbeddingPack.VLLM, kw_only=True)
     optional_imports: OptionalImports = field(default=OptionalImports.LOAD, kw_only=True)
     tokenizer: TokenizerLever = field(default=TokenizerLever.VLLM, kw_only=True)
+    # return freed heap memory to the kernel when the server goes quiet (runtime/edgectl_runtime/idle_trim.py)
+    idle_trim: bool = field(default=False, kw_only=True)
     python_optimize: int = field(default=0, kw_only=True, metadata=check(_optimize_level))
 
 

@@ -60,7 +60,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     check_request(request)
     topology = why.take(choose_topology(request))
     compilation = why.take(choose_compilation(request, profile))
-    memory_levers = why.take(choose_memory_levers(request, facts))
+    memory_levers = why.take(choose_memory_levers(request, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request, compilation))
@@ -102,7 +102,8 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         levers=Levers(rope_cap=levers.value.rope_cap, kv_exact=True, layerwise_repack=levers.value.layerwise_repack,
                       topology=topology, reserve_frontend_core=cpus.reserve_frontend_core,
                       embedding_pack=memory_levers.embedding_pack, optional_imports=memory_levers.optional_imports,
-                      python_optimize=memory_levers.python_optimize, tokenizer=memory_levers.tokenizer),
+                      python_optimize=memory_levers.python_optimize, tokenizer=memory_levers.tokenizer,
+                      idle_trim=memory_levers.idle_trim),
         memory=fit.memory,
         predicted=predicted,
         serve=Serve(request.name, request.host, request.port),

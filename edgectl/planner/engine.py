@@ -159,6 +159,15 @@ class MemoryLevers:
     optional_imports: OptionalImports
     python_optimize: int
     tokenizer: TokenizerLever = TokenizerLever.LEAN
+    idle_trim: bool = True
+
+
+# Why the worker gives freed heap memory back when it goes quiet (measured, docs/memory.md "Freed but resident").
+IDLE_TRIM_EVIDENCE = ("freed heap memory goes back to the kernel once no request has run for 1 s (glibc keeps what a "
+                      "request frees resident inside its arenas otherwise: prompt_logprobs responses left up to "
+                      "98 MiB): SmolLM2-135M 0.87 GB steady after the bench's requests against 0.96 GB without it, "
+                      "decode within the spread (x86_64-avx512-bf16, 3 interleaved passes, docs/memory.md \"Freed "
+                      "but resident\")")
 
 
 def vllm_packs_embeddings(facts: HostFacts) -> bool | None:
@@ -190,7 +199,8 @@ def _embedding_pack_detail(facts: HostFacts) -> str:
             f"where it does, only the LM head keeps its copy ({measured})")
 
 
-def choose_memory_levers(request: Request, facts: HostFacts) -> Decided[MemoryLevers]:
+def choose_memory_levers(request: Request, facts: HostFacts, topology: Topology = Topology.SINGLE_PROCESS
+                         ) -> Decided[MemoryLevers]:
     """What the worker's runtime holds beyond the model (docs/memory.md: each measured on SmolLM2's
     default plan against the plan without it, 3 interleaved passes on x86_64-amx). The embedding
     lever's saving depends on the host: it says which (``vllm_packs_embeddings``)."""
@@ -199,6 +209,8 @@ def choose_memory_levers(request: Request, facts: HostFacts) -> Decided[MemoryLe
         optional_imports=OptionalImports(request.optional_imports or OptionalImports.SKIP),
         python_optimize=2 if request.python_optimize is None else request.python_optimize,
         tokenizer=TokenizerLever(request.tokenizer or TokenizerLever.LEAN),
+        # the trim runs on the in-process engine thread's idle beats (runtime/edgectl_runtime/inproc.py)
+        idle_trim=(topology is Topology.SINGLE_PROCESS) if request.idle_trim is None else request.idle_trim,
     )
 
     def source(asked: object) -> Source:
@@ -218,6 +230,9 @@ def choose_memory_levers(request: Request, facts: HostFacts) -> Decided[MemoryLe
                "spread, with the .opt-2.pyc files scripts/setup.sh compiles (docs/memory.md)"),
         Reason("tokenizer", levers.tokenizer, source(request.tokenizer),
                "asked" if request.tokenizer is not None else TOKENIZER_LEAN_EVIDENCE),
+        Reason("idle_trim", levers.idle_trim, source(request.idle_trim),
+               "asked" if request.idle_trim is not None else IDLE_TRIM_EVIDENCE if levers.idle_trim else
+               "off: the engine runs in vLLM's own processes, where edgectl has no idle beat to trim on"),
     )
 
 

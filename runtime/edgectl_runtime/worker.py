@@ -115,6 +115,14 @@ class Service:
         self.engine_pings = 0
         self.load_peak: dict[str, int] = {}
         self.warmup: dict[str, Any] | None = None  # the warm-up's answer, and why it looks broken (or None)
+        self.trimmer = None  # levers.idle_trim: an IdleTrimmer (runtime/edgectl_runtime/idle_trim.py)
+        if plan.levers.idle_trim:
+            from edgectl_runtime.idle_trim import IdleTrimmer
+
+            self.trimmer = IdleTrimmer()
+
+    def idle_trim_state(self) -> dict[str, Any]:
+        return self.trimmer.state() if self.trimmer is not None else {"enabled": False}
 
     def sample_load_peak(self, interval_s: float = 0.25) -> None:
         """Until serving: the peak PSS of this process tree (the load's high-water mark).
@@ -165,9 +173,17 @@ class Service:
 
     def engine_progress(self) -> None:
         """On the engine thread, after every step and every idle wait: ping systemd's watchdog
-        (at most every ``ping_every_s``) if the HTTP event loop runs too."""
+        (at most every ``ping_every_s``) if the HTTP event loop runs too; give freed memory back
+        once the server has gone quiet (``levers.idle_trim``)."""
         if self.phase != contract.SERVING:
             return  # start-up and the drain: the Watchdog thread pings
+        self._ping_if_due()
+        if self.trimmer is not None:
+            health = getattr(getattr(self.engine_client, "engine_core", None), "health", None)
+            if health is not None:
+                self.trimmer.beat(health.steps)
+
+    def _ping_if_due(self) -> None:
         now = time.monotonic()
         if now - self._last_engine_ping < self.ping_every_s:
             return
@@ -326,6 +342,7 @@ async def serve(plan: Plan, service: Service) -> None:
         service.phase = "checking"
         notifier.status("checking the effective settings against the plan")
         effective = await read_effective(engine_client, plan)
+        effective["idle_trim"] = service.idle_trim_state()
         service.effective = effective
         problems = mismatches(plan, effective)
         if problems:
@@ -411,7 +428,7 @@ def _add_edgectl_routes(app, service: Service) -> None:
         body = dict(service.effective or {})
         body.update({"phase": service.phase, "ready_s": service.ready_s, "load_peak": service.load_peak,
                      "warmup": service.warmup,
-                     "plan_kv_cache_bytes": service.plan.kv_cache_bytes})
+                     "plan_kv_cache_bytes": service.plan.kv_cache_bytes, "idle_trim": service.idle_trim_state()})
         return JSONResponse(body)
 
     # For a supervisor that probes instead of listening for sd_notify (Kubernetes):
@@ -458,14 +475,23 @@ class DrainGuard:
 
     async def __call__(self, scope, receive, send) -> None:
         core = getattr(self._service.engine_client, "engine_core", None)
-        if scope.get("type") == "http" and getattr(core, "draining", False) and scope.get("path", "").startswith("/v1/"):
+        api = scope.get("type") == "http" and scope.get("path", "").startswith("/v1/")
+        if api and getattr(core, "draining", False):
             body = json.dumps({"error": {"message": "the server is shutting down", "type": "ServiceUnavailable",
                                          "code": 503}}).encode()
             await send({"type": "http.response.start", "status": 503,
                         "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
             await send({"type": "http.response.body", "body": body})
             return
-        await self._app(scope, receive, send)
+        trimmer = self._service.trimmer
+        if not api or trimmer is None:
+            await self._app(scope, receive, send)
+            return
+        trimmer.request_started()  # the idle trim waits for every API request to end
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            trimmer.request_finished()
 
 
 def _configure_logging() -> None:

@@ -58,7 +58,8 @@ def fake_launchers(options: dict[str, list[str]] | None = None) -> dict[str, Any
 def bench(tmp_path: Path, model_dir: Path, facts, arms: str, passes: int = 3,
           options: dict[str, list[str]] | None = None, **kw: Any) -> report.BenchResult:
     opts = BenchOptions(model=str(model_dir), arms=arms, passes=passes, out=tmp_path / "results",
-                        max_model_len=1024, start_timeout_s=60, argv=["edgectl", "bench", "test"], **kw)
+                        max_model_len=1024, start_timeout_s=60, argv=["edgectl", "bench", "test"],
+                        **{"quiet_s": 0.0, **kw})  # the fake server has no idle trim to wait for
     lines: list[str] = []
     result = run_bench(opts, environ(tmp_path), lines.append, facts=facts, launchers=fake_launchers(options))
     result.messages.extend(lines)

@@ -78,6 +78,10 @@ def test_a_complete_grid_has_medians_ratios_and_a_full_artifact(tmp_path, model_
         for p in arm["passes"]:
             assert p["effective"]["max_model_len"] == 1024
             assert Path(p["log"]).is_file()
+    # an edgectl worker's idle trim, read back again after the steady PSS (the planned arm's plan has it on)
+    assert a["arms"]["planned"]["plan"]["levers"]["idle_trim"] is True
+    assert [p["idle_trim"]["enabled"] for p in a["arms"]["planned"]["passes"]] == [True] * 3
+    assert "idle_trim" not in a["arms"]["stock"]["passes"][0] and a["arms"]["stock"]["plan"]["levers"]["idle_trim"] is False
     # every arm runs the planned arm's context; stock carries its KV bytes exactly
     assert a["arms"]["stock"]["plan"]["kv_cache_bytes"] == a["arms"]["planned"]["plan"]["kv_cache_bytes"]
     assert a["arms"]["stock"]["passes"][0]["effective"]["kv_cache_bytes"] == a["arms"]["planned"]["plan"]["kv_cache_bytes"]

@@ -52,6 +52,10 @@ class ArmSpec:
     description: str
 
 
+# The steady PSS is read after this long without requests: the worker's idle trim waits 1 s of
+# quiet (runtime/edgectl_runtime/idle_trim.py), then the next of its 0.5 s beats; with margin.
+QUIET_S = 3.0
+
 ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("stock", "vllm", {}, "unmodified vLLM OpenAI server, bf16, the plan's context, concurrency and KV bytes, "
                                  "vLLM's default compilation and threading (the control)"),
@@ -157,6 +161,7 @@ class BenchContext:
     soak_s: float = 0  # seconds of mixed requests after each pass's measurements (bench/soak.py); 0: none
     # A GGUF served as it is: the bf16 directory of the same weights for stock vLLM (core._stock_model_for).
     stock_model_path: str | None = None
+    quiet_s: float = QUIET_S  # seconds without requests before the steady PSS
 
 
 class PreparedArm:

@@ -55,6 +55,7 @@ class BenchOptions:
     # The arm the others' fidelity is measured against (default: reference_arm_for()).
     reference: str | None = None
     argv: list[str] | None = None
+    quiet_s: float | None = None  # None: arms.QUIET_S
 
 
 def reference_arm_for(ran: Collection[str], gguf_served: bool, asked: str | None = None) -> str | None:
@@ -143,6 +144,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         stock_plugins=plugins, llama_server=llama.path, llama_unavailable=llama.origin if not llama.path else None,
         gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}),
         concurrency=opts.concurrency, soak_s=opts.soak_s, stock_model_path=stock_model,
+        **({"quiet_s": opts.quiet_s} if opts.quiet_s is not None else {}),
     )
     arms, skipped = prepare_arms(names, ctx)
     for name, why in skipped.items():

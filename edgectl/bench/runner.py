@@ -11,7 +11,7 @@ A pass ends in one of three states:
 The memory figures are the PSS of the server's whole process tree (``procmem.tree_mem``):
 ``pss_peak_bytes`` sampled every 0.2 s from launch until ready, ``pss_steady_bytes`` after
 the pass's requests (warm-up, decode, prefill, concurrent decode, fidelity, soak) have run and
-the server has then been left without requests for ``QUIET_S``.
+the server has then been left without requests for ``BenchContext.quiet_s`` (``arms.QUIET_S``).
 
 Every pass starts with empty compile caches of its own (``VLLM_CACHE_ROOT``,
 ``TORCHINDUCTOR_CACHE_DIR`` under the pass's directory, removed after it), so no pass starts
@@ -130,7 +130,6 @@ _MEASURED = ("decode_tok_s", "prefill_tok_s", "pss_steady_bytes", "load_peak_rat
              "soak_pss_drift")
 # perf_counter() readings: meaningless outside the process that took them
 _CLOCK_READINGS = ("t_sent", "t_first", "t_last")
-QUIET_S = 3.0  # the idle trim's 1 s of quiet (runtime/edgectl_runtime/idle_trim.py), two of its beats and margin
 
 
 def stream_prompts(prompts: PromptSet, n: int) -> list[str]:
@@ -207,7 +206,7 @@ def _one_start(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext,
 
         # The steady state is a server at rest: read after QUIET_S without requests, in every arm
         # alike (an edgectl worker gives freed memory back after 1 s of quiet: levers.idle_trim).
-        time.sleep(QUIET_S)
+        time.sleep(ctx.quiet_s)
         steady = server.memory()
         if isinstance(arm, WorkerArm):  # what the trim did during the pass (read back; not an API request)
             rec["idle_trim"] = arm.readback(client, server).get("idle_trim")

@@ -179,9 +179,9 @@ class Service:
             return  # start-up and the drain: the Watchdog thread pings
         self._ping_if_due()
         if self.trimmer is not None:
-            health = getattr(getattr(self.engine_client, "engine_core", None), "health", None)
-            if health is not None:
-                self.trimmer.beat(health.steps)
+            steps = getattr(getattr(getattr(self.engine_client, "engine_core", None), "health", None), "steps", None)
+            if steps is not None:  # the in-process engine's step count (inproc.EngineHealth)
+                self.trimmer.beat(steps)
 
     def _ping_if_due(self) -> None:
         now = time.monotonic()

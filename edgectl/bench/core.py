@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgectl.bench import provenance as prov
 from edgectl.bench import report
-from edgectl.bench.arms import ARMS, CONTROL, BenchContext, Launcher, parse_arm_names, prepare_arms
+from edgectl.bench.arms import ARMS, CONTROL, QUIET_S, BenchContext, Launcher, parse_arm_names, prepare_arms
 from edgectl.bench.llamacpp import find_llama_server
 from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
@@ -55,7 +55,7 @@ class BenchOptions:
     # The arm the others' fidelity is measured against (default: reference_arm_for()).
     reference: str | None = None
     argv: list[str] | None = None
-    quiet_s: float | None = None  # None: arms.QUIET_S
+    quiet_s: float = QUIET_S  # seconds without requests before the steady PSS is read
 
 
 def reference_arm_for(ran: Collection[str], gguf_served: bool, asked: str | None = None) -> str | None:
@@ -144,7 +144,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         stock_plugins=plugins, llama_server=llama.path, llama_unavailable=llama.origin if not llama.path else None,
         gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}),
         concurrency=opts.concurrency, soak_s=opts.soak_s, stock_model_path=stock_model,
-        **({"quiet_s": opts.quiet_s} if opts.quiet_s is not None else {}),
+        quiet_s=opts.quiet_s,
     )
     arms, skipped = prepare_arms(names, ctx)
     for name, why in skipped.items():

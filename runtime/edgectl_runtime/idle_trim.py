@@ -4,7 +4,7 @@ glibc keeps what a thread frees inside that thread's arena; only the free space 
 heap is returned on its own. A request that builds many large temporaries — ``prompt_logprobs``
 (20 alternatives for every prompt position, as Python objects, then JSON) is the one measured —
 leaves pages that are free but still resident in the middle of the arenas: SmolLM2-135M's worker
-held 29–94 MiB more after the bench's fidelity requests than before them, all of it in the
+held +87 and +98 MiB more after the bench's fidelity requests than before them, in the
 attribution's "malloc: free, still resident" line (docs/memory.md, "Freed but resident").
 ``malloc_trim(0)`` walks every arena and returns those pages (``madvise(MADV_DONTNEED)``); the
 worker already calls it once after its warm-up.
@@ -18,13 +18,10 @@ for it (``last_ms``, read back). Nothing here runs while requests are being serv
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
-
-log = logging.getLogger("edgectl.runtime.trim")
 
 IDLE_S = 1.0  # how long the server must have been quiet before freed memory is returned
 
@@ -34,6 +31,13 @@ def _glibc_trim() -> Callable[[], Any] | None:
         return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc: nothing to trim this way
         return None
+
+
+def release_freed_memory() -> None:
+    """``malloc_trim(0)`` once, now (the worker after loading and its warm-up); nothing without glibc."""
+    trim = _glibc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def rss_anon_bytes() -> int | None:

@@ -404,12 +404,9 @@ def _release_freed_memory() -> None:
     Loading buffers each layer's checkpoint tensors before packing them; glibc's allocator keeps
     the freed pages in its heaps. ``malloc_trim(0)`` returns them (40 MB here with SmolLM2).
     """
-    import ctypes
+    from edgectl_runtime.idle_trim import release_freed_memory
 
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim this way
-        pass
+    release_freed_memory()
 
 
 def _summary(effective: dict[str, Any]) -> dict[str, Any]:

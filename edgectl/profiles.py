@@ -145,7 +145,7 @@ class Profile:
     # Figures for formats edgectl does not serve (RECORDED_NOT_SERVED), by name: data, never planned.
     recorded_not_served: dict[str, FormatFigures] = field(default_factory=dict)
     # What the tokenizer of the model process_bytes was measured with costs the worker
-    # (edgectl_runtime/tokenizer_cost.py): the ledger adds a model's own cost minus this one.
+    # (edgectl_runtime/introspect/tokenizer_cost.py): the ledger adds a model's own cost minus this one.
     tokenizer_bytes: Figure | None = None
 
     @property

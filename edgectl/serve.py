@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from edgectl import launch
 from edgectl.client import Client, HttpFailed
 from edgectl.contract import environment, worker
 from edgectl.contract.plan import Request
@@ -56,9 +57,8 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
     with tempfile.TemporaryDirectory(prefix="edgectl-serve-") as tmp:
         plan_path = Path(tmp) / "plan.json"
         plan_path.write_text(plan.to_json())
-        # systemd's notify variables are for a service's main process, not for this child
-        env = {k: v for k, v in environ.items() if k not in environment.SYSTEMD_NOTIFY}
-        proc = subprocess.Popen(worker.command(python, str(plan_path), plan.levers.python_optimize), env=env)
+        env = launch.environment(environ)
+        proc = subprocess.Popen(launch.worker_command(python, str(plan_path), plan.levers.python_optimize), env=env)
 
         def forward(signum, _frame):
             proc.send_signal(signum)

@@ -8,7 +8,7 @@ to do; the watchdog interval, uptime and endpoint; the measured memory
 ledger from the service's cgroup (PSS of every process in it, anonymous vs file-backed)
 against the plan's prediction and limit; in compiled mode, whether the running worker loaded its
 graph from the cache or compiled it at this start (the worker's read-back,
-``runtime/edgectl_runtime/compile_cache.py``); and the requests and tokens served, from vLLM's
+``runtime/edgectl_runtime/vllm_plugin/compile_cache.py``); and the requests and tokens served, from vLLM's
 ``/metrics``. With ``--memory``, the worker's own attribution of its PSS (``GET /edgectl/memory``,
 edgectl/contract/memory.py).
 """

@@ -15,6 +15,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 
+from edgectl import launch
 from edgectl.contract import environment, worker
 from edgectl.contract.plan import Plan
 from edgectl.errors import EdgectlError
@@ -275,7 +276,7 @@ def render_unit(plan: Plan, *, plan_path: str, python: str) -> str:
     start_s, watchdog_s, stop_s = (math.ceil(t) for t in (plan.timeouts.start_s, plan.timeouts.watchdog_s,
                                                            plan.timeouts.stop_s))
     scope = _host_scope(host)
-    exec_start = " ".join(worker.command(quote_word(python, dollar=True), quote_word(plan_path, dollar=True),
+    exec_start = " ".join(launch.worker_command(quote_word(python, dollar=True), quote_word(plan_path, dollar=True),
                                          plan.levers.python_optimize))
     values = {
         "UNIT": unit_name(name),

@@ -63,7 +63,7 @@ if [ "$want" != "$have" ]; then
   echo "$want" > "$STAMP"
 fi
 
-# edgectl's kernel library (runtime/edgectl_runtime/ops): compiled with the system g++ against
+# edgectl's kernel library (runtime/edgectl_runtime/kernels/ops): compiled with the system g++ against
 # the torch installed above, one object per ISA level, into the checkout, so that the install
 # below carries it and a checkout run with PYTHONPATH finds the same file. Skipped in a second
 # when nothing changed (a stamp of sources, flags, compiler and torch).
@@ -71,7 +71,7 @@ if ! command -v g++ >/dev/null 2>&1; then
   echo "error: g++ is missing: edgectl's kernels are compiled at set-up (apt-get install g++)" >&2
   exit 2
 fi
-"$PY" "$REPO/runtime/edgectl_runtime/ops/build.py" || { echo "error: edgectl's kernels did not build; see above" >&2; exit 1; }
+"$PY" "$REPO/runtime/edgectl_runtime/kernels/ops/build.py" || { echo "error: edgectl's kernels did not build; see above" >&2; exit 1; }
 
 # Built in the checkout (no build isolation: setuptools is in the venv); a stale build/ would
 # carry files deleted since into the install.
@@ -95,8 +95,8 @@ PYEOF
 # caller's environment says: PYTHONDONTWRITEBYTECODE, set in many container images and CI
 # machines, would make the import below write nothing.
 env -u PYTHONDONTWRITEBYTECODE "$PY" -OO -c "
-import edgectl_runtime.worker, edgectl_runtime.plugin, edgectl_runtime.inproc, edgectl_runtime.readback
-import edgectl_runtime.memory, edgectl_runtime.embedding, edgectl_runtime.lean, edgectl_runtime.rope
+import edgectl_runtime.service.worker, edgectl_runtime.vllm_plugin, edgectl_runtime.vllm_plugin.inproc, edgectl_runtime.service.readback
+import edgectl_runtime.introspect.memory, edgectl_runtime.vllm_plugin.embedding, edgectl_runtime.vllm_plugin.lean, edgectl_runtime.vllm_plugin.rope
 import vllm.entrypoints.openai.api_server, vllm.entrypoints.launchers.api_server.entry, vllm.entrypoints.launchers.app
 import vllm.model_executor.models.llama, vllm.v1.attention.backends.cpu_attn, vllm.v1.worker.cpu_worker
 " || { echo "error: the runtime does not import under python -OO; see above" >&2; exit 1; }

@@ -19,7 +19,7 @@ cd "$REPO"
 avx2_tier() {
     # ATEN_CPU_CAPABILITY: PyTorch's kernels; ONEDNN_MAX_CPU_ISA: oneDNN's JIT; tests/isa_avx2's
     # sitecustomize: torch.cpu._is_avx512_supported() & co., which vLLM asks; EDGECTL_KERNEL_ISA:
-    # edgectl's own kernels (runtime/edgectl_runtime/ops); EDGECTL_TEST_ISA: what
+    # edgectl's own kernels (runtime/edgectl_runtime/kernels/ops); EDGECTL_TEST_ISA: what
     # tests/test_isa_tier.py checks each of them read back.
     echo "== the AVX2 tier: the tests marked isa_avx2, held to AVX2"
     EDGECTL_TEST_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 EDGECTL_KERNEL_ISA=avx2 \

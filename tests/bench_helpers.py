@@ -14,7 +14,7 @@ from typing import Any
 
 from edgectl.bench import report
 from edgectl.bench.core import BenchOptions, run_bench
-from edgectl.contract.worker import command as worker_command
+from edgectl.launch import worker_command
 from models_helpers import REPO, llama_tensors, make_model, tiny_config
 
 FAKE = str(Path(__file__).resolve().parent / "fake_server.py")
@@ -42,8 +42,8 @@ def fake_launchers(options: dict[str, list[str]] | None = None) -> dict[str, Any
     options = options or {}
 
     def worker(arm, port, pass_dir):
-        # the interpreter's flags as the worker's own command line has them (python -OO)
-        flags = worker_command(sys.executable, "PLAN", arm.plan.levers.python_optimize)[1:-4]
+        # the optimization flag as the worker's own command line has it (python -OO)
+        flags = [f for f in worker_command(sys.executable, "PLAN", arm.plan.levers.python_optimize) if f.startswith("-O")]
         return [sys.executable, *flags, FAKE, *options.get(arm.name, []), "--", "--plan", str(pass_dir / "plan.json")]
 
     def vllm(arm, port, pass_dir):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from edgectl_runtime.readback import ReadbackExtension
+from edgectl_runtime.service.readback import ReadbackExtension
 
 
 def dump_int4_layers(model: torch.nn.Module, path: str) -> int:
@@ -22,7 +22,7 @@ def dump_int4_layers(model: torch.nn.Module, path: str) -> int:
     ``NAME.zeros`` ``[N, K/g]``; returns the number of layers."""
     from safetensors.torch import save_file
 
-    from edgectl_runtime.cpu_int4 import W_ATTR, CpuInt4LinearMethod, unpack_layer
+    from edgectl_runtime.kernels.cpu_int4 import W_ATTR, CpuInt4LinearMethod, unpack_layer
 
     tensors = {}
     for name, module in model.named_modules():
@@ -45,7 +45,7 @@ class Int4TestExtension(ReadbackExtension):
     def edgectl_int4_matmul_check(self, m_values: list[int]) -> dict[str, float]:
         """Max relative error, over quantized layers, of the layer's own ``apply`` against the
         dequantized weight, for activations of each M in ``m_values`` (eager, in the worker)."""
-        from edgectl_runtime.cpu_int4 import W_ATTR, CpuInt4LinearMethod, dequantized_weight
+        from edgectl_runtime.kernels.cpu_int4 import W_ATTR, CpuInt4LinearMethod, dequantized_weight
 
         model = self.get_model()
         gen = torch.Generator().manual_seed(0)
@@ -70,7 +70,7 @@ class Int4TestExtension(ReadbackExtension):
         formats.blocks.dequantize_*), of the named layers, to a safetensors file."""
         from safetensors.torch import save_file
 
-        from edgectl_runtime.cpu_int4 import W_ATTR
+        from edgectl_runtime.kernels.cpu_int4 import W_ATTR
         from edgectl_runtime.formats import blocks
 
         modules = dict(self.get_model().named_modules())

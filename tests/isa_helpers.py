@@ -6,7 +6,7 @@
     EDGECTL_TEST_ISA=avx2                    # names the tier: the tests below expect AVX2
     ATEN_CPU_CAPABILITY=avx2                 # PyTorch's kernels (and inductor's code) at AVX2
     ONEDNN_MAX_CPU_ISA=AVX2                  # oneDNN's JIT at AVX2: no AVX-512, bf16 or AMX code
-    EDGECTL_KERNEL_ISA=avx2                  # edgectl's own kernels (runtime/edgectl_runtime/ops)
+    EDGECTL_KERNEL_ISA=avx2                  # edgectl's own kernels (runtime/edgectl_runtime/kernels/ops)
     PYTHONPATH=tests/isa_avx2                # vLLM asks torch.cpu._is_avx512_supported() & co.:
                                              # tests/isa_avx2/sitecustomize.py answers False
 
@@ -130,7 +130,7 @@ def tier_environment(pythonpath: list[str]) -> dict[str, str]:
 
 
 def expected_kernel_isa(isa: dict[str, bool]) -> str:
-    """The level edgectl's kernels run at (runtime/edgectl_runtime/ops/csrc/dispatch.cpp
+    """The level edgectl's kernels run at (runtime/edgectl_runtime/kernels/ops/csrc/dispatch.cpp
     ``detect_levels``): ``avx512vnni`` with AVX-512 F+BW+VL and VNNI, ``avx2`` with AVX2+FMA, else
     ``scalar``. In the AVX2 tier EDGECTL_KERNEL_ISA=avx2 selects avx2, which this rule gives too."""
     if all(isa.get(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from edgectl.bench import fidelity as fid
+from edgectl.contract import fidelity as fid
 
 
 def lp(probs: dict[int, float]) -> dict[int, float]:

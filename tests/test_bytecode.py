@@ -22,7 +22,7 @@ pytestmark = pytest.mark.runtime
 # imports only during the engine's start (the loader, the model's quantization helpers, the
 # server's middleware), which only the whole-venv compile covers.
 IMPORTS = (
-    "edgectl_runtime.worker", "edgectl_runtime.inproc", "edgectl_runtime.compile_cache",
+    "edgectl_runtime.service.worker", "edgectl_runtime.vllm_plugin.inproc", "edgectl_runtime.vllm_plugin.compile_cache",
     "vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.launchers.app",
     "vllm.model_executor.models.llama", "vllm.v1.worker.cpu_worker",
     "vllm.model_executor.model_loader.default_loader", "compressed_tensors", "uvicorn.protocols.http.httptools_impl",

@@ -1,4 +1,4 @@
-"""The compile cache's key and load-failure read-back (``edgectl_runtime/compile_cache.py``), without an
+"""The compile cache's key and load-failure read-back (``edgectl_runtime/vllm_plugin/compile_cache.py``), without an
 engine: every runtime setting that can change the graph changes the key; the rest does not; a
 swallowed load failure keeps its traceback."""
 
@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
 from edgectl.contract import environment  # noqa: E402
-from edgectl_runtime import compile_cache  # noqa: E402
+from edgectl_runtime.vllm_plugin import compile_cache  # noqa: E402
 
 
 def _digest(environ) -> str:

@@ -1,4 +1,4 @@
-"""vLLM's compiled mode starting from its cache (``edgectl_runtime/compile_cache.py``), for real.
+"""vLLM's compiled mode starting from its cache (``edgectl_runtime/vllm_plugin/compile_cache.py``), for real.
 
 Each start is a fresh subprocess running this file as a script (vLLM's CPU backend spawns, so the
 entry point is ``__main__``-guarded); starts of one test share a cache directory, as restarts of a
@@ -35,7 +35,7 @@ def _mini_main(argv: list[str]) -> int:
 
     with_fix = argv[0] == "fix"
     if with_fix:
-        from edgectl_runtime import compile_cache
+        from edgectl_runtime.vllm_plugin import compile_cache
 
         compile_cache.install({"EDGECTL_COMPILE_CACHE": "1"})
     from vllm.compilation.counter import compilation_counter as counter
@@ -83,7 +83,7 @@ def _engine_main(argv: list[str]) -> int:
     t0 = time.monotonic()
     llm = LLM(model=argv[0], quantization="cpu_int4", dtype="bfloat16", max_model_len=256, max_num_seqs=1,
               max_num_batched_tokens=256, kv_cache_memory_bytes=16 << 20, seed=0,
-              worker_extension_cls="edgectl_runtime.readback.ReadbackExtension")
+              worker_extension_cls="edgectl_runtime.service.readback.ReadbackExtension")
     ready_s = time.monotonic() - t0
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0))
     facts = llm.collective_rpc("edgectl_effective")[0]

@@ -1,4 +1,4 @@
-"""EDGECTL_EMBEDDING_PACK (runtime/edgectl_runtime/embedding.py): which dense embedding tables
+"""EDGECTL_EMBEDDING_PACK (runtime/edgectl_runtime/vllm_plugin/embedding.py): which dense embedding tables
 keep vLLM's prepacked GEMM copy. Runs vLLM's own method on stand-in layers in a subprocess of the
 runtime interpreter (vLLM's classes are patched per process)."""
 
@@ -23,7 +23,7 @@ from vllm.platforms import current_platform
 current_platform.import_kernels()
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead, UnquantizedEmbeddingMethod, VocabParallelEmbedding)
-from edgectl_runtime import embedding
+from edgectl_runtime.vllm_plugin import embedding
 
 mode = embedding.install(os.environ)
 

@@ -1,4 +1,4 @@
-"""edgectl's fused RMSNorm as a provider of vLLM's norm IR ops (runtime/edgectl_runtime/fused_norm.py):
+"""edgectl's fused RMSNorm as a provider of vLLM's norm IR ops (runtime/edgectl_runtime/vllm_plugin/fused_norm.py):
 what vLLM's dispatch picks with edgectl's priority, its results against vLLM's native
 implementation, and the fallback to native for calls the op does not support."""
 
@@ -11,7 +11,7 @@ pytest.importorskip("vllm")
 
 from vllm import ir  # noqa: E402
 
-from edgectl_runtime import fused_norm  # noqa: E402
+from edgectl_runtime.vllm_plugin import fused_norm  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -20,7 +20,7 @@ def _engine_main(argv: list[str]) -> int:
     (model,) = argv
     llm = LLM(model=model, load_format="edgectl_gguf", quantization="cpu_int4", max_model_len=512,
               max_num_seqs=1, kv_cache_memory_bytes=32 << 20, enforce_eager=True, dtype="bfloat16", seed=0,
-              worker_extension_cls="edgectl_runtime.readback.ReadbackExtension")
+              worker_extension_cls="edgectl_runtime.service.readback.ReadbackExtension")
     prompts = ["The capital of France is the city of", "The capital of France is"]
     outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0))
     result = {"answers": [o.outputs[0].text for o in outs],

@@ -95,7 +95,7 @@ def test_weights_are_the_files_blocks_bit_for_bit(served, smollm2_gguf) -> None:
 
     from edgectl.contract import gguf_names
     from edgectl_runtime.formats import ggml
-    from edgectl_runtime.gguf_loader import GGUFFile
+    from edgectl_runtime.vllm_plugin.gguf_loader import GGUFFile
 
     class Config:  # the two fields the q/k permutation needs (SmolLM2: 9 heads, 3 KV heads)
         num_attention_heads, num_key_value_heads = 9, 3

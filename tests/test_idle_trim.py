@@ -1,4 +1,4 @@
-"""The idle trim (runtime/edgectl_runtime/idle_trim.py): when it trims, and that glibc's trim
+"""The idle trim (runtime/edgectl_runtime/service/idle_trim.py): when it trims, and that glibc's trim
 really returns memory a thread freed in the middle of its arena (the engine test reads the lever
 back from a live worker: test_worker_api.py)."""
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgectl_runtime.idle_trim import IdleTrimmer
+from edgectl_runtime.service.idle_trim import IdleTrimmer
 
 
 class Clock:
@@ -80,7 +80,7 @@ def test_without_glibc_it_never_trims_and_says_so():
 _FRAGMENTED = r"""
 import ctypes, json, sys, threading
 sys.path[:0] = [sys.argv[1]]
-from edgectl_runtime.idle_trim import IdleTrimmer, rss_anon_bytes
+from edgectl_runtime.service.idle_trim import IdleTrimmer, rss_anon_bytes
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]

@@ -1,5 +1,5 @@
 """The single-process worker lets vLLM inspect a model class in its own process
-(``edgectl_runtime.inproc.inspect_models_in_process``), not in a second Python that imports vLLM
+(``edgectl_runtime.vllm_plugin.inproc.inspect_models_in_process``), not in a second Python that imports vLLM
 again; the answer is the one vLLM's subprocess gives, and it still reaches vLLM's cache."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def test_model_inspection_runs_in_this_process_and_answers_as_the_subprocess_did
     monkeypatch.setattr(registry, "_run_in_subprocess", original)  # restored after the test
     lazy = registry._LazyRegisteredModel(module_name="vllm.model_executor.models.llama", class_name="LlamaForCausalLM")
 
-    from edgectl_runtime import inproc
+    from edgectl_runtime.vllm_plugin import inproc
 
     inproc.inspect_models_in_process()
     assert registry._run_in_subprocess(os.getpid) == os.getpid()  # no other process

@@ -2,7 +2,7 @@
 
 Each engine runs in a subprocess executing this file as a script (vLLM's CPU backend forces
 ``spawn``, so its entry point must be ``__main__``-guarded); the script prints one JSON object:
-the engine's read-back (``edgectl_runtime.readback``), the int4 layers dumped from the worker
+the engine's read-back (``edgectl_runtime.service.readback``), the int4 layers dumped from the worker
 (``tests/int4_extension.py``),
 prompt log-probabilities and a short generation. The tests compare them with references
 computed here from the checkpoint:
@@ -60,7 +60,7 @@ def _engine_main(argv: list[str]) -> int:
     if (Path(a.model) / "model.gguf").is_file():  # a pulled catalog model: its GGUF, served as it is
         kwargs["load_format"] = "edgectl_gguf"
     if a.fused_norm:
-        from edgectl_runtime import fused_norm
+        from edgectl_runtime.vllm_plugin import fused_norm
 
         kwargs["ir_op_priority"] = fused_norm.priority()
     llm = LLM(**kwargs)
@@ -366,7 +366,7 @@ W4A8 = {"EDGECTL_ROPE_CAP": "1", "EDGECTL_INT4_KERNEL": "edgectl", "EDGECTL_LM_H
 def _expected_isa() -> str:
     import os
 
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
 
     wanted = os.environ.get("EDGECTL_KERNEL_ISA", "auto") or "auto"
     level = ops.choose_level(wanted, ops.supported_levels())

@@ -23,7 +23,7 @@ from edgectl_runtime.formats.groups import (  # noqa: E402
     quantize_int4,
     unpack_nibbles,
 )
-from edgectl_runtime.ops import tinygemm, wna16  # noqa: E402
+from edgectl_runtime.kernels.ops import tinygemm, wna16  # noqa: E402
 from int4_helpers import runtime_env  # noqa: E402
 
 GROUPS = (32, 64, 128, 256)
@@ -119,7 +119,7 @@ def test_learned_layout_returns_exactly_the_packed_rows(n, k):
 
 _LAYOUT_SCRIPT = """
 import json, torch
-from edgectl_runtime.ops import tinygemm
+from edgectl_runtime.kernels.ops import tinygemm
 layout = tinygemm.packed_layout()
 ok = True
 for n, k in ((16, 32), (48, 64), (176, 576), (1072, 96)):

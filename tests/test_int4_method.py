@@ -15,9 +15,9 @@ pytest.importorskip("vllm")
 
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # noqa: E402
 
-from edgectl_runtime import cpu_int4  # noqa: E402
+from edgectl_runtime.kernels import cpu_int4  # noqa: E402
 from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4  # noqa: E402
-from edgectl_runtime.ops import tinygemm, wna16  # noqa: E402
+from edgectl_runtime.kernels.ops import tinygemm, wna16  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -356,7 +356,7 @@ def test_gptq_and_awq_are_claimed_only_when_asked_for():
 # --- edgectl's kernels (w4a8 linear layers, int8 / int4 heads)
 
 def _edgectl_available():
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
 
     ok, why = ops.available()
     assert ok, why  # scripts/setup.sh builds the library: its absence is a failure
@@ -366,7 +366,7 @@ def test_edgectl_linear_holds_any_shape_and_matches_its_reference():
     """N = 200 is not a multiple of 16 and K = 100 not of 32: edgectl's blocks pad both."""
     _edgectl_available()
     from edgectl_runtime.formats import blocks
-    from edgectl_runtime.ops import reference
+    from edgectl_runtime.kernels.ops import reference
 
     layer, method, w = _layer(_config(kernel="edgectl"), [120, 80], 100)
     info = getattr(layer, cpu_int4.INFO_ATTR)

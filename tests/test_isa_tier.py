@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import isa_helpers
-from edgectl.contract.worker import command as worker_command
+from edgectl.launch import worker_command
 from edgectl.deploy import QUESTION
 from installed import RUNTIME_PYTHON
 from int4_helpers import REPO, read_json_line, runtime_env
@@ -172,7 +172,7 @@ def test_the_engine_serves_the_runs_plan_at_the_runs_isa(tmp_path, pulled_smollm
             assert eff["kernel"]["cpu_capability"] == isa_helpers.expected_torch_capability(isa), eff["kernel"]
             assert eff["attention_isa"] == [isa_helpers.expected_attention_isa(isa)], eff["attention_isa"]
             # edgectl's plugin loads its kernel library in every worker at the level the environment
-            # selects (runtime/edgectl_runtime/ops: EDGECTL_KERNEL_ISA, under ATEN_CPU_CAPABILITY)
+            # selects (runtime/edgectl_runtime/kernels/ops: EDGECTL_KERNEL_ISA, under ATEN_CPU_CAPABILITY)
             assert eff["kernel_isa"] == isa_helpers.expected_kernel_isa(isa), eff["kernel_isa"]
             if isa_helpers.TIER == "avx2":
                 assert (eff["kernel"]["cpu_capability"], eff["attention_isa"], eff["kernel_isa"]) == \

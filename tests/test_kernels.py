@@ -1,4 +1,4 @@
-"""Which int4/int8 kernels this process can run (edgectl_runtime.diagnostics.report), against the
+"""Which int4/int8 kernels this process can run (edgectl_runtime.tools.diagnostics.report), against the
 recorded kernel matrix (tests/data/vllm_kernels.yaml) and against what the loaded vLLM library
 really registers; and the micro-benchmark's plumbing (no timing is asserted)."""
 
@@ -18,7 +18,7 @@ from int4_helpers import runtime_env
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from edgectl_runtime.diagnostics import microbench, report as kernels  # noqa: E402
+from edgectl_runtime.tools.diagnostics import microbench, report as kernels  # noqa: E402
 
 MATRIX = yaml.safe_load((Path(__file__).parent / "data" / "vllm_kernels.yaml").read_text())
 
@@ -88,7 +88,7 @@ def test_formats_follow_registered_ops(report):
 
 
 def test_cli_prints_the_report_as_json():
-    done = subprocess.run([sys.executable, "-m", "edgectl_runtime.diagnostics.report"], env=runtime_env(),
+    done = subprocess.run([sys.executable, "-m", "edgectl_runtime.tools.diagnostics.report"], env=runtime_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
@@ -101,7 +101,7 @@ def test_cli_prints_the_report_as_json():
 def test_microbench_rows_read_back_each_level():
     """Every arm runs and reports bytes and a rate; each edgectl arm ran at the level it names
     (the benchmark asserts the read-back level itself)."""
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
 
     levels = ops.supported_levels()
     rows = microbench.run([("test", "tiny", 40, 96)], [1, 3], passes=1, levels=levels, act_dtype=torch.bfloat16,

@@ -1,4 +1,4 @@
-"""Keeping optional packages out of the worker (runtime/edgectl_runtime/lean.py)."""
+"""Keeping optional packages out of the worker (runtime/edgectl_runtime/vllm_plugin/lean.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "runtime"))
 
-from edgectl_runtime import lean  # noqa: E402
+from edgectl_runtime.vllm_plugin import lean  # noqa: E402
 
 
 def test_a_kept_out_package_looks_not_installed(tmp_path):
@@ -20,7 +20,7 @@ def test_a_kept_out_package_looks_not_installed(tmp_path):
     code = (
         "import sys, importlib.util\n"
         f"sys.path.insert(0, {str(tmp_path)!r}); sys.path.insert(0, {str(REPO / 'runtime')!r})\n"
-        "from edgectl_runtime import lean\n"
+        "from edgectl_runtime.vllm_plugin import lean\n"
         "print(lean.skip_optional_imports())\n"
         "print(importlib.util.find_spec('cv2'))\n"
         "try:\n    import cv2\nexcept ModuleNotFoundError:\n    print('absent')\n"

@@ -1,4 +1,4 @@
-"""The lean tokenizer (runtime/edgectl_runtime/lean.py, the plan's ``levers.tokenizer``): one load,
+"""The lean tokenizer (runtime/edgectl_runtime/vllm_plugin/lean.py, the plan's ``levers.tokenizer``): one load,
 no construction inputs kept, and the same tokens, chat template and answers as vLLM's own."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "runtime"))
 
-from edgectl_runtime import lean  # noqa: E402
+from edgectl_runtime.vllm_plugin import lean  # noqa: E402
 
 RUNTIME_PYTHON = Path("/opt/edgectl/venv/bin/python")
 
@@ -84,7 +84,7 @@ def _model_dirs(pulled_smollm2) -> list[Path]:
 # whether a processor was loaded.
 PROBE = """
 import json, sys
-from edgectl_runtime import lean
+from edgectl_runtime.vllm_plugin import lean
 if sys.argv[2] == "lean":
     lean.share_tokenizer()
 from vllm.tokenizers.registry import cached_get_tokenizer

@@ -1,4 +1,4 @@
-"""The memory attribution (runtime/edgectl_runtime/memory.py): its parts come from their own
+"""The memory attribution (runtime/edgectl_runtime/introspect/memory.py): its parts come from their own
 sources and add up to the PSS the kernel reports."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "runtime"))
 
-from edgectl_runtime import memory  # noqa: E402  (imports neither torch nor vLLM at module level)
+from edgectl_runtime.introspect import memory  # noqa: E402  (imports neither torch nor vLLM at module level)
 
 SITE = "/opt/venv/lib/python3.11/site-packages/"
 
@@ -99,7 +99,7 @@ def test_a_live_process_is_attributed_within_five_percent(tmp_path):
         pytest.skip("the runtime venv is not installed (scripts/setup.sh)")
     code = (
         "import json, threading, torch\n"
-        "from edgectl_runtime import memory\n"
+        "from edgectl_runtime.introspect import memory\n"
         "kv = torch.zeros(32 << 20, dtype=torch.uint8)\n"
         "w = torch.ones(48 << 20, dtype=torch.uint8)\n"
         # what a compiled graph keeps: a tensor whose storage refuses data_ptr() (found in a

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from edgectl import launch
 from edgectl.contract import environment, worker
 from edgectl.contract.effective import mismatches
 from edgectl.contract.plan import EmbeddingPack, KvCacheDtype, OptionalImports
@@ -90,11 +91,11 @@ def test_the_idle_trim_is_off_where_the_engine_runs_in_vllms_processes():
 def test_what_the_worker_is_started_with_carries_the_levers():
     p = make_plan(host_facts(AMX), shape(SMOLLM2))
     assert environment.runtime_levers(p)["EDGECTL_EMBEDDING_PACK"] == "lm-head"
-    assert worker.command("/py", "/plan.json", p.levers.python_optimize) == [
-        "/py", "-OO", "-m", "edgectl_runtime.worker", "--plan", "/plan.json"]
-    assert worker.command("/py", "/plan.json", 0) == ["/py", "-m", "edgectl_runtime.worker", "--plan", "/plan.json"]
+    assert launch.worker_command("/py", "/plan.json", p.levers.python_optimize) == [
+        "/py", "-OO", "-P", "-m", "edgectl_runtime.service.worker", "--plan", "/plan.json"]
+    assert launch.worker_command("/py", "/plan.json", 0) == ["/py", "-P", "-m", "edgectl_runtime.service.worker", "--plan", "/plan.json"]
     unit = render_unit(_pulled(p), plan_path="/etc/edgectl/default/plan.json", python="/opt/edgectl/venv/bin/python")
-    assert "ExecStart=/opt/edgectl/venv/bin/python -OO -m edgectl_runtime.worker --plan" in unit
+    assert "ExecStart=/opt/edgectl/venv/bin/python -OO -P -m edgectl_runtime.service.worker --plan" in unit
     args = server_args(p)
     assert args[args.index("--kv-cache-dtype") + 1] == "auto"
     fp8 = make_plan(host_facts(AMX), shape(SMOLLM2), kv_cache_dtype="fp8_e4m3")
@@ -181,7 +182,7 @@ def test_a_lever_that_did_not_take_effect_is_named(change, says):
 def test_a_table_vllm_could_not_pack_on_this_cpu_follows_the_plan(embedding_pack):
     """On AVX2 vLLM has no packed GEMM for a bf16 table (oneDNN builds no bf16 matmul there, no AMX
     for sgl-kernel): a table the plan leaves to vLLM reads back "no packed kernel", and the worker
-    still serves (runtime/edgectl_runtime/embedding.py)."""
+    still serves (runtime/edgectl_runtime/vllm_plugin/embedding.py)."""
     p = make_plan(host_facts(AMX), shape(SMOLLM2), embedding_pack=embedding_pack)
     eff = _effective(p)
     for layer in eff["embedding_pack"].values():

@@ -25,7 +25,8 @@ import pytest
 from edgectl.errors import EdgectlError
 from edgectl.models import CATALOG, ensure_pulled, inspect_model, list_models, resolve_model
 from edgectl.models.cache import MANIFEST_NAME, check_model_dir
-from edgectl.models.pull import converter_script, pull_entry
+from edgectl import launch
+from edgectl.models.pull import pull_entry
 from models_helpers import REPO, SHAPES, make_model, run_cli
 
 ENTRY = CATALOG["smollm2-135m"]
@@ -157,7 +158,7 @@ def test_pull_writes_a_verified_readable_model(pulled: dict) -> None:
         assert _sha256(model / name) == want["sha256"], name
     assert manifest["layout"] == "gguf-direct"
     assert manifest["agreement"]["checked"] is False and "edgectl bench --build-llama-cpp" in manifest["agreement"]["why"]
-    tokenizer = manifest["tokenizer_cost"]  # measured in the worker's way (edgectl_runtime/tokenizer_cost.py)
+    tokenizer = manifest["tokenizer_cost"]  # measured in the worker's way (edgectl_runtime/introspect/tokenizer_cost.py)
     assert tokenizer["tokenizer"] == "lean" and tokenizer["vocab_size"] == 49152 and tokenizer["bytes"] > 10 << 20
     assert set(manifest["converter"]["tools"]) >= {"transformers", "gguf"}
 
@@ -322,19 +323,20 @@ def test_an_older_bf16_directory_is_converted_to_the_direct_layout(pulled: dict)
 def test_converter_refuses_bad_arguments(tmp_path: Path) -> None:
     # The runtime side alone: argument errors exit 2 before torch or transformers are imported.
 
-    script = str(converter_script())
-    missing = subprocess.run([sys.executable, "-P", script, str(tmp_path / "no.gguf"), str(tmp_path / "out")],
-                             capture_output=True, text=True, timeout=60)
+    def converter(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(launch.command(sys.executable, launch.CONVERT_GGUF, args),
+                              env=launch.environment(os.environ), capture_output=True, text=True, timeout=60)
+
+    missing = converter(str(tmp_path / "no.gguf"), str(tmp_path / "out"))
     assert missing.returncode == 2 and "is not a file" in missing.stderr
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "x").write_text("x")
-    not_empty = subprocess.run([sys.executable, "-P", script, str(gguf), str(busy)],
-                               capture_output=True, text=True, timeout=60)
+    not_empty = converter(str(gguf), str(busy))
     assert not_empty.returncode == 2 and "is not empty" in not_empty.stderr
-    usage = subprocess.run([sys.executable, "-P", script], capture_output=True, text=True, timeout=60)
+    usage = converter()
     assert usage.returncode == 2 and usage.stderr.startswith("usage: ")
 
 

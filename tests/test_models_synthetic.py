@@ -20,7 +20,7 @@ import pytest
 from edgectl.errors import EdgectlError
 from edgectl.models import CATALOG, list_models, read_manifest
 from edgectl.models.pull import pull_entry
-from edgectl.models.synthetic import maker_script
+from edgectl import launch
 from installed import runtime_missing
 from models_helpers import run_cli
 
@@ -119,8 +119,8 @@ def test_the_maker_is_seeded_and_writes_the_shape(tmp_path: Path) -> None:
     spec = json.dumps(TINY.synthetic.maker_spec())
     outs = []
     for run in ("a", "b"):
-        done = subprocess.run([_python(), "-P", str(maker_script()), spec, str(tmp_path / run)],
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(launch.command(_python(), launch.SYNTH_MODEL, [spec, str(tmp_path / run)]),
+                              env=launch.environment(os.environ), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         outs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert outs[0]["parameters"] == TINY.synthetic.parameters
@@ -146,8 +146,8 @@ def test_the_maker_is_seeded_and_writes_the_shape(tmp_path: Path) -> None:
     assert not bool((emb[:, :32] == q[:, :32].repeat(16, 1)).all())  # each tensor its own stream
     # a different seed makes different weights
     other = {**TINY.synthetic.maker_spec(), "seed": TINY.synthetic.seed + 1}
-    done = subprocess.run([_python(), "-P", str(maker_script()), json.dumps(other), str(tmp_path / "c")],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(launch.command(_python(), launch.SYNTH_MODEL, [json.dumps(other), str(tmp_path / "c")]),
+                          env=launch.environment(os.environ), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert _sha(tmp_path / "c" / "model.safetensors") != _sha(tmp_path / "a" / "model.safetensors")
     assert _sha(tmp_path / "c" / "tokenizer.model") == _sha(tmp_path / "a" / "tokenizer.model")
@@ -157,7 +157,8 @@ def test_the_maker_refuses_bad_arguments(tmp_path: Path) -> None:
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     for args in (["{}", str(tmp_path / "o")], [json.dumps(TINY.synthetic.maker_spec()), str(tmp_path / "full")], []):
-        done = subprocess.run([_python(), "-P", str(maker_script()), *args], capture_output=True, text=True)
+        done = subprocess.run(launch.command(_python(), launch.SYNTH_MODEL, args), env=launch.environment(os.environ),
+                              capture_output=True, text=True)
         assert done.returncode == 2, (args, done.stderr)
     assert not (tmp_path / "o").exists()
 
@@ -221,8 +222,8 @@ def test_tiny_pull_round_trips_the_weights_through_llama_cpp(tmp_path: Path) -> 
     assert {t.tensor_type.name for t in tensors if len(t.shape) == 2 and t.name != "token_embd.weight"} == {"Q4_1"}
 
     # The same seed made again, to compare with.
-    done = subprocess.run([_python(), "-P", str(maker_script()), json.dumps(TINY.synthetic.maker_spec()),
-                           str(tmp_path / "orig")], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(launch.command(_python(), launch.SYNTH_MODEL, [json.dumps(TINY.synthetic.maker_spec()),
+                           str(tmp_path / "orig")]), env=launch.environment(os.environ), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     import torch
     from safetensors.torch import load_file

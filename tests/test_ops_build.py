@@ -1,4 +1,4 @@
-"""The kernel library's build (runtime/edgectl_runtime/ops/build.py, run by scripts/setup.sh):
+"""The kernel library's build (runtime/edgectl_runtime/kernels/ops/build.py, run by scripts/setup.sh):
 without the system g++ it stops with one error line and exit code 2, and writes nothing."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""edgectl's kernel library (runtime/edgectl_runtime/ops) against its plain-PyTorch reference
+"""edgectl's kernel library (runtime/edgectl_runtime/kernels/ops) against its plain-PyTorch reference
 (ops/reference.py), at every ISA level this CPU can run (each test names the level it ran; a
 level the CPU cannot run is skipped and says so). No timing here: speed is the
-micro-benchmark's job (python -m edgectl_runtime.diagnostics.microbench)."""
+micro-benchmark's job (python -m edgectl_runtime.tools.diagnostics.microbench)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgectl_runtime import ops  # noqa: E402
+from edgectl_runtime.kernels import ops  # noqa: E402
 from edgectl_runtime.formats import blocks  # noqa: E402
-from edgectl_runtime.ops import reference  # noqa: E402
+from edgectl_runtime.kernels.ops import reference  # noqa: E402
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # (n, k): N not a multiple of the 16-row tile, K not a multiple of 32 ("odd K") or of 128.

@@ -1,7 +1,7 @@
 """The watchdog and start timeouts: the rule (pure), and what the plan says about where its figures
 came from.
 
-The worker pings systemd per engine step and while idle (runtime/edgectl_runtime/inproc.py), so the
+The worker pings systemd per engine step and while idle (runtime/edgectl_runtime/vllm_plugin/inproc.py), so the
 watchdog only has to outlast the longest single step the plan allows: one prefill chunk of
 ``max_num_batched_tokens`` at the slowest measured prefill rate. Expected values are worked out by
 hand in the comments.

@@ -47,5 +47,5 @@ def test_a_fresh_process_has_no_amx_permission(amx_cpu):
 
 
 def test_the_plugin_asks_for_amx(amx_cpu):
-    code = "from edgectl_runtime.plugin import request_amx\nassert request_amx() is True\n" + PERMITTED
+    code = "from edgectl_runtime.vllm_plugin import request_amx\nassert request_amx() is True\n" + PERMITTED
     assert _run(code) == "1"

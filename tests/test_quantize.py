@@ -98,7 +98,7 @@ def test_portable_bytes_do_not_depend_on_the_cpu_it_was_written_on(tiny, tmp_pat
     outs = []
     for name, env in (("native", {}), ("scalar", {"ATEN_CPU_CAPABILITY": "default"})):
         out = tmp_path / name
-        done = run_runtime(["-m", "edgectl_runtime.quantize", str(tiny), str(out), "--group-size", "32"], env)
+        done = run_runtime(["-m", "edgectl_runtime.tools.quantize", str(tiny), str(out), "--group-size", "32"], env)
         assert done.returncode == 0, done.stderr
         outs.append(sha256(out / "model.safetensors"))
     assert outs[0] == outs[1]

@@ -19,7 +19,7 @@ from vllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3Rotary
 from vllm.model_executor.layers.rotary_embedding.ntk_scaling_rope import NTKScalingRotaryEmbedding  # noqa: E402
 from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding  # noqa: E402
 
-from edgectl_runtime import rope  # noqa: E402
+from edgectl_runtime.vllm_plugin import rope  # noqa: E402
 
 MAX_MODEL_LEN = 1000
 

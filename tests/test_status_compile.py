@@ -1,5 +1,5 @@
 """``edgectl status`` says where the running worker's compiled graph came from (the worker's
-read-back, ``runtime/edgectl_runtime/compile_cache.py``), and says nothing of it for an eager plan."""
+read-back, ``runtime/edgectl_runtime/vllm_plugin/compile_cache.py``), and says nothing of it for an eager plan."""
 
 from __future__ import annotations
 

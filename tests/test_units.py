@@ -171,7 +171,7 @@ def test_unit_takes_its_numbers_from_the_plan():
     assert s["MemoryHigh"] == [str(5 * 2**20)] and s["MemoryMax"] == [str(6 * 2**20)]
     assert s["CPUAffinity"] == ["0 2-3 5"] and s["AllowedCPUs"] == ["0 2-3 5"]
     assert s["Type"] == ["notify"] and s["MemorySwapMax"] == ["0"] and s["DynamicUser"] == ["yes"]
-    assert s["ExecStart"] == ["/opt/edgectl/venv/bin/python -m edgectl_runtime.worker "
+    assert s["ExecStart"] == ["/opt/edgectl/venv/bin/python -P -m edgectl_runtime.service.worker "
                               "--plan /etc/edgectl/small/plan.json"]
     assert "MemoryDenyWriteExecute" not in s and "ProcSubset" not in s
 

@@ -2,7 +2,7 @@
 
 A unit written by edgectl/units.py, unchanged, runs in the systemd sandbox (tests/sandbox.py).
 The plan's environment puts a probe first on PYTHONPATH, so the unit's own ExecStart
-(``python -m edgectl_runtime.worker --plan PLAN``) runs the probe instead of the worker. The
+(``python -m edgectl_runtime.service.worker --plan PLAN``) runs the probe instead of the worker. The
 probe lives in the sandbox's private /run (PrivateTmp would hide /tmp), which vanishes with it.
 As the dynamic user it imports torch and vLLM, runs the JIT-compiled oneDNN kernels vLLM's CPU
 linear layers use, reads the model directory, writes its state and cache, serves on loopback,
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.systemd
 PYTHON = "/opt/edgectl/venv/bin/python"
 GiB = 1024**3
 
-# Runs as edgectl_runtime.worker inside the unit. Every check records its outcome instead of
+# Runs as edgectl_runtime.service.worker inside the unit. Every check records its outcome instead of
 # raising, so one report names everything that failed. EDGECTL_PROBE_MODE picks what to do.
 PROBE = r'''
 import errno, json, os, pwd, socket, sys, time
@@ -177,7 +177,7 @@ def probe_root(systemd_sandbox):
     """A directory in the sandbox's private /run holding the probe, a model and the plans."""
     root = f"/run/edgectl-probe-{unique_name('')}"
     systemd_sandbox.write_file(f"{root}/lib/edgectl_runtime/__init__.py", "")
-    systemd_sandbox.write_file(f"{root}/lib/edgectl_runtime/worker.py", PROBE)
+    systemd_sandbox.write_file(f"{root}/lib/edgectl_runtime/service/worker.py", PROBE)
     systemd_sandbox.write_file(f"{root}/model {ODD}/config.json", '{"architectures": ["ProbeLM"]}')
     # The units' StateDirectory/CacheDirectory links land in these host directories.
     with host_dirs_restored("/var/lib/edgectl", "/var/cache/edgectl"):
@@ -201,7 +201,7 @@ def probe_plan(root: str, name: str, mode: str, *, cpus: list[int], host_file: s
     plan["timeouts"] = {"start_s": 240, "watchdog_s": watchdog_s, "stop_s": 5}
     plan["memory"]["high_bytes"], plan["memory"]["limit_bytes"] = 3 * GiB + GiB // 2, 4 * GiB
     plan["env"] = {
-        "PYTHONPATH": f"{root}/lib",  # the probe stands in for edgectl_runtime.worker
+        "PYTHONPATH": f"{root}/lib",  # the probe stands in for edgectl_runtime.service.worker
         "EDGECTL_PROBE_MODE": mode,
         "EDGECTL_PROBE_PING_S": str(ping_s),
         "EDGECTL_PROBE_HOST_FILE": host_file,
@@ -471,12 +471,12 @@ def test_vllm_server_answers_under_the_unit(systemd_sandbox, probe_root):
                    capture_output=True, timeout=300)
     for path in systemd_sandbox.host_path(model).iterdir():
         path.chmod(0o644)  # save_pretrained writes 0600; the service's user must read the model
-    # The probe's worker shadows edgectl_runtime.worker only: the installed package stays on the
+    # The probe's worker shadows edgectl_runtime.service.worker only: the installed package stays on the
     # package path, so vLLM still loads edgectl's plugin (which, on an AMX CPU, asks Linux for
     # AMX tile data; without it vLLM's AMX attention dies of SIGILL, tests/test_plugin_amx.py).
     systemd_sandbox.write_file(f"{probe_root}/server/edgectl_runtime/__init__.py",
                                "import pkgutil\n__path__ = pkgutil.extend_path(__path__, __name__)\n")
-    systemd_sandbox.write_file(f"{probe_root}/server/edgectl_runtime/worker.py", SERVER)
+    systemd_sandbox.write_file(f"{probe_root}/server/edgectl_runtime/service/worker.py", SERVER)
     plan = probe_plan(probe_root, unique_name("v"), "server", cpus=sorted(os.sched_getaffinity(0)))
     plan["model"]["path"] = model
     plan["serve"]["port"] = 18000 + int(plan["serve"]["name"][1:5], 16) % 2000

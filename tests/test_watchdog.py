@@ -24,8 +24,8 @@ from edgectl.contract import worker as contract
 from edgectl.contract.plan import Plan
 from edgectl.errors import EdgectlError
 from edgectl.units import render_unit
-from edgectl_runtime.notify import Watchdog
-from edgectl_runtime.worker import Service, refused_test_faults
+from edgectl_runtime.service.notify import Watchdog
+from edgectl_runtime.service.worker import Service, refused_test_faults
 from models_helpers import REPO
 from plan_helpers import SMOLLM2, host_facts, make_plan, shape
 
@@ -118,7 +118,7 @@ def test_the_worker_refuses_to_start_with_it_in_a_deployed_unit(tmp_path: Path):
     """The real worker's start-up, up to the refusal (before vLLM is imported): exit 2, one line."""
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(_plan().to_dict()))
-    code = ("import sys, edgectl_runtime.worker as w\n"
+    code = ("import sys, edgectl_runtime.service.worker as w\n"
             "w.prepare_environment(w.load_plan(sys.argv[1]), {'EDGECTL_TEST_STALL': 'stall'}, sys.argv[2])\n")
     done = subprocess.run([sys.executable, "-c", code, str(plan_path), V2], capture_output=True, text=True,
                           cwd=REPO, timeout=60)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import isa_helpers
-from edgectl.contract.worker import command as worker_command
+from edgectl.launch import worker_command
 
 from installed import RUNTIME_PYTHON
 from models_helpers import REPO

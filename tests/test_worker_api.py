@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import isa_helpers
-from edgectl.contract.worker import command as worker_command
+from edgectl.launch import worker_command
 
 pytestmark = pytest.mark.isa_avx2
 

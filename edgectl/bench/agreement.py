@@ -21,8 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from edgectl import launch
 from edgectl.bench import fidelity
-from edgectl.bench.prompts import PromptSet, prompt_set
+from edgectl.contract import fidelity as scoring
+from edgectl.bench.prompts import prompt_set
+from edgectl.contract.fidelity import PromptSet
 from edgectl.client import Client, HttpFailed
 from edgectl.contract import worker
 from edgectl.contract.plan import Request
@@ -95,7 +98,7 @@ def check(model_dir: Path, gguf: Path, environ: Mapping[str, str], progress: Cal
             _wait(lambda: llama_client.status("/health") == 200, servers[0], "llama-server", deadline)
         except EdgectlError as exc:  # the reference cannot read the file: nothing to compare with
             return {"checked": False, "why": exc.message}
-        servers.append(ServerProcess(worker.command(environment.runtime_python(environ), str(plan_path),
+        servers.append(ServerProcess(launch.worker_command(environment.runtime_python(environ), str(plan_path),
                                                     plan.levers.python_optimize), env, logs / "worker.log"))
         ours = Client.of(plan.serve)
         _wait(lambda: _worker_ready(ours), servers[1], "edgectl worker", deadline)
@@ -104,7 +107,7 @@ def check(model_dir: Path, gguf: Path, environ: Mapping[str, str], progress: Cal
     finally:
         for s in servers:
             s.stop(timeout_s=30)
-    got = fidelity.compare(reference, served)
+    got = scoring.compare(reference, served)
     refused = verdict(got)
     return {"checked": True, "llama_server": llama.path, "prompts": got["next_token_prompts"],
             "prompts_tokenized_differently": got["prompts_tokenized_differently"],

@@ -2,7 +2,7 @@
 
 Three launchers:
 
-- ``worker``: edgectl's own worker (``python -m edgectl_runtime.worker --plan FILE``) on a
+- ``worker``: edgectl's own worker (``python -m edgectl_runtime.service.worker --plan FILE``) on a
   plan made by the same planner ``edgectl plan`` uses, with the arm's overrides. Read-back:
   ``GET /edgectl/effective`` (what the engine holds, read inside the process that holds the
   model); integrity: ``edgectl.contract.effective.mismatches`` plus the process count the bench sees.
@@ -10,7 +10,7 @@ Three launchers:
   with ``server_args(plan, stock=True)``; edgectl's plugin excluded with ``VLLM_PLUGINS``.
   Read-back, since the server has no edgectl route: ``/v1/models`` (context),
   ``/metrics`` ``vllm:cache_config_info`` (KV blocks the engine allocated), and
-  ``edgectl_runtime.readback.ReadbackExtension`` through ``--worker-extension-cls`` +
+  ``edgectl_runtime.service.readback.ReadbackExtension`` through ``--worker-extension-cls`` +
   ``VLLM_SERVER_DEV_MODE=1`` + ``POST /collective_rpc`` (layer formats, RoPE rows, threads in
   the worker). The extension only adds RPC methods; it changes nothing vLLM runs.
 - ``llama.cpp``: ``llama-server`` on the GGUF the catalog keeps; read-back ``GET /props``
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from edgectl import launch
 from edgectl.client import Client, HttpFailed
 from edgectl.bench.server import ServerProcess
 from edgectl.contract import worker
@@ -53,7 +54,7 @@ class ArmSpec:
 
 
 # The steady PSS is read after this long without requests: the worker's idle trim waits 1 s of
-# quiet (runtime/edgectl_runtime/idle_trim.py), then the next of its 0.5 s beats; with margin.
+# quiet (runtime/edgectl_runtime/service/idle_trim.py), then the next of its 0.5 s beats; with margin.
 QUIET_S = 3.0
 
 ARMS: dict[str, ArmSpec] = {a.name: a for a in [
@@ -280,7 +281,7 @@ class WorkerArm(PreparedArm):
 
     def default_command(self, port: int, pass_dir: Path) -> list[str]:
         assert self.plan is not None
-        return worker.command(self.ctx.runtime_python, str(pass_dir / "plan.json"), self.plan.levers.python_optimize)
+        return launch.worker_command(self.ctx.runtime_python, str(pass_dir / "plan.json"), self.plan.levers.python_optimize)
 
     def wait_ready(self, client: Client, server: ServerProcess, deadline: float) -> None:
         # The worker answers /edgectl/effective once its app is up; "serving" after its warm-up.

@@ -11,12 +11,10 @@ reproduced exactly, and no two passes of one run share even their first KV block
 from __future__ import annotations
 
 import hashlib
-import json
 import random
-from dataclasses import dataclass
 from functools import lru_cache
 
-from edgectl import paths
+from edgectl.contract.fidelity import SHIPPED_PROMPTS, PromptSet, read_prompt_set
 from edgectl.errors import EdgectlError
 
 PREFILL_TOKENS = 512
@@ -26,21 +24,11 @@ DECODE_TOKENS = 128
 FIRST_ORDINARY_TOKEN = 256
 
 
-@dataclass(frozen=True)
-class PromptSet:
-    decode_prompt: str
-    prompts: tuple[str, ...]
-    perplexity_text: str
-    source: str  # the file it was read from
-
-
 @lru_cache(maxsize=1)
 def prompt_set() -> PromptSet:
-    path = paths.data_dir() / "prompts" / "fidelity.json"
+    path = SHIPPED_PROMPTS
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return PromptSet(str(data["decode_prompt"]), tuple(str(p) for p in data["prompts"]),
-                         str(data["perplexity_text"]), str(path))
+        return read_prompt_set(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise EdgectlError(f"{path}: the shipped prompt set cannot be read ({exc}): reinstall edgectl") from None
 

@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.bench import fidelity as fid
+from edgectl.contract import fidelity as scoring
+from edgectl.contract.fidelity import PromptSet
 from edgectl.bench import measure, soak
 from edgectl.bench.arms import BenchContext, Crashed, PreparedArm, WorkerArm
 from edgectl.client import Client, HttpFailed
-from edgectl.bench.prompts import PromptSet, ids_digest, prefill_token_ids
+from edgectl.bench.prompts import ids_digest, prefill_token_ids
 from edgectl.bench.server import ServerProcess, free_port
 
 OK, INVALID, CRASHED = "ok", "invalid", "crashed"
@@ -267,7 +269,7 @@ def attach_fidelity(records: dict[str, list[dict[str, Any]]], raw: dict[tuple[st
                     reference_arm: str | None) -> dict[str, Any]:
     """Compare every pass's outputs with the reference arm's first valid pass (in place)."""
     info: dict[str, Any] = {"reference_arm": reference_arm, "reference_pass": None,
-                            "k": fid.TOP_K, "method": fid.METHOD}
+                            "k": scoring.TOP_K, "method": scoring.METHOD}
     if reference_arm is None:
         info["note"] = "no bf16 reference arm (bf16 or stock) ran: agreement and KL are not computed"
         return info
@@ -280,7 +282,7 @@ def attach_fidelity(records: dict[str, list[dict[str, Any]]], raw: dict[tuple[st
     for name, recs in records.items():
         for i, rec in enumerate(recs):
             if rec["status"] == OK and (name, i) in raw:
-                rec["fidelity"].update(fid.compare(ref[1], raw[(name, i)]))
+                rec["fidelity"].update(scoring.compare(ref[1], raw[(name, i)]))
                 rec["fidelity"]["reference"] = f"{reference_arm} pass {ref[0] + 1}"
     return info
 

@@ -1,7 +1,7 @@
 """`edgectl quantize SRC OUT [--group-size N]`: write a portable cpu_int4 checkpoint.
 
 The control plane checks the arguments (no torch here), then runs
-``<runtime python> -m edgectl_runtime.quantize`` (EDGECTL_RUNTIME_PYTHON), which streams the
+``<runtime python> -m edgectl_runtime.tools.quantize`` (EDGECTL_RUNTIME_PYTHON), which streams the
 checkpoint tensor by tensor into a temporary directory beside OUT and renames it into place:
 on any failure nothing is left at OUT.
 """
@@ -18,9 +18,9 @@ from typing import Annotated, Any
 
 import typer
 
-from edgectl import paths
+from edgectl import launch
 from edgectl.contract import environment
-from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE
+from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE, PORTABLE_FORMAT
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
 from edgectl.output import emit, progress
 
@@ -40,7 +40,7 @@ class QuantizeResult:
     sha256: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "source": self.source, "output": self.output, "format": "edgectl.cpu_int4/1",
+        return {"schema": SCHEMA, "source": self.source, "output": self.output, "format": PORTABLE_FORMAT,
                 "group_size": self.group_size, "group_sizes_used": dict(self.group_sizes_used),
                 "quantized_weights": self.quantized_weights, "copied_tensors": self.copied_tensors,
                 "source_bytes": self.source_bytes, "output_bytes": self.output_bytes, "sha256": dict(self.sha256)}
@@ -56,20 +56,6 @@ class QuantizeResult:
             f"  model.safetensors sha256 {self.sha256.get('model.safetensors', '?')}",
             "  vLLM serves it as cpu_int4 (its config.json names the method)",
         ])
-
-
-def _runtime_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The child's environment: from a checkout, the checkout's runtime (never an older installed one)."""
-    env = dict(environ)
-    repo = paths.checkout()
-    if repo is not None:
-        entries = [str(repo), str(repo / "runtime")]
-        if env.get("PYTHONPATH"):
-            entries.append(env["PYTHONPATH"])
-        env["PYTHONPATH"] = os.pathsep.join(entries)
-    for name, value in environment.OFFLINE.items():
-        env.setdefault(name, value)
-    return env
 
 
 def check_arguments(src: Path, out: Path, group_size: int) -> None:
@@ -109,8 +95,8 @@ def quantize_checkpoint(src: Path, out: Path, group_size: int, environ: Mapping[
     """Validate, then run the runtime's quantizer in a subprocess."""
     check_arguments(src, out, group_size)
     python = environment.runtime_python(environ)
-    cmd = [python, "-m", "edgectl_runtime.quantize", str(src), str(out.absolute()), "--group-size", str(group_size)]
-    proc = subprocess.Popen(cmd, env=_runtime_environment(environ), stdout=subprocess.PIPE,
+    cmd = launch.command(python, launch.QUANTIZE, [str(src), str(out.absolute()), "--group-size", str(group_size)])
+    proc = subprocess.Popen(cmd, env=launch.environment(environ), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     other: list[str] = []
     assert proc.stderr is not None and proc.stdout is not None

@@ -1,7 +1,7 @@
 """Did the plan take effect? A plan against the settings read back from a running engine.
 
 The effective settings (schema ``edgectl.effective/1``) are read inside the process that holds
-the model (``runtime/edgectl_runtime/readback.py``): what the forward pass really uses, not what
+the model (``runtime/edgectl_runtime/service/readback.py``): what the forward pass really uses, not what
 a config object says. :func:`mismatches` is the one comparison, shared by the worker (which
 refuses to serve on any difference, exit code ``EXIT_MISMATCH``) and the bench (which marks such
 a pass invalid). The fields it compares:
@@ -23,7 +23,7 @@ a pass invalid). The fields it compares:
     embedding_pack         {layer: {"state": "packed" | "not packed" | "no packed kernel", "lm_head": bool}}
                            for every dense embedding table (the LM head included); "no packed
                            kernel": vLLM tried and this CPU has no packed GEMM for it (AVX2:
-                           runtime/edgectl_runtime/embedding.py), which a plan that keeps the copy accepts
+                           runtime/edgectl_runtime/vllm_plugin/embedding.py), which a plan that keeps the copy accepts
     optional_imports       {package: "kept out" | "loaded" | "not imported"} in the server's process
     tokenizer              {"lean": bool, "processor_loaded": bool | None (read again after the warm-up,
                            which is when vLLM probes for a processor), "construction_inputs":

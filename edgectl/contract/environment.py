@@ -96,15 +96,15 @@ _VARS = [
         "its C library registers it; the plan's w4a16-vllm) or edgectl (edgectl's own kernels, W4 blocks of 32 "
         "with int8 activations; the plan's w4a8)", "torch", ("torch", "vllm", "edgectl")),
     Var("EDGECTL_COMPILE_CACHE", Role.OWN, "1: in vLLM's compiled mode, load the graph a previous start saved "
-        "(edgectl works around vLLM 0.32 discarding it, runtime/edgectl_runtime/compile_cache.py); 0: unmodified "
+        "(edgectl works around vLLM 0.32 discarding it, runtime/edgectl_runtime/vllm_plugin/compile_cache.py); 0: unmodified "
         "vLLM, which compiles again at every start", "0", _BOOL),
-    Var("EDGECTL_KERNEL_ISA", Role.OWN, "the ISA level of edgectl's own kernels (runtime/edgectl_runtime/ops): "
+    Var("EDGECTL_KERNEL_ISA", Role.OWN, "the ISA level of edgectl's own kernels (runtime/edgectl_runtime/kernels/ops): "
         "auto = the best level the CPU and the OS support (cpuid + XCR0); scalar, avx2 or avx512vnni force one "
         "(tests; the AVX2 path on an AVX-512 box), refused if this CPU cannot run it; auto stays at or below "
         "what ATEN_CPU_CAPABILITY allows PyTorch", "auto",
         ("auto", "scalar", "avx2", "avx512vnni")),
     Var("EDGECTL_EMBEDDING_PACK", Role.OWN, "which dense embedding tables keep vLLM's prepacked GEMM copy "
-        "(edgectl_runtime/embedding.py): vllm (every one, as unmodified vLLM: a tied table is packed twice), "
+        "(edgectl_runtime/vllm_plugin/embedding.py): vllm (every one, as unmodified vLLM: a tied table is packed twice), "
         "lm-head (only the layer that computes logits; the plan's levers.embedding_pack)", "vllm",
         ("vllm", "lm-head")),
     # -- test only: a fault injection, refused in a deployed unit and never rendered into one --------
@@ -136,7 +136,7 @@ _VARS = [
         "servers: each pass's own, empty at its first start"),
     Var("TRITON_CACHE_DIR", Role.SET, "unit: triton's cache, should anything import it"),
     Var("PYTHONUNBUFFERED", Role.SET, "unit: log lines reach the journal as they are written"),
-    Var("PYTHONPATH", Role.SET, "edgectl quantize from a checkout: the checkout's runtime, never an older "
+    Var("PYTHONPATH", Role.SET, "every runtime program started from a checkout (edgectl/launch.py): the checkout's runtime, never an older "
         "installed one"),
     Var("VLLM_PLUGINS", Role.SET, "bench, unmodified-vLLM arms: every general plugin but edgectl's"),
     Var("VLLM_SERVER_DEV_MODE", Role.SET, "bench, unmodified-vLLM arms: adds the dev routes "
@@ -146,7 +146,7 @@ _VARS = [
         "platforms/cpu.py:323-327)", planned=lambda plan: f"{plan.kv_cache_bytes} bytes"),
     # -- read, not owned ----------------------------------------------------------------------------
     Var("ATEN_CPU_CAPABILITY", Role.READ, "PyTorch's ceiling on its kernels' ISA (default, avx2, avx512); "
-        "edgectl's own kernels at EDGECTL_KERNEL_ISA=auto stay under it too (runtime/edgectl_runtime/ops), so "
+        "edgectl's own kernels at EDGECTL_KERNEL_ISA=auto stay under it too (runtime/edgectl_runtime/kernels/ops), so "
         "the one variable puts a process on its AVX2 path"),
     Var("NOTIFY_SOCKET", Role.READ, "systemd's notify socket: the worker sends READY/STATUS/WATCHDOG there; "
         "edgectl serve and the bench do not pass it on"),

@@ -1,6 +1,6 @@
 """A GGUF's tensors in the terms vLLM's model classes use: the names, and llama.cpp's conversion
 quirks to undo. Shared by the control plane (``edgectl/models/gguf_hf.py``, which also writes the
-config) and the runtime's loader (``runtime/edgectl_runtime/gguf_loader.py``).
+config) and the runtime's loader (``runtime/edgectl_runtime/vllm_plugin/gguf_loader.py``).
 
 The quirks are llama.cpp's ``convert_hf_to_gguf.py``: ``LlamaModel.modify_tensors`` permutes the
 rows of ``q_proj`` / ``k_proj`` per head (its ``permute``: ``reshape(n_head, 2, dim // n_head // 2,

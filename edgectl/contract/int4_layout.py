@@ -17,6 +17,9 @@ the engine's read-back ("bf16" with this reason) and in the plan's weight bytes.
 
 from __future__ import annotations
 
+# The portable int4 checkpoint `edgectl quantize` writes (its config's quantization_config.format and
+# its safetensors metadata), which the runtime's cpu_int4 method reads.
+PORTABLE_FORMAT = "edgectl.cpu_int4/1"
 ALLOWED_GROUP_SIZES: tuple[int, ...] = (32, 64, 128, 256)
 DEFAULT_GROUP_SIZE = 128
 # The kernel packs output rows in blocks of 16 (32 or 64 per block depending on the ISA,
@@ -107,7 +110,7 @@ def layer_bytes(out_features: int, in_features: int, preferred: int = DEFAULT_GR
     return packed_bytes(out_features, in_features, group, dtype_bytes)
 
 
-# -- edgectl's own kernels (the plan's w4a8 and the int8 head; runtime/edgectl_runtime/ops, docs/kernels.md)
+# -- edgectl's own kernels (the plan's w4a8 and the int8 head; runtime/edgectl_runtime/kernels/ops, docs/kernels.md)
 #
 # Blocks of 32 columns with fp16 scales (GGUF Q4_1 for 4 bits: a scale and a minimum; Q8_0 for
 # 8 bits: a scale), stored in 16-row tiles. Any N and K: a K that is not a multiple of 32 is

@@ -56,7 +56,7 @@ class WeightFormat(StrEnum):
 
     W4A16 = "w4a16"  # int4 weights, bf16 activations: PyTorch's _weight_int4pack_mm_for_cpu
     # int4 weights in blocks of 32 (GGUF Q4_1), activations quantized to int8 per call: edgectl's
-    # own kernels (runtime/edgectl_runtime/ops, docs/kernels.md), AVX2 or AVX-512 VNNI at run time
+    # own kernels (runtime/edgectl_runtime/kernels/ops, docs/kernels.md), AVX2 or AVX-512 VNNI at run time
     W4A8 = "w4a8"
     W4A16_VLLM = "w4a16-vllm"  # int4 weights on vLLM's cpu_gemm_wna16 (its AVX-512 libraries)
     BF16 = "bf16"
@@ -89,14 +89,14 @@ class EmbeddingPack(StrEnum):
 
 class OptionalImports(StrEnum):
     """Whether the worker imports the packages vLLM treats as optional and a CPU text server never
-    runs (opentelemetry, cv2, accelerate: runtime/edgectl_runtime/lean.py)."""
+    runs (opentelemetry, cv2, accelerate: runtime/edgectl_runtime/vllm_plugin/lean.py)."""
 
     LOAD = "load"
     SKIP = "skip"
 
 
 class TokenizerLever(StrEnum):
-    """How many copies of the tokenizer the worker holds (runtime/edgectl_runtime/lean.py)."""
+    """How many copies of the tokenizer the worker holds (runtime/edgectl_runtime/vllm_plugin/lean.py)."""
 
     VLLM = "vllm"  # as unmodified vLLM: a second load at the first chat render, construction inputs kept
     LEAN = "lean"  # no second load where the model has no processor; construction inputs released
@@ -241,7 +241,7 @@ class Levers:
     embedding_pack: EmbeddingPack = field(default=EmbeddingPack.VLLM, kw_only=True)
     optional_imports: OptionalImports = field(default=OptionalImports.LOAD, kw_only=True)
     tokenizer: TokenizerLever = field(default=TokenizerLever.VLLM, kw_only=True)
-    # return freed heap memory to the kernel when the server goes quiet (runtime/edgectl_runtime/idle_trim.py)
+    # return freed heap memory to the kernel when the server goes quiet (runtime/edgectl_runtime/service/idle_trim.py)
     idle_trim: bool = field(default=False, kw_only=True)
     python_optimize: int = field(default=0, kw_only=True, metadata=check(_optimize_level))
 

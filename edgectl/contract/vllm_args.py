@@ -16,12 +16,12 @@ if TYPE_CHECKING:
 
 CPU_INT4 = "cpu_int4"
 # vLLM's worker extension (``--worker-extension-cls``) that adds edgectl's read-back RPCs.
-READBACK_EXTENSION = "edgectl_runtime.readback.ReadbackExtension"
+READBACK_EXTENSION = "edgectl_runtime.service.readback.ReadbackExtension"
 # vLLM's --load-format for a directory serving a GGUF as it is (checkpoint format "gguf"): the
-# loader edgectl's plugin registers (runtime/edgectl_runtime/gguf_loader.py).
+# loader edgectl's plugin registers (runtime/edgectl_runtime/vllm_plugin/gguf_loader.py).
 GGUF_LOAD_FORMAT = "edgectl_gguf"
 # vLLM's ``ir_op_priority`` that puts its RMSNorm IR ops on edgectl's fused op (the provider the
-# plugin registers, runtime/edgectl_runtime/fused_norm.py); vLLM appends its own ``native`` after.
+# plugin registers, runtime/edgectl_runtime/vllm_plugin/fused_norm.py); vLLM appends its own ``native`` after.
 EDGECTL_NORMS = {"rms_norm": ["edgectl"], "fused_add_rms_norm": ["edgectl"]}
 
 

@@ -1,6 +1,7 @@
 """What the worker promises the control plane: how it is started, how it exits, where it answers.
 
-The worker (``runtime/edgectl_runtime/worker.py``) is started with a plan file and nothing else;
+The worker (``runtime/edgectl_runtime/service/worker.py``) is started with a plan file and nothing else
+(``edgectl/launch.py``);
 the unit (``units/edgectl.service.in``: ``RestartPreventExitStatus=2 3``), ``edgectl serve`` and
 the bench read its exit code; deploy, status, serve and the bench reach it over HTTP.
 """
@@ -13,7 +14,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from edgectl.contract.plan import Serve
 
-MODULE = "edgectl_runtime.worker"
 # A deployment's systemd unit is UNIT_PREFIX + NAME + ".service" (edgectl/units.py: unit_name).
 UNIT_PREFIX = "edgectl-"
 
@@ -30,14 +30,6 @@ def systemd_unit(proc_self_cgroup: str) -> str | None:
 def is_deployment_unit(unit: str | None) -> bool:
     """Whether ``unit`` is named as the units edgectl writes are."""
     return bool(unit) and unit.startswith(UNIT_PREFIX) and unit.endswith(".service")
-
-
-def command(python: str, plan_path: str, python_optimize: int = 0) -> list[str]:
-    """The worker's command line: the runtime interpreter (``-OO`` for the plan's
-    ``levers.python_optimize`` 2: set when the interpreter starts, so it is on the command line)
-    and the plan file."""
-    flag = ["-" + "O" * python_optimize] if python_optimize else []
-    return [python, *flag, "-m", MODULE, "--plan", plan_path]
 
 
 # -- exit codes ---------------------------------------------------------------------------------

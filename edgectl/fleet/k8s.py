@@ -54,7 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from edgectl import __version__
+from edgectl import __version__, launch
 from edgectl.contract import worker
 from edgectl.contract.plan import Plan, Topology
 from edgectl.errors import EdgectlError
@@ -200,7 +200,7 @@ def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
         "name": "worker",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": [_literal(word) for word in worker.command(IMAGE_PYTHON, f"{plan_dir}/plan.json",
+        "command": [_literal(word) for word in launch.worker_command(IMAGE_PYTHON, f"{plan_dir}/plan.json",
                                                               plan.levers.python_optimize)],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "env": env_items,

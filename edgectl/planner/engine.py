@@ -209,7 +209,7 @@ def choose_memory_levers(request: Request, facts: HostFacts, topology: Topology 
         optional_imports=OptionalImports(request.optional_imports or OptionalImports.SKIP),
         python_optimize=2 if request.python_optimize is None else request.python_optimize,
         tokenizer=TokenizerLever(request.tokenizer or TokenizerLever.LEAN),
-        # the trim runs on the in-process engine thread's idle beats (runtime/edgectl_runtime/inproc.py)
+        # the trim runs on the in-process engine thread's idle beats (runtime/edgectl_runtime/vllm_plugin/inproc.py)
         idle_trim=(topology is Topology.SINGLE_PROCESS) if request.idle_trim is None else request.idle_trim,
     )
 

@@ -187,7 +187,7 @@ class Costs:
 
 def tokenizer_delta(model: ModelFacts, profile: Profile) -> tuple[int, str]:
     """What this model's tokenizer costs the worker beyond the one the profile's per-process figure
-    was measured with (both measured by ``edgectl_runtime/tokenizer_cost.py``), and the reason's words.
+    was measured with (both measured by ``edgectl_runtime/introspect/tokenizer_cost.py``), and the reason's words.
     A model with a smaller tokenizer gets a negative term."""
     if model.tokenizer_bytes is None:
         return 0, "; the tokenizer's own memory is not counted (not measured: `edgectl models pull` measures it)"

@@ -36,7 +36,7 @@ for i in range(passes):
         p = {**plan, "serve": {**plan["serve"], "host": "127.0.0.1", "port": port}}
         (pd / "plan.json").write_text(json.dumps(p))
         rec = {"arm": name, "pass": i, "order": order, "loadavg_start": open("/proc/loadavg").read().split()[:3]}
-        srv = ServerProcess([sys.executable, "-m", "edgectl_runtime.worker", "--plan", str(pd / "plan.json")], {**base_env, **env}, pd / "server.log")
+        srv = ServerProcess([sys.executable, "-m", "edgectl_runtime.service.worker", "--plan", str(pd / "plan.json")], {**base_env, **env}, pd / "server.log")
         c = Client("127.0.0.1", port)
         try:
             t0 = time.monotonic()

@@ -1,7 +1,7 @@
 """Group-wise asymmetric int4: ``w = (q - 8) * scale + zero`` per row and group of columns.
 
 The arithmetic of PyTorch's CPU int4 kernel (``aten._weight_int4pack_mm_for_cpu``, the ``w4a16``
-format) and of the portable ``cpu_int4`` checkpoint (``edgectl_runtime.quantize``). Scale and
+format) and of the portable ``cpu_int4`` checkpoint (``edgectl_runtime.tools.quantize``). Scale and
 zero are rounded to their storage dtype *before* q is computed, because the kernel reads them
 in that dtype: q is chosen against the values actually used. Round half to even.
 """

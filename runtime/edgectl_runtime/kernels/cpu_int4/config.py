@@ -46,10 +46,9 @@ from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
-from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES
+from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, PORTABLE_FORMAT
 from edgectl.contract import environment as runtime_env
-from edgectl_runtime.ops.wna16 import wna16_available
-from edgectl_runtime.quantize import FORMAT as PORTABLE_FORMAT
+from edgectl_runtime.kernels.ops.wna16 import wna16_available
 
 NAME = "cpu_int4"
 KERNELS = ("torch", "vllm", "edgectl")
@@ -124,7 +123,7 @@ class CpuInt4Config(QuantizationConfig):
         if self.kernel == "vllm" and not wna16_available():
             raise ValueError("cpu_int4: EDGECTL_INT4_KERNEL=vllm needs vLLM's cpu_gemm_wna16, which the vLLM "
                              "library loaded on this CPU does not register (see `python -m "
-                             "edgectl_runtime.diagnostics.report`); use EDGECTL_INT4_KERNEL=torch or edgectl")
+                             "edgectl_runtime.tools.diagnostics.report`); use EDGECTL_INT4_KERNEL=torch or edgectl")
         if self.kernel == "edgectl" or self.lm_head == "int8":
             self._load_edgectl_kernels()
         if source not in SOURCES:
@@ -140,7 +139,7 @@ class CpuInt4Config(QuantizationConfig):
     @staticmethod
     def _load_edgectl_kernels() -> None:
         """Fail at configuration, with the fix, rather than at the first forward pass."""
-        from edgectl_runtime import ops
+        from edgectl_runtime.kernels import ops
 
         try:
             ops.load()
@@ -157,7 +156,7 @@ class CpuInt4Config(QuantizationConfig):
         if self.source in ("gptq", "awq"):
             out["checkpoint_group_size"] = self.ckpt_group
         if self.kernel == "edgectl" or self.lm_head == "int8":
-            from edgectl_runtime import ops
+            from edgectl_runtime.kernels import ops
 
             out["isa"] = ops.active_level()
         return out
@@ -241,7 +240,7 @@ class CpuInt4Config(QuantizationConfig):
                    layerwise=data.get("layerwise"), kernel=data.get("kernel"))
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        from edgectl_runtime.cpu_int4.method import CpuInt4LinearMethod
+        from edgectl_runtime.kernels.cpu_int4.method import CpuInt4LinearMethod
 
         if _tensor_parallel_size() > 1:
             raise ValueError("cpu_int4 supports tensor_parallel_size 1 only (its loaders do not shard)")

@@ -1,6 +1,6 @@
 """Kernel micro-benchmark: GB/s of weights moved at batch M per layer shape, per ISA level.
 
-``python -m edgectl_runtime.diagnostics.microbench [--shapes smollm2,1b] [--m 1 8] [--passes 5]``
+``python -m edgectl_runtime.tools.diagnostics.microbench [--shapes smollm2,1b] [--m 1 8] [--passes 5]``
 
 For each layer shape, every arm multiplies ``[M, K]`` activations by the layer's weights:
 
@@ -79,9 +79,9 @@ def _copies(make, bytes_each: int, footprint: int) -> list:
 
 
 def _arms(n: int, k: int, levels: list[str], footprint: int, include: set[str]) -> list[Arm]:
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
     from edgectl_runtime.formats import blocks, groups
-    from edgectl_runtime.ops import tinygemm
+    from edgectl_runtime.kernels.ops import tinygemm
 
     gen = torch.Generator().manual_seed(n * 31 + k)
     w = (torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16)
@@ -121,7 +121,7 @@ def _arms(n: int, k: int, levels: list[str], footprint: int, include: set[str]) 
 
 def _time_arm(arm: Arm, x: torch.Tensor, calls: int) -> float:
     """Seconds per call: ``calls`` calls, each on the next copy of the weights."""
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
 
     ctx = ops.use_level(arm.level) if arm.level else _null()
     dense = ops.dense_from(arm.dense_from) if arm.level else _null()
@@ -146,7 +146,7 @@ class _null:
 def run(shapes: list[tuple[str, str, int, int]], ms: list[int], passes: int, levels: list[str] | None,
         act_dtype: torch.dtype, include: set[str], footprint: int, min_calls: int = 8) -> list[dict]:
     """One row per (shape, M, arm); ``shapes`` are (set name, layer, N, K)."""
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
 
     ops.load()
     levels = levels or ops.supported_levels()
@@ -178,7 +178,7 @@ def run_norms(hiddens: list[int], ms: list[int], passes: int, dtype: torch.dtype
     edgectl's fused op, and the native one compiled by torch.compile (inductor fuses it)."""
     from vllm import ir
 
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
 
     ops.load()
     native = ir.ops.fused_add_rms_norm.impls["native"].impl_fn
@@ -208,17 +208,13 @@ def run_norms(hiddens: list[int], ms: list[int], passes: int, dtype: torch.dtype
     return rows
 
 
-def _copy_bandwidth() -> dict:
-    try:
-        from edgectl.probe.bandwidth import BandwidthUnavailable, buffer_total_bytes, measure
-    except ImportError as exc:
-        return {"error": f"edgectl's probe is not importable: {exc}"}
-    try:
-        res = measure(sorted(os.sched_getaffinity(0)), buffer_total_bytes(_llc_bytes(), None))
-    except BandwidthUnavailable as exc:
-        return {"error": exc.reason}
-    return {"gbps": round(res.gbps, 2), "threads": res.threads, "repetitions": res.repetitions,
-            "method": res.describe()}
+def _copy_bandwidth(gbps: float | None) -> dict:
+    """The copy bandwidth the rows are compared with: measured by the control plane (``edgectl probe
+    --bandwidth --json``, ``bandwidth_gbps``) and given with ``--copy-gbps``; the runtime does
+    not measure the host itself."""
+    if gbps is None:
+        return {"error": "not given (pass --copy-gbps from `edgectl probe --bandwidth --json`)"}
+    return {"gbps": round(gbps, 2), "method": "edgectl probe --bandwidth (given with --copy-gbps)"}
 
 
 def render(result: dict) -> str:
@@ -239,7 +235,7 @@ def render(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgectl_runtime.diagnostics.microbench",
+    p = argparse.ArgumentParser(prog="python -m edgectl_runtime.tools.diagnostics.microbench",
                                 description="GB/s of weights moved per layer shape and ISA level.")
     p.add_argument("--shapes", default="smollm2,1b", help=f"comma list of {', '.join(SHAPES)}")
     p.add_argument("--m", type=int, nargs="+", default=[1], help="activation rows (1 = one decoded token)")
@@ -252,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="weights rotated over per arm (default: 2 x last-level cache, at most 1024)")
     p.add_argument("--norms", action="store_true",
                    help="instead: RMSNorm + residual per call (vLLM native, edgectl's op, torch.compile'd native)")
+    p.add_argument("--copy-gbps", type=float, default=None,
+                   help="the host's copy bandwidth, read + write (bandwidth_gbps of edgectl probe --bandwidth --json), for the %% copy column")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.threads:
@@ -262,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     llc = _llc_bytes()
     footprint = (a.footprint_mib * MIB) if a.footprint_mib else min(1024 * MIB, max(64 * MIB, 2 * (llc or 0)))
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
 
     try:
         ops.load()
@@ -281,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"schema": "edgectl.microbench/1", "activation_dtype": a.activations, "passes": a.passes,
                           "threads": torch.get_num_threads(), "rows": rows}, indent=1))
         return 0
-    bandwidth = _copy_bandwidth()
+    bandwidth = _copy_bandwidth(a.copy_gbps)
     shapes = [(name, layer, n, k) for name in a.shapes.split(",") for layer, n, k in SHAPES[name]]
     rows = run(shapes, a.m, a.passes, levels, dtype, set(a.arms.split(",")), footprint)
     import platform

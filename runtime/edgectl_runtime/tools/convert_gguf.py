@@ -2,7 +2,7 @@
 
 Run by ``edgectl models pull`` under the runtime interpreter, in a subprocess::
 
-    python -m edgectl_runtime.convert_gguf [--direct CONFIG_JSON] GGUF OUT_DIR
+    python -m edgectl_runtime.tools.convert_gguf [--direct CONFIG_JSON] GGUF OUT_DIR
 
 With ``--direct`` the weights stay in the GGUF: the directory gets ``config.json`` made from the
 GGUF metadata (CONFIG_JSON: ``model_type`` and the keyword arguments the control plane derived,
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         args = args[2:]
     if len(args) != 2:
-        print("usage: python -m edgectl_runtime.convert_gguf [--direct CONFIG_JSON] GGUF OUT_DIR", file=sys.stderr)
+        print("usage: python -m edgectl_runtime.tools.convert_gguf [--direct CONFIG_JSON] GGUF OUT_DIR", file=sys.stderr)
         return 2
     gguf_path, out_dir = Path(args[0]).resolve(), Path(args[1])
     if not gguf_path.is_file():

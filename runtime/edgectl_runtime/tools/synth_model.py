@@ -3,7 +3,7 @@
 Run by ``edgectl models pull`` for a synthetic catalog entry (edgectl/models/synthetic.py), under the
 runtime interpreter, in a subprocess::
 
-    python -P .../edgectl_runtime/synth_model.py SPEC_JSON OUT_DIR
+    python -P .../edgectl_runtime/tools/synth_model.py SPEC_JSON OUT_DIR
 
 ``SPEC_JSON`` is one JSON object: ``config`` (the config.json keys of the shape, e.g. Llama-3.2-1B's),
 ``seed`` and ``tokenizer_pieces``. ``OUT_DIR`` must not exist or be empty. It receives:

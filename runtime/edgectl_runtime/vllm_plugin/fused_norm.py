@@ -67,7 +67,7 @@ def register() -> list[str]:
     naming ``edgectl`` fails at vLLM's config check, which says so)."""
     if _registered:
         return list(_registered)
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
 
     ok, why = ops.available()
     if not ok:

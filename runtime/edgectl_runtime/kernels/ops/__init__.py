@@ -43,7 +43,7 @@ from pathlib import Path
 LIBRARY = Path(__file__).with_name("_edgectl_kernels.so")
 STAMP = Path(__file__).with_name("_edgectl_kernels.json")
 LEVELS = ("scalar", "avx2", "avx512vnni")  # lowest to highest
-BUILD_COMMAND = "python -m edgectl_runtime.ops.build (scripts/setup.sh runs it)"
+BUILD_COMMAND = "python -m edgectl_runtime.kernels.ops.build (scripts/setup.sh runs it)"
 
 
 class KernelLibraryError(RuntimeError):
@@ -75,7 +75,7 @@ def _check_stamp() -> None:
     if not LIBRARY.is_file():
         raise KernelLibraryError(f"edgectl's kernel library is not built ({LIBRARY} is missing): run {BUILD_COMMAND}")
     try:
-        from edgectl_runtime.ops.build import source_hash
+        from edgectl_runtime.kernels.ops.build import source_hash
 
         stamp = json.loads(STAMP.read_text())
         fresh = stamp.get("sources_sha256") == source_hash()

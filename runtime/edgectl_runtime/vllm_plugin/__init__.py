@@ -1,9 +1,10 @@
-"""edgectl's vLLM plugin (entry point ``vllm.general_plugins``: ``edgectl_cpu_int4``).
+"""edgectl's vLLM plugin (entry point ``vllm.general_plugins``: ``edgectl_cpu_int4``) and the
+patches it installs into vLLM, one module each (this package).
 
 vLLM calls :func:`register` once in every process it starts (front end, EngineCore, each
 worker: ``vllm/plugins/__init__.py`` ``load_general_plugins``), before any model exists. It
 
-- registers the ``cpu_int4`` quantization method (importing ``edgectl_runtime.cpu_int4``
+- registers the ``cpu_int4`` quantization method (importing ``edgectl_runtime.kernels.cpu_int4``
   registers it; the config object is pickled to the children, so the class must be importable
   everywhere, which the entry point guarantees);
 - registers the ``edgectl_gguf`` load format (``gguf_loader.py``: a model straight from a GGUF);
@@ -14,7 +15,7 @@ worker: ``vllm/plugins/__init__.py`` ``load_general_plugins``), before any model
 - asks Linux for permission to use AMX tiles where the CPU has them (:func:`request_amx`);
 - adds edgectl's settings to vLLM's compile-cache key and records whether the compiled graph
   was loaded or compiled; with ``EDGECTL_COMPILE_CACHE=1`` makes the saved graph load
-  (``edgectl_runtime/compile_cache.py``).
+  (``edgectl_runtime/vllm_plugin/compile_cache.py``).
 
 ``VLLM_PLUGINS`` (a comma list of entry-point names) can exclude it entirely.
 """
@@ -29,12 +30,13 @@ logger = logging.getLogger("edgectl.plugin")
 
 def register() -> None:
     """Called once per vLLM process."""
-    from edgectl_runtime import cpu_int4, fused_norm, gguf_loader, rope  # noqa: F401 (gguf_loader registers)
+    from edgectl_runtime.kernels import cpu_int4  # registers the quantization method
+    from edgectl_runtime.vllm_plugin import fused_norm, gguf_loader, rope  # noqa: F401 (gguf_loader registers)
 
     request_amx()
     capped = rope.install(os.environ)
     norms = fused_norm.register()
-    from edgectl_runtime import compile_cache, embedding
+    from edgectl_runtime.vllm_plugin import compile_cache, embedding
 
     compile_cache.install(os.environ)
     pack = embedding.install(os.environ)

@@ -7,7 +7,7 @@ model's tokenizer; a model with a larger vocabulary holds more (Gemma-3's 262144
 
 Run in the runtime's interpreter, in a process of its own::
 
-    python -m edgectl_runtime.tokenizer_cost MODEL_DIR [--tokenizer lean|vllm]
+    python -m edgectl_runtime.introspect.tokenizer_cost MODEL_DIR [--tokenizer lean|vllm]
 
 It builds what the worker's one process holds of the tokenizer, with vLLM's own functions: the
 tokenizer as vLLM loads it (``vllm/tokenizers/registry.py`` ``cached_get_tokenizer``, which
@@ -45,7 +45,7 @@ def _rss_anon() -> int:
 
 
 def measure(model_dir: str, tokenizer: str = "lean") -> dict:
-    from edgectl_runtime import lean
+    from edgectl_runtime.vllm_plugin import lean
 
     if tokenizer == "lean":
         lean.share_tokenizer()
@@ -68,7 +68,7 @@ def measure(model_dir: str, tokenizer: str = "lean") -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edgectl_runtime.tokenizer_cost")
+    parser = argparse.ArgumentParser(prog="python -m edgectl_runtime.introspect.tokenizer_cost")
     parser.add_argument("model_dir")
     parser.add_argument("--tokenizer", choices=("lean", "vllm"), default="lean")
     ns = parser.parse_args(argv)

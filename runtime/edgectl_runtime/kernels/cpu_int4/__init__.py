@@ -7,13 +7,13 @@ Layers of this package, each apart from the others:
 - :mod:`.method` — one layer's weights inside vLLM: created, loaded (layer-wise, low peak),
   packed for the chosen kernel, multiplied, looked up.
 
-The kernels live in :mod:`edgectl_runtime.ops` (edgectl's own library, PyTorch's and vLLM's int4
+The kernels live in :mod:`edgectl_runtime.kernels.ops` (edgectl's own library, PyTorch's and vLLM's int4
 ops), the arithmetic of the formats in :mod:`edgectl_runtime.formats`, the diagnostics in
-:mod:`edgectl_runtime.diagnostics`.
+:mod:`edgectl_runtime.tools.diagnostics`.
 """
 
-from edgectl_runtime.cpu_int4.config import KERNELS, LM_HEAD_FORMATS, NAME, CpuInt4Config  # noqa: F401
-from edgectl_runtime.cpu_int4.method import (  # noqa: F401
+from edgectl_runtime.kernels.cpu_int4.config import KERNELS, LM_HEAD_FORMATS, NAME, CpuInt4Config  # noqa: F401
+from edgectl_runtime.kernels.cpu_int4.method import (  # noqa: F401
     INFO_ATTR,
     LAYOUT_ATTR,
     S_ATTR,

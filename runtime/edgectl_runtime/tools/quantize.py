@@ -1,6 +1,6 @@
 """The portable ``cpu_int4`` checkpoint writer (the arithmetic is :mod:`edgectl_runtime.formats.groups`).
 
-``python -m edgectl_runtime.quantize SRC OUT [--group-size N]`` is what ``edgectl quantize``
+``python -m edgectl_runtime.tools.quantize SRC OUT [--group-size N]`` is what ``edgectl quantize``
 runs under the runtime interpreter. It reads a bf16/fp16/fp32 Hugging Face checkpoint tensor
 by tensor and writes OUT with, for every quantizable linear weight ``P.weight [N, K]``:
 
@@ -9,7 +9,7 @@ by tensor and writes OUT with, for every quantizable linear weight ``P.weight [N
 
 with ``w = (q - 8) * scale + zero`` (the dequantization of PyTorch's CPU int4 kernel). This
 layout is the same on every machine; PyTorch's packed layout depends on the ISA, so packing
-happens on the target at load (``edgectl_runtime.cpu_int4``), into whichever kernel's layout the
+happens on the target at load (``edgectl_runtime.kernels.cpu_int4``), into whichever kernel's layout the
 plan chose.
 Every other tensor is copied unchanged. ``config.json`` gains
 ``quantization_config = {"quant_method": "cpu_int4", ...}`` so vLLM picks the method itself.
@@ -37,10 +37,15 @@ from pathlib import Path
 
 import torch
 
-from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE, choose_group_size, quantizable
+from edgectl.contract.int4_layout import (
+    ALLOWED_GROUP_SIZES,
+    DEFAULT_GROUP_SIZE,
+    PORTABLE_FORMAT,
+    choose_group_size,
+    quantizable,
+)
 from edgectl_runtime.formats.groups import pack_nibbles, quantize_int4
 
-FORMAT = "edgectl.cpu_int4/1"
 
 # ---------------------------------------------------------------------------------------------
 # Which tensors are quantized
@@ -160,7 +165,7 @@ def plan_outputs(tensors: list[SourceTensor], preferred: int) -> tuple[list[Outp
 
 
 def _header_bytes(outputs: list[OutputTensor]) -> bytes:
-    header: dict[str, object] = {"__metadata__": {"format": "pt", "edgectl_format": FORMAT}}
+    header: dict[str, object] = {"__metadata__": {"format": "pt", "edgectl_format": PORTABLE_FORMAT}}
     offset = 0
     for o in outputs:
         header[o.name] = {"dtype": o.dtype, "shape": list(o.shape), "data_offsets": [offset, offset + o.nbytes]}
@@ -277,7 +282,7 @@ def quantize_checkpoint(src: Path, out: Path, group_size: int = DEFAULT_GROUP_SI
         config = dict(config)
         config["quantization_config"] = {
             "quant_method": "cpu_int4",
-            "format": FORMAT,
+            "format": PORTABLE_FORMAT,
             "bits": 4,
             "group_size": group_size,
             "zero_point": "float",  # w = (q - 8) * scale + zero
@@ -300,7 +305,7 @@ def quantize_checkpoint(src: Path, out: Path, group_size: int = DEFAULT_GROUP_SI
         "schema": "edgectl.quantize/1",
         "source": str(src),
         "output": str(out),
-        "format": FORMAT,
+        "format": PORTABLE_FORMAT,
         "group_size": group_size,
         "group_sizes_used": groups_used,
         "quantized_weights": len(quantized),
@@ -312,7 +317,7 @@ def quantize_checkpoint(src: Path, out: Path, group_size: int = DEFAULT_GROUP_SI
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edgectl_runtime.quantize",
+    parser = argparse.ArgumentParser(prog="python -m edgectl_runtime.tools.quantize",
                                      description="Write a portable cpu_int4 checkpoint.")
     parser.add_argument("src", type=Path)
     parser.add_argument("out", type=Path)

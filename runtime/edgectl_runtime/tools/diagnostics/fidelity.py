@@ -1,12 +1,12 @@
 """Fidelity of weight formats against bf16, offline: the bench's comparison on the shipped prompts.
 
-``python -m edgectl_runtime.diagnostics.fidelity MODEL_DIR [--arms bf16,w4a16,w4a8,w4a8-int8]``
+``python -m edgectl_runtime.tools.diagnostics.fidelity MODEL_DIR [--arms bf16,w4a16,w4a8,w4a8-int8]``
 
 Each arm loads the model in its own process (vLLM's offline engine, eager, one sequence) with
 its ``cpu_int4`` settings, and collects, for every prompt of ``edgectl/data/prompts/fidelity.json``,
 the top-20 log-probabilities at every teacher-forced position and at the next token — the
 data ``edgectl bench`` collects over HTTP (``edgectl.bench.fidelity.collect_vllm``). Every arm is
-then compared with the ``bf16`` arm by ``edgectl.bench.fidelity.compare``: top-1 agreement and
+then compared with the ``bf16`` arm by ``edgectl.contract.fidelity.compare``: top-1 agreement and
 mean KL (top-20 + "other" bins). A measurement tool for choosing formats, not a test.
 """
 
@@ -17,9 +17,8 @@ import json
 import os
 import sys
 
-from edgectl_runtime.diagnostics.arms import ARMS, engine_kwargs, run_in_own_process
-
-TOP_K = 20
+from edgectl.contract.fidelity import METHOD, TOP_K, compare, perplexity, read_prompt_set
+from edgectl_runtime.tools.diagnostics.arms import ARMS, engine_kwargs, run_in_own_process
 
 
 def _collect(model: str, arm: str, group: int, dtype: str) -> dict:
@@ -27,11 +26,9 @@ def _collect(model: str, arm: str, group: int, dtype: str) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from edgectl.bench.prompts import prompt_set
-
     llm = LLM(**engine_kwargs(arm, model, dtype), max_logprobs=TOP_K)
     tok = llm.get_tokenizer()
-    ps = prompt_set()
+    ps = read_prompt_set()
     items = []
     for text in [*ps.prompts, ps.perplexity_text]:
         ids = tok.encode(text)
@@ -45,26 +42,24 @@ def _collect(model: str, arm: str, group: int, dtype: str) -> dict:
 
 
 def run(model: str, arms: list[str], group: int, dtype: str) -> dict:
-    from edgectl.bench import fidelity
-
     raw = {}
     for arm in ["bf16", *[a for a in arms if a != "bf16"]]:
         env = dict(os.environ)
         env.update(ARMS[arm].env)
         env["EDGECTL_INT4_GROUP_SIZE"] = str(group)
-        raw[arm] = run_in_own_process("edgectl_runtime.diagnostics.fidelity",
+        raw[arm] = run_in_own_process("edgectl_runtime.tools.diagnostics.fidelity",
                                       ["--group-size", str(group), "--dtype", dtype, model, "--collect", arm], env)
     out = {"schema": "edgectl.fidelity-offline/1", "model": model, "dtype": dtype, "group_size": group,
-           "method": fidelity.METHOD, "arms": {}}
+           "method": METHOD, "arms": {}}
     for arm, data in raw.items():
-        cmp = fidelity.compare(raw["bf16"], data)
-        cmp["perplexity"] = fidelity.perplexity(data["perplexity"])
+        cmp = compare(raw["bf16"], data)
+        cmp["perplexity"] = perplexity(data["perplexity"])
         out["arms"][arm] = cmp
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgectl_runtime.diagnostics.fidelity", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m edgectl_runtime.tools.diagnostics.fidelity", description=__doc__.splitlines()[0])
     p.add_argument("model")
     p.add_argument("--arms", default="bf16,w4a16,w4a8,w4a8-int8")
     p.add_argument("--group-size", type=int, default=32, help="cpu_int4 group for the w4a16 arms")

@@ -33,7 +33,7 @@
 // of 32 columns, d = max|x| / 127, q = round_half_even(x * (127 / max|x|)) in -127..127 (0 for
 // an all-zero block), s = sum(q). Columns past K are 0. Then
 //   y[i][n] = sum_b dw[n][b] * dx[i][b] * sum_j qw * qx  (+ mw[n][b] * dx[i][b] * s[i][b] for W4)
-// accumulated in fp32. runtime/edgectl_runtime/ops/reference.py is the same in plain PyTorch.
+// accumulated in fp32. runtime/edgectl_runtime/kernels/ops/reference.py is the same in plain PyTorch.
 #pragma once
 #include <stdint.h>
 

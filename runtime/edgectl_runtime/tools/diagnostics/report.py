@@ -1,6 +1,6 @@
-"""Which kernels this process can actually run, as JSON (``python -m edgectl_runtime.diagnostics.report``).
+"""Which kernels this process can actually run, as JSON (``python -m edgectl_runtime.tools.diagnostics.report``).
 
-- edgectl's own library (``edgectl_runtime.ops``): built or not, the ISA levels the CPU and the
+- edgectl's own library (``edgectl_runtime.kernels.ops``): built or not, the ISA levels the CPU and the
   OS allow, the level selected (``EDGECTL_KERNEL_ISA``);
 - PyTorch's int4 op, run once against the dequantized product;
 - the weight formats edgectl serves (``formats``: those of the plan's ``WeightFormat``), each with
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from edgectl_runtime.ops.tinygemm import int4_matmul, kernel_pack, scales_and_zeros
+from edgectl_runtime.kernels.ops.tinygemm import int4_matmul, kernel_pack, scales_and_zeros
 
 # vLLM C ops that matter to a weight format (torch.ops._C.<name>).
 VLLM_OPS = (
@@ -119,7 +119,7 @@ def kernel_report() -> dict:
 
 def edgectl_kernels() -> dict:
     """edgectl's library: loaded or why not, the levels cpuid + XCR0 allow, the level in use."""
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
 
     ok, why = ops.available()
     out: dict = {"loaded": ok, "library": str(ops.LIBRARY)}
@@ -142,7 +142,7 @@ def edgectl_kernels() -> dict:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    argparse.ArgumentParser(prog="python -m edgectl_runtime.diagnostics.report",
+    argparse.ArgumentParser(prog="python -m edgectl_runtime.tools.diagnostics.report",
                             description="Which int4/int8 kernels this process can run (JSON).").parse_args(argv)
     print(json.dumps(kernel_report(), indent=2, sort_keys=True))
     return 0

@@ -619,7 +619,7 @@ def python_heap_by_package(site_dirs: list[str] | None = None, top: int = 20) ->
 
 def process_settings() -> dict[str, Any]:
     """The memory-relevant settings this process runs with, read inside it (for the read-back)."""
-    from edgectl_runtime.lean import optional_imports_state
+    from edgectl_runtime.vllm_plugin.lean import optional_imports_state
 
     return {"python_optimize": sys.flags.optimize, "optional_imports": optional_imports_state(),
             "environ": {k: os.environ.get(k) for k in ("LD_PRELOAD", "MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_",
@@ -672,7 +672,7 @@ def collect(model=None, kv_caches=None, model_dir: str | None = None, extra: dic
 
 def collect_in_worker(worker, model_dir: str | None = None) -> dict[str, Any]:
     """``collect`` for a vLLM worker (sent with ``collective_rpc``): its model and KV cache."""
-    from edgectl_runtime.embedding import packed_copies
+    from edgectl_runtime.vllm_plugin.embedding import packed_copies
 
     runner = worker.model_runner
     result = collect(model=runner.model, kv_caches=getattr(runner, "kv_caches", None), model_dir=model_dir)
@@ -687,12 +687,12 @@ def collect_in_worker(worker, model_dir: str | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m edgectl_runtime.memory URL``: fetch a worker's attribution and print it."""
+    """``python -m edgectl_runtime.introspect.memory URL``: fetch a worker's attribution and print it."""
     import argparse
     import json
     import urllib.request
 
-    parser = argparse.ArgumentParser(prog="python -m edgectl_runtime.memory", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m edgectl_runtime.introspect.memory", description=main.__doc__)
     parser.add_argument("url", help="the worker's base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--json", action="store_true")
     ns = parser.parse_args(argv)

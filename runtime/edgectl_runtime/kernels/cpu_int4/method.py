@@ -35,11 +35,11 @@ from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
 from vllm.model_executor.utils import set_weight_attrs
 
 from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, choose_group_size, quantizable_partitions
-from edgectl_runtime.cpu_int4.config import NAME, CpuInt4Config, gguf_load_format, tied_embeddings
+from edgectl_runtime.kernels.cpu_int4.config import NAME, CpuInt4Config, gguf_load_format, tied_embeddings
 from edgectl_runtime.formats import blocks, ggml
 from edgectl_runtime.formats.gptq_awq import awq_to_int4, gptq_to_int4
 from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4, unpack_nibbles
-from edgectl_runtime.ops.tinygemm import (
+from edgectl_runtime.kernels.ops.tinygemm import (
     PACK_BLOCK_ROWS,
     LayoutUnknown,
     gather_packed_rows,
@@ -48,7 +48,7 @@ from edgectl_runtime.ops.tinygemm import (
     packed_layout,
     scales_and_zeros,
 )
-from edgectl_runtime.ops.wna16 import wna16_matmul, wna16_pack, wna16_unpack
+from edgectl_runtime.kernels.ops.wna16 import wna16_matmul, wna16_pack, wna16_unpack
 
 logger = logging.getLogger("edgectl.cpu_int4")
 

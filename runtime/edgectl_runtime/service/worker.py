@@ -1,6 +1,6 @@
 """The service's main process: vLLM's OpenAI server with exactly the plan's settings.
 
-Started by the unit (``python -m edgectl_runtime.worker --plan /etc/edgectl/NAME/plan.json``),
+Started by the unit (``python -m edgectl_runtime.service.worker --plan /etc/edgectl/NAME/plan.json``),
 by a Kubernetes pod the same way (edgectl/fleet/k8s.py), or in the foreground by ``edgectl
 serve``. In order:
 
@@ -98,7 +98,7 @@ class Service:
     """Holds what the watchdog and the HTTP routes need to see."""
 
     def __init__(self, plan: Plan, notifier, ping_every_s: float | None = None) -> None:
-        from edgectl_runtime.notify import LoopHeartbeat
+        from edgectl_runtime.service.notify import LoopHeartbeat
 
         self.plan = plan
         self.notifier = notifier
@@ -115,9 +115,9 @@ class Service:
         self.engine_pings = 0
         self.load_peak: dict[str, int] = {}
         self.warmup: dict[str, Any] | None = None  # the warm-up's answer, and why it looks broken (or None)
-        self.trimmer = None  # levers.idle_trim: an IdleTrimmer (runtime/edgectl_runtime/idle_trim.py)
+        self.trimmer = None  # levers.idle_trim: an IdleTrimmer (runtime/edgectl_runtime/service/idle_trim.py)
         if plan.levers.idle_trim:
-            from edgectl_runtime.idle_trim import IdleTrimmer
+            from edgectl_runtime.service.idle_trim import IdleTrimmer
 
             self.trimmer = IdleTrimmer()
 
@@ -143,7 +143,7 @@ class Service:
             time.sleep(interval_s)
 
     def on_compile_event(self, event: str, state: dict[str, Any]) -> None:
-        """The compiled graph's progress (``edgectl_runtime.compile_cache``) as phase and STATUS=.
+        """The compiled graph's progress (``edgectl_runtime.vllm_plugin.compile_cache``) as phase and STATUS=.
 
         Compiling takes minutes on a small box: while it runs, STATUS= shows the seconds so far,
         so ``edgectl deploy`` (which prints every new STATUS=) shows progress.
@@ -237,8 +237,8 @@ class Service:
 
 async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
     """The settings the running engine actually has, read from the process that holds the model."""
-    from edgectl_runtime.lean import optional_imports_state, tokenizer_state
-    from edgectl_runtime.readback import collect_worker_facts, process_tree_facts
+    from edgectl_runtime.vllm_plugin.lean import optional_imports_state, tokenizer_state
+    from edgectl_runtime.service.readback import collect_worker_facts, process_tree_facts
 
     if plan.topology is Topology.SINGLE_PROCESS:
         results = await engine_client.collective_rpc(collect_worker_facts)
@@ -368,7 +368,7 @@ async def serve(plan: Plan, service: Service) -> None:
                 os._exit(1)  # nothing served yet: let systemd restart us
             _release_freed_memory()
             if service.effective is not None:  # the processor probe runs at the first chat render: read it again
-                from edgectl_runtime.lean import tokenizer_state
+                from edgectl_runtime.vllm_plugin.lean import tokenizer_state
 
                 service.effective["tokenizer"] = tokenizer_state(engine_client)
             service.ready_s = time.monotonic() - service.started_monotonic
@@ -404,7 +404,7 @@ def _release_freed_memory() -> None:
     Loading buffers each layer's checkpoint tensors before packing them; glibc's allocator keeps
     the freed pages in its heaps. ``malloc_trim(0)`` returns them (40 MB here with SmolLM2).
     """
-    from edgectl_runtime.idle_trim import release_freed_memory
+    from edgectl_runtime.service.idle_trim import release_freed_memory
 
     release_freed_memory()
 
@@ -445,12 +445,12 @@ def _add_edgectl_routes(app, service: Service) -> None:
 
     @app.get(contract.MEMORY_ROUTE)
     async def memory() -> JSONResponse:
-        """Where this process's PSS goes (``edgectl_runtime/memory.py``), read in the engine thread."""
+        """Where this process's PSS goes (``edgectl_runtime/introspect/memory.py``), read in the engine thread."""
         client = service.engine_client
         if client is None or service.plan.topology is not Topology.SINGLE_PROCESS:
             return JSONResponse({"error": "the memory attribution needs the single-process topology, serving"},
                                 status_code=409)
-        from edgectl_runtime.memory import collect_in_worker
+        from edgectl_runtime.introspect.memory import collect_in_worker
 
         results = await client.collective_rpc(collect_in_worker, kwargs={"model_dir": service.plan.model.path})
         return JSONResponse(results[0] if isinstance(results, list) else results)
@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
 
     faulthandler.enable()
 
-    from edgectl_runtime.notify import Notifier, Watchdog, watchdog_interval_s
+    from edgectl_runtime.service.notify import Notifier, Watchdog, watchdog_interval_s
 
     notifier = Notifier()
     try:
@@ -524,11 +524,11 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
 
     if plan.levers.optional_imports is OptionalImports.SKIP:  # before anything imports vLLM
-        from edgectl_runtime.lean import skip_optional_imports
+        from edgectl_runtime.vllm_plugin.lean import skip_optional_imports
 
         log.info("kept out (optional for vLLM): %s", ", ".join(skip_optional_imports()))
     if plan.levers.tokenizer is TokenizerLever.LEAN:
-        from edgectl_runtime.lean import share_tokenizer
+        from edgectl_runtime.vllm_plugin.lean import share_tokenizer
 
         share_tokenizer()
 
@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=service.sample_load_peak, name="edgectl-load-peak", daemon=True).start()
 
     if plan.topology is Topology.SINGLE_PROCESS:
-        from edgectl_runtime import compile_cache, inproc
+        from edgectl_runtime.vllm_plugin import compile_cache, inproc
 
         inproc.install()
         compile_cache.listeners.append(service.on_compile_event)  # the model is in this process

@@ -1,8 +1,8 @@
 """Build edgectl's kernel library (``_edgectl_kernels.so``) next to this file.
 
-``python runtime/edgectl_runtime/ops/build.py`` (what ``scripts/setup.sh`` runs, before it
+``python runtime/edgectl_runtime/kernels/ops/build.py`` (what ``scripts/setup.sh`` runs, before it
 installs the checkout, so the installed package carries the same file) or
-``python -m edgectl_runtime.ops.build``. Standard library and torch only: it runs from a
+``python -m edgectl_runtime.kernels.ops.build``. Standard library and torch only: it runs from a
 checkout before edgectl is installed.
 
 - One object per ISA level, each with its own flags (``LEVELS``); the dispatcher and the
@@ -185,7 +185,7 @@ def build(out_dir: Path = HERE, force: bool = False, log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edgectl_runtime.ops.build", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m edgectl_runtime.kernels.ops.build", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE, help="directory for the library (default: beside this file)")
     parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
     args = parser.parse_args(argv)

@@ -6,7 +6,7 @@ worker checks against its plan (``edgectl/contract/effective.py``); it builds on
 (including the LM head), the rows of every RoPE table, and the resident bytes of parameters and
 buffers by dtype. It runs where the model lives, the vLLM worker process:
 
-- ``LLM(..., worker_extension_cls="edgectl_runtime.readback.ReadbackExtension")`` then
+- ``LLM(..., worker_extension_cls="edgectl_runtime.service.readback.ReadbackExtension")`` then
   ``llm.collective_rpc("edgectl_describe")`` (one dict per worker); or
 - ``describe_model(model)`` directly where the model is in-process.
 
@@ -57,7 +57,7 @@ def _layer_entry(name: str, module: torch.nn.Module, embed_weight: torch.Tensor 
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
-    from edgectl_runtime.cpu_int4 import INFO_ATTR, CpuInt4LinearMethod
+    from edgectl_runtime.kernels.cpu_int4 import INFO_ATTR, CpuInt4LinearMethod
 
     if isinstance(module, ParallelLMHead):
         kind = "lm_head"
@@ -103,7 +103,7 @@ def _layer_entry(name: str, module: torch.nn.Module, embed_weight: torch.Tensor 
 
 
 def _rope_entries(model: torch.nn.Module) -> list[dict[str, Any]]:
-    from edgectl_runtime.rope import INFO_ATTR as ROPE_INFO
+    from edgectl_runtime.vllm_plugin.rope import INFO_ATTR as ROPE_INFO
 
     out = []
     seen: set[int] = set()
@@ -186,12 +186,12 @@ def describe_model(model: torch.nn.Module) -> dict[str, Any]:
     for entry in layers:
         formats[entry["format"]] = formats.get(entry["format"], 0) + 1
     try:
-        from edgectl_runtime.ops.tinygemm import packed_layout
+        from edgectl_runtime.kernels.ops.tinygemm import packed_layout
 
         block_rows = packed_layout().block_rows
     except Exception:  # noqa: BLE001 - reported as unknown, never guessed
         block_rows = None
-    from edgectl_runtime import ops
+    from edgectl_runtime.kernels import ops
 
     loaded, _ = ops.available()
     edgectl_isa = ops.active_level() if loaded else None
@@ -256,7 +256,7 @@ def collect_worker_facts(worker) -> dict[str, Any]:
     server's own process; otherwise vLLM's worker process, through :class:`ReadbackExtension`), so
     what it reports is what the forward pass really uses, not what a config object says.
     """
-    from edgectl_runtime import compile_cache
+    from edgectl_runtime.vllm_plugin import compile_cache
 
     runner = worker.model_runner
     kv = getattr(runner, "kv_caches", None)
@@ -271,7 +271,7 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         elif entry.get("kind") == "linear":
             formats[entry["name"]] = entry["format"]
             in_features[entry["name"]] = entry["in_features"]
-    from edgectl_runtime.embedding import packed_copies
+    from edgectl_runtime.vllm_plugin.embedding import packed_copies
 
     attention_layers = [m for m in runner.model.modules() if hasattr(getattr(m, "impl", None), "kv_cache_dtype")]
     attention = [m.impl for m in attention_layers]

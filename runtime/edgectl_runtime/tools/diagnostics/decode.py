@@ -1,6 +1,6 @@
 """Engine decode and prefill speed per weight-format arm: interleaved passes, each a fresh engine.
 
-``python -m edgectl_runtime.diagnostics.decode MODEL_DIR --arms w4a16,w4a8-int8 [--passes 3]``
+``python -m edgectl_runtime.tools.diagnostics.decode MODEL_DIR --arms w4a16,w4a8-int8 [--passes 3]``
 
 Every pass starts each arm in its own process (vLLM's offline engine, eager, one sequence,
 prefix caching off), reads back the formats and the kernel ISA level the worker really holds,
@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from edgectl_runtime.diagnostics.arms import ARMS, engine_kwargs, run_in_own_process
+from edgectl_runtime.tools.diagnostics.arms import ARMS, engine_kwargs, run_in_own_process
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 
@@ -30,7 +30,7 @@ def _run(model: str, arm: str, dtype: str, tokens: int, seed: int) -> dict:
     from vllm.inputs import TokensPrompt
 
     llm = LLM(**engine_kwargs(arm, model, dtype), enable_prefix_caching=False,
-              worker_extension_cls="edgectl_runtime.readback.ReadbackExtension")
+              worker_extension_cls="edgectl_runtime.service.readback.ReadbackExtension")
     rb = llm.collective_rpc("edgectl_describe")[0]
     ids = llm.get_tokenizer().encode(PROMPT)
 
@@ -53,7 +53,7 @@ def _run(model: str, arm: str, dtype: str, tokens: int, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgectl_runtime.diagnostics.decode", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m edgectl_runtime.tools.diagnostics.decode", description=__doc__.splitlines()[0])
     p.add_argument("model")
     p.add_argument("--arms", default="w4a16,w4a8-int8")
     p.add_argument("--passes", type=int, default=3)
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             env.update(ARMS[arm.partition("@")[0]].env)
             try:
                 samples[arm].append(run_in_own_process(
-                    "edgectl_runtime.diagnostics.decode",
+                    "edgectl_runtime.tools.diagnostics.decode",
                     [a.model, "--tokens", str(a.tokens), "--dtype", a.dtype, "--seed", str(n * 100 + i), "--run", arm],
                     env))
             except RuntimeError as exc:

@@ -37,7 +37,7 @@ def engine_kwargs(arm: str, model: str, dtype: str, max_model_len: int = 2048, k
     if a.quantization:
         kwargs["quantization"] = a.quantization
     if a.fused_norm:
-        from edgectl_runtime import fused_norm
+        from edgectl_runtime.vllm_plugin import fused_norm
 
         kwargs["ir_op_priority"] = fused_norm.priority()
     return kwargs

@@ -12,9 +12,9 @@ import inspect
 import re
 import sys
 from pathlib import PurePath
-from typing import Any
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from edgectl.cli import app
 
@@ -26,11 +26,12 @@ _CODE_SPAN = re.compile(r"(`[^`]*`)")
 def render_cli_reference() -> str:
     """The markdown of every command and subcommand: usage, help, each argument and option."""
     root = typer.main.get_command(app)
+    if not isinstance(root, TyperGroup):
+        raise TypeError(f"edgectl's app became a {type(root).__name__}, not a group of commands")
     root_context = typer.Context(root, info_name="edgectl")
-    sections = [_section(root, root_context)]
-    for command, context in _subcommands(root, root_context):
-        sections.append(_section(command, context))
-    index = ", ".join(f"[`{c.command_path}`](#{_anchor(c.command_path)})" for _, c in _subcommands(root, root_context))
+    commands = _subcommands(root, root_context)
+    sections = [_section(root, root_context)] + [_section(command, context) for command, context in commands]
+    index = ", ".join(f"[`{c.command_path}`](#{_anchor(c.command_path)})" for _, c in commands)
     head = [
         "# CLI reference",
         "",
@@ -43,24 +44,25 @@ def render_cli_reference() -> str:
     return "\n\n".join(["\n".join(head), *sections]) + "\n"
 
 
-def _subcommands(group: Any, context: typer.Context) -> list[tuple[Any, typer.Context]]:
+def _subcommands(group: TyperGroup, context: typer.Context) -> list[tuple[TyperCommand | TyperGroup, typer.Context]]:
     """Every visible command below ``group``, depth first, in the order ``--help`` lists them."""
-    found = []
+    found: list[tuple[TyperCommand | TyperGroup, typer.Context]] = []
     for name in group.list_commands(context):
         command = group.get_command(context, name)
-        if command is None or command.hidden:
+        if not isinstance(command, (TyperCommand, TyperGroup)):
+            raise TypeError(f"{context.command_path} {name}: {type(command).__name__} is not a typer command")
+        if command.hidden:
             continue
         child = typer.Context(command, info_name=name, parent=context)
         found.append((command, child))
-        if hasattr(command, "list_commands"):
+        if isinstance(command, TyperGroup):
             found.extend(_subcommands(command, child))
     return found
 
 
-def _section(command: Any, context: typer.Context) -> str:
-    params = [p for p in command.params if not p.hidden]
-    arguments = [p for p in params if p.param_type_name == "argument"]
-    options = [p for p in params if p.param_type_name == "option"]
+def _section(command: TyperCommand | TyperGroup, context: typer.Context) -> str:
+    arguments = [p for p in command.params if isinstance(p, TyperArgument) and not p.hidden]
+    options = [p for p in command.params if isinstance(p, TyperOption) and not p.hidden]
     lines = [f"## `{context.command_path}`", "", "```", _usage(command, context, arguments), "```"]
     if command.help:
         lines += ["", _prose(inspect.cleandoc(command.help))]
@@ -71,25 +73,25 @@ def _section(command: Any, context: typer.Context) -> str:
     return "\n".join(lines)
 
 
-def _usage(command: Any, context: typer.Context, arguments: list[Any]) -> str:
+def _usage(command: TyperCommand | TyperGroup, context: typer.Context, arguments: list[TyperArgument]) -> str:
     pieces = [context.command_path, command.options_metavar]
     for argument in arguments:
         pieces.append(_argument_name(argument) if argument.required else f"[{_argument_name(argument)}]")
-    if hasattr(command, "list_commands"):
+    if isinstance(command, TyperGroup):
         pieces.append("COMMAND [ARGS]...")
     return " ".join(pieces)
 
 
-def _argument_name(argument: Any) -> str:
-    return argument.metavar or argument.name.upper()
+def _argument_name(argument: TyperArgument) -> str:
+    return argument.metavar or (argument.name or "").upper()
 
 
-def _argument_line(argument: Any) -> str:
+def _argument_line(argument: TyperArgument) -> str:
     required = "required" if argument.required else _default_text(argument) or "optional"
-    return f"- `{_argument_name(argument)}` ({required}): {_prose(getattr(argument, 'help', None) or '')}".rstrip()
+    return f"- `{_argument_name(argument)}` ({required}): {_prose(argument.help or '')}".rstrip()
 
 
-def _option_line(option: Any, context: typer.Context) -> str:
+def _option_line(option: TyperOption, context: typer.Context) -> str:
     names = ", ".join(option.opts + option.secondary_opts)
     if not option.is_flag:
         names = f"{names} {option.metavar or option.display_type(context)}"
@@ -98,12 +100,13 @@ def _option_line(option: Any, context: typer.Context) -> str:
     return f"- `{names}`{suffix}: {_prose(option.help or '')}".rstrip()
 
 
-def _default_text(param: Any) -> str:
+def _default_text(param: TyperArgument | TyperOption) -> str:
     """`default: X` where there is one to show; flags off by default and unset options show none."""
     if isinstance(param.show_default, str):
         return f"default: {param.show_default}"
     default = param.default
-    if not param.show_default or default is None or callable(default) or (param.is_flag and default is False):
+    is_off_flag = isinstance(param, TyperOption) and param.is_flag and default is False
+    if not param.show_default or default is None or callable(default) or is_off_flag:
         return ""
     value = default.value if hasattr(default, "value") else default  # an Enum's value, as typed
     if isinstance(value, PurePath):

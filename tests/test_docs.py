@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 150  # issue 33: the README introduces; the manual and the measurements live in docs/
 
-_FENCED_BLOCK = re.compile(r"^```.*?^```", re.S | re.M)
+_FENCED_BLOCK = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
 _INLINE_LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _EXTERNAL = ("http://", "https://", "mailto:", "#")

@@ -17,6 +17,7 @@ HEAVY = ("torch", "vllm", "transformers", "numpy")
     "import edgectl.deployment, edgectl.client, edgectl.serve",
     "import edgectl.models.inspect, edgectl.models.pull, edgectl.contract.effective, edgectl.contract.vllm_args",
     "import edgectl.contract.plan, edgectl.contract.environment, edgectl.contract.procmem, edgectl.contract.worker",
+    "import edgectl.cli_reference",
 ])
 def test_importing_the_control_plane_pulls_in_nothing_heavy(code: str):
     probe = f"{code}\nimport sys\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"

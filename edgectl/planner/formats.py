@@ -94,10 +94,9 @@ def _format_runs(fmt: WeightFormat, facts: HostFacts, checkpoint: str, profile: 
     return ok, why
 
 
-def _asked_format(request: Request, runnable: dict[WeightFormat, str],
+def _asked_format(fmt: WeightFormat, runnable: dict[WeightFormat, str],
                   refused: dict[WeightFormat, str]) -> Decided[list[tuple[WeightFormat, Reason]]]:
     """The format asked for with --format, if it can run here."""
-    fmt = WeightFormat(request.weight_format)  # a known one: checked with the request
     if fmt not in runnable:
         options = ", ".join(sorted(runnable)) or "none"
         raise EdgectlError(f"--format {fmt} cannot run here: {refused[fmt]} (runnable here: {options})")
@@ -175,7 +174,8 @@ def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile, requ
     not_runnable = ([Reason("formats_not_runnable", sorted(str(f) for f in refused), Source.PROBE,
                             "; ".join(f"{f}: {why}" for f, why in refused.items()))] if refused else [])
     if request.weight_format:
-        return _asked_format(request, runnable, refused)
+        # a known one: checked with the request
+        return _asked_format(WeightFormat(request.weight_format), runnable, refused)
 
     measured = _MeasuredDecode(profile, compilation)
     ranked = sorted(runnable, key=measured.rank_key, reverse=True)

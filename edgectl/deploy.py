@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from edgectl.atomic import write_text_atomic
 from edgectl.client import Client, HttpFailed
@@ -159,12 +159,7 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
     python = environment.read("EDGECTL_RUNTIME_PYTHON", environ)
 
     planned = make_plan(request, environ)
-    existing = layout.existing_plan()
-    holder = port_holder(request.host, request.port)
-    if holder is not None:
-        ours = existing is not None and existing.serve.port == request.port
-        if not ours:
-            raise EdgectlError(f"port {request.port} on {request.host} is in use by {holder}: pick another with --port")
+    _check_port_free(request, layout.existing_plan())
 
     if dry_run:
         plan = planned.plan
@@ -195,11 +190,34 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
     write_text_atomic(layout.unit_path, unit_text)
     t0 = time.monotonic()
     started_us = time.time_ns() // 1000 - 1_000_000  # the journal's clock; a second of slack
+    ok, why, answer = _restart_and_check(sd, layout.unit, plan, old, progress)
+    if not ok:
+        _roll_back_and_fail(sd, layout, plan, previous, why, started_us, progress)
+    ready_s = time.monotonic() - t0
+    sd.enable(layout.unit)
+    memory = service_memory(sd.show(layout.unit))
+    return DeployResult(request.name, layout.unit, worker.endpoint(plan.serve), plan, unit_text, False,
+                        answer=answer, ready_s=ready_s, memory=memory.to_dict() if memory else None,
+                        replaced_previous=previous.was_active)
+
+
+def _check_port_free(request: Request, existing: Plan | None) -> None:
+    """Refuse a port another program holds; the service being replaced may hold its own."""
+    holder = port_holder(request.host, request.port)
+    if holder is not None:
+        ours = existing is not None and existing.serve.port == request.port
+        if not ours:
+            raise EdgectlError(f"port {request.port} on {request.host} is in use by {holder}: pick another with --port")
+
+
+def _restart_and_check(sd: Systemd, unit: str, plan: Plan, old: UnitState,
+                       progress: Progress) -> tuple[bool, str, str | None]:
+    """(Re)start the unit, wait for READY, and ask it one real question: (ready, why not, the answer)."""
     try:
         sd.daemon_reload()
-        sd.reset_failed(layout.unit)
-        sd.restart(layout.unit)
-        ok, why, state = wait_ready(sd, layout.unit, plan.timeouts.start_s + 30, progress,
+        sd.reset_failed(unit)
+        sd.restart(unit)
+        ok, why, state = wait_ready(sd, unit, plan.timeouts.start_s + 30, progress,
                                     old_pid=old.main_pid, restarts_before=old.restarts)
         answer = None
         if ok:
@@ -212,21 +230,21 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
                     ok, why = False, f"it reported ready but answered {QUESTION!r} with nothing"
     except EdgectlError as exc:
         ok, why, answer = False, exc.message, None
-    if not ok:
-        tail = sd.journal(layout.unit, 25)
-        # a run of the service ended (failed, or systemd is restarting it): was it the OOM killer?
-        oom = _oom_in_this_start(sd, layout.unit, plan, started_us) if why.startswith("the service") else None
-        if oom:
-            why = f"{why}: {oom}"
-        restored = _roll_back(layout, sd, previous, progress)
-        raise EdgectlError(f"{layout.unit} did not become ready: {why}; {restored}", exit_code=EXIT_FAILED,
-                           details=["--- journal (last lines) ---", *tail])
-    ready_s = time.monotonic() - t0
-    sd.enable(layout.unit)
-    memory = service_memory(sd.show(layout.unit))
-    return DeployResult(request.name, layout.unit, worker.endpoint(plan.serve), plan, unit_text, False,
-                        answer=answer, ready_s=ready_s, memory=memory.to_dict() if memory else None,
-                        replaced_previous=previous.was_active)
+    return ok, why, answer
+
+
+def _roll_back_and_fail(sd: Systemd, layout: Layout, plan: Plan, previous: _Snapshot, why: str, started_us: int,
+                        progress: Progress) -> NoReturn:
+    """Put the previous version back (or remove the new one) and fail with why, the journal's tail
+    and, when the service's run ended, whether the OOM killer ended it."""
+    tail = sd.journal(layout.unit, 25)
+    # a run of the service ended (failed, or systemd is restarting it): was it the OOM killer?
+    oom = _oom_in_this_start(sd, layout.unit, plan, started_us) if why.startswith("the service") else None
+    if oom:
+        why = f"{why}: {oom}"
+    restored = _roll_back(layout, sd, previous, progress)
+    raise EdgectlError(f"{layout.unit} did not become ready: {why}; {restored}", exit_code=EXIT_FAILED,
+                       details=["--- journal (last lines) ---", *tail])
 
 
 def _oom_in_this_start(sd: Systemd, unit: str, plan: Plan, since_us: int) -> str | None:

@@ -305,9 +305,8 @@ def _source(c: _Checker, key: str, raw: Any, path: str) -> Source | None:
     )
 
 
-def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
-    """Validate one profile document; return it (or None) and every problem found."""
-    c = _Checker(file)
+def _read_top(c: _Checker, raw: Any) -> dict:
+    """The top-level mapping, its schema and its closed choices; empty when it is no mapping."""
     top = c.mapping(
         raw, "",
         {"schema": str, "name": str, "device_class": str, "kind": str, "match": dict, "sources": dict},
@@ -315,29 +314,47 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
          "compiled": dict, "bandwidth_gbps": dict, "notes": str, "emulated": str},
     )
     if not top:
-        return None, c.errors
+        return top
     if isinstance(top.get("schema"), str) and top["schema"] != SCHEMA:
         c.err("schema", f"{top.get('schema')!r} is not {SCHEMA!r}")
     for key, allowed in (("device_class", tuple(DeviceClass)), ("kind", tuple(ProfileKind))):
         if isinstance(top.get(key), str):
             c.one_of(top[key], key, allowed)
+    return top
 
-    # Sub-mappings whose type the top level already checked (and reported) are read only
-    # when they are mappings, so one bad field gives one line.
-    raw_sources = _dict(top.get("sources"))
+
+# Sub-mappings whose type the top level already checked (and reported) are read only
+# when they are mappings, so one bad field gives one line.
+def _read_sources(c: _Checker, raw_sources: dict) -> dict[str, Source]:
+    """``sources``: the valid ones by key (an invalid one is reported and left out)."""
     sources: dict[str, Source] = {}
     for key, sraw in raw_sources.items():
         src = _source(c, str(key), sraw, f"sources.{key}")  # None when invalid (reported)
         if src:
             sources[str(key)] = src
-    bad_sources = frozenset(str(k) for k in raw_sources if str(k) not in sources)
-    default_source = str(next(iter(raw_sources))) if len(raw_sources) == 1 else None
+    return sources
 
-    def figure(raw: Any, path: str) -> Figure | None:
-        if not isinstance(top.get("sources"), dict):
+
+class _FigureReader:
+    """Reads a profile's figures against its sources: a figure names its source, or the profile
+    defines exactly one; a figure citing an invalid source is not reported again."""
+
+    def __init__(self, c: _Checker, top: dict) -> None:
+        self.c = c
+        self.usable = isinstance(top.get("sources"), dict)
+        raw_sources = _dict(top.get("sources"))
+        self.sources = _read_sources(c, raw_sources)
+        self.bad_sources = frozenset(str(k) for k in raw_sources if str(k) not in self.sources)
+        self.default_source = str(next(iter(raw_sources))) if len(raw_sources) == 1 else None
+
+    def __call__(self, raw: Any, path: str) -> Figure | None:
+        if not self.usable:
             return None  # no usable sources at all: reported once, at `sources`
-        return _figure(c, raw, path, sources, default_source, bad_sources)
+        return _figure(self.c, raw, path, self.sources, self.default_source, self.bad_sources)
 
+
+def _read_match(c: _Checker, top: dict) -> Match:
+    """``match``: the rules on the probe, with each ISA feature and regular expression checked."""
     m = (c.mapping(top["match"], "match", {"arch": str},
                    {"isa_all": list, "isa_none": list, "vendor": str, "model_pattern": str,
                     "min_cores": int, "max_cores": int})
@@ -352,12 +369,16 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
                 re.compile(m[key])
             except re.error as exc:
                 c.err(f"match.{key}", f"not a regular expression: {exc}")
-    match = Match(
+    return Match(
         arch=m.get("arch", ""), isa_all=tuple(_list(m.get("isa_all"))), isa_none=tuple(_list(m.get("isa_none"))),
         vendor=m.get("vendor"), model_pattern=m.get("model_pattern"),
         min_cores=m.get("min_cores"), max_cores=m.get("max_cores"),
     )
 
+
+def _read_formats(c: _Checker, top: dict,
+                  figure: _FigureReader) -> tuple[dict[WeightFormat, FormatFigures], dict[str, FormatFigures]]:
+    """``formats``: the served formats' figures, and apart the ones recorded but not served."""
     formats: dict[WeightFormat, FormatFigures] = {}
     recorded: dict[str, FormatFigures] = {}
     for fmt, fraw in _dict(top.get("formats")).items():
@@ -382,10 +403,11 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
             formats[WeightFormat(fmt)] = figures
         elif fmt in RECORDED_NOT_SERVED:  # else reported above
             recorded[fmt] = figures
+    return formats, recorded
 
-    rt = c.mapping(_dict(top.get("runtime")), "runtime", {},
-                   {"process_bytes": dict, "processes": dict, "workspace_bytes_per_token": dict,
-                    "load_peak_ratio": dict, "ready_s": dict, "tokenizer_bytes": dict})
+
+def _read_processes(c: _Checker, rt: dict) -> dict[Topology, int]:
+    """``runtime.processes``: processes per topology, over the defaults."""
     processes = {Topology.SINGLE_PROCESS: 1, Topology.STOCK: 4}
     for topo, n in _dict(rt.get("processes")).items():
         c.one_of(topo, f"runtime.processes.{topo}", tuple(Topology))
@@ -393,24 +415,52 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
             c.err(f"runtime.processes.{topo}", f"expected a positive integer, got {n!r}")
         elif topo in set(Topology):
             processes[Topology(topo)] = n
+    return processes
 
+
+_COMPILED_FIGURES = ("decode_tok_s", "prefill_tok_s", "ready_cold_s", "ready_warm_s", "extra_bytes", "cold_peak_ratio")
+
+
+def _read_compiled(c: _Checker, top: dict, figure: _FigureReader) -> CompiledFigures | None:
+    """``compiled``: one format's figures in compiled mode, if the profile has them."""
+    if not isinstance(top.get("compiled"), dict):
+        return None
+    cd = c.mapping(top["compiled"], "compiled", {"weight_format": str}, {k: dict for k in _COMPILED_FIGURES})
+    fmt = cd.get("weight_format")
+    if isinstance(fmt, str):
+        c.one_of(fmt, "compiled.weight_format", tuple(WeightFormat))
+    if fmt not in set(WeightFormat):
+        return None
+    return CompiledFigures(weight_format=WeightFormat(fmt),
+                           **{k: figure(cd.get(k), f"compiled.{k}") for k in _COMPILED_FIGURES})
+
+
+def _check_kind_rules(c: _Checker, profile: Profile) -> None:
+    """What a profile's kind allows: only a measured one is emulated; a fallback matches any host."""
+    if profile.emulated and profile.kind is not ProfileKind.MEASURED:
+        c.err("emulated", "only a measured profile can be emulated (it says how the ISA was held down)")
+    if profile.kind is ProfileKind.FALLBACK and (profile.match.isa_all or profile.match.arch != "any"):
+        c.err("match", "a fallback profile must match any host (arch: any, no ISA rules)")
+
+
+def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
+    """Validate one profile document; return it (or None) and every problem found."""
+    c = _Checker(file)
+    top = _read_top(c, raw)
+    if not top:
+        return None, c.errors
+    figure = _FigureReader(c, top)
+    match = _read_match(c, top)
+    formats, recorded = _read_formats(c, top, figure)
+    rt = c.mapping(_dict(top.get("runtime")), "runtime", {},
+                   {"process_bytes": dict, "processes": dict, "workspace_bytes_per_token": dict,
+                    "load_peak_ratio": dict, "ready_s": dict, "tokenizer_bytes": dict})
+    processes = _read_processes(c, rt)
     th = c.mapping(_dict(top.get("threads")), "threads", {}, {"reserve_frontend_core": bool, "evidence": str})
     compilation = top.get("compilation")
     if isinstance(compilation, str):
         c.one_of(compilation, "compilation", tuple(Compilation))
-
-    compiled = None
-    if isinstance(top.get("compiled"), dict):
-        cd = c.mapping(top["compiled"], "compiled", {"weight_format": str},
-                       {k: dict for k in ("decode_tok_s", "prefill_tok_s", "ready_cold_s", "ready_warm_s", "extra_bytes", "cold_peak_ratio")})
-        fmt = cd.get("weight_format")
-        if isinstance(fmt, str):
-            c.one_of(fmt, "compiled.weight_format", tuple(WeightFormat))
-        if fmt in set(WeightFormat):
-            compiled = CompiledFigures(
-                weight_format=WeightFormat(fmt),
-                **{k: figure(cd.get(k), f"compiled.{k}")
-                   for k in ("decode_tok_s", "prefill_tok_s", "ready_cold_s", "ready_warm_s", "extra_bytes", "cold_peak_ratio")})
+    compiled = _read_compiled(c, top, figure)
 
     profile = Profile(
         name=top.get("name", ""), file=file, device_class=top.get("device_class", ""),
@@ -425,16 +475,13 @@ def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
         reserve_evidence=th.get("evidence"),
         compilation=Compilation(compilation) if compilation in set(Compilation) else None,
         bandwidth_gbps=figure(top.get("bandwidth_gbps"), "bandwidth_gbps"),
-        sources=sources,
+        sources=figure.sources,
         emulated=top.get("emulated") or None,
         compiled=compiled,
         recorded_not_served=recorded,
         tokenizer_bytes=figure(rt.get("tokenizer_bytes"), "runtime.tokenizer_bytes"),
     )
-    if profile.emulated and profile.kind is not ProfileKind.MEASURED:
-        c.err("emulated", "only a measured profile can be emulated (it says how the ISA was held down)")
-    if profile.kind is ProfileKind.FALLBACK and (profile.match.isa_all or profile.match.arch != "any"):
-        c.err("match", "a fallback profile must match any host (arch: any, no ISA rules)")
+    _check_kind_rules(c, profile)
     return (profile if not c.errors else None), c.errors
 
 

@@ -240,10 +240,15 @@ def render_unit(plan: Plan, *, plan_path: str, python: str) -> str:
     the runtime interpreter (EDGECTL_RUNTIME_PYTHON). The plan itself was checked when it was
     read (``Plan.from_dict``); this refuses, naming every field, what a unit cannot carry.
     """
+    model_path = _check_unit_inputs(plan, plan_path, python)
+    return _fill(_read_template(), _unit_values(plan, plan_path, python, model_path))
+
+
+def _check_unit_inputs(plan: Plan, plan_path: str, python: str) -> str:
+    """Refuse, one ``plan.FIELD: problem`` per bad field, what a unit cannot carry; the model's path."""
     p = _Problems()
-    name = plan.serve.name
     try:
-        own = unit_environment(name)  # validates the name
+        own = unit_environment(plan.serve.name)  # validates the name
     except EdgectlError as exc:
         p.add(f"plan.serve.name: {exc.message}")
         own = {}
@@ -255,30 +260,37 @@ def render_unit(plan: Plan, *, plan_path: str, python: str) -> str:
         p.add(f"plan.serve.port: {port} is a privileged port and the service runs without "
               f"privileges: use --port {FIRST_UNPRIVILEGED_PORT} or above (e.g. 8000)")
     model_path = p.check_path("plan.model.path", plan.model.path)
-
-    env_lines: list[str] = []
     for key in sorted(plan.env):
         value = plan.env[key]
         if key in environment.TEST_ONLY:
             p.add(f"plan.env.{key}: a test-only fault injection; a deployed unit never carries it")
         elif key in own and value != own[key]:
             p.add(f"plan.env.{key}: the unit sets it to {own[key]!r} itself; remove it from the plan")
-        elif key not in own:
-            env_lines.append(f"Environment={quote_word(f'{key}={value}')}")
-
     p.check_path("plan path", plan_path)
     p.check_path("runtime python", python)
     if p.lines:
         raise EdgectlError(f"cannot write the systemd unit from this plan: {p.lines[0]}", details=p.lines[1:])
     assert model_path is not None
+    return model_path
 
+
+def _plan_environment(plan: Plan) -> str:
+    """``Environment=`` lines for the plan's variables the unit does not set itself."""
+    own = unit_environment(plan.serve.name)
+    env_lines = [f"Environment={quote_word(f'{key}={plan.env[key]}')}" for key in sorted(plan.env) if key not in own]
+    return "\n".join(env_lines) if env_lines else "# (the plan sets no variables)"
+
+
+def _unit_values(plan: Plan, plan_path: str, python: str, model_path: str) -> dict[str, str]:
+    """The values of the template (``TEMPLATE``), one per ``@NAME@``."""
+    name = plan.serve.name
     # Timeouts are rounded up to whole seconds: a shorter limit than planned never helps.
     start_s, watchdog_s, stop_s = (math.ceil(t) for t in (plan.timeouts.start_s, plan.timeouts.watchdog_s,
                                                            plan.timeouts.stop_s))
-    scope = _host_scope(host)
+    scope = _host_scope(plan.serve.host)
     exec_start = " ".join(launch.worker_command(quote_word(python, dollar=True), quote_word(plan_path, dollar=True),
                                          plan.levers.python_optimize))
-    values = {
+    return {
         "UNIT": unit_name(name),
         "UNIT_STEM": f"edgectl-{name}",
         "NAME": name,
@@ -304,12 +316,11 @@ def render_unit(plan: Plan, *, plan_path: str, python: str) -> str:
         "MEMORY_HIGH_BYTES": str(plan.memory.high_bytes),
         "MEMORY_MAX_BYTES": str(plan.memory.limit_bytes),
         "CPUS": _cpu_list(plan.cpus),
-        "PLAN_ENVIRONMENT": "\n".join(env_lines) if env_lines else "# (the plan sets no variables)",
+        "PLAN_ENVIRONMENT": _plan_environment(plan),
         "MODEL_PATH": quote_word(model_path),
         "IP_ACCESS": _ip_access(scope),
         "NOT_RESTARTABLE": " ".join(str(code) for code in worker.NOT_RESTARTABLE),
     }
-    return _fill(_read_template(), values)
 
 
 # --- the node-label refresher of a Kubernetes node (edgectl/fleet/labels.py) ----------------

@@ -18,16 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 from edgectl.bench import provenance as prov
 from edgectl.bench import report
-from edgectl.bench.arms import ARMS, CONTROL, QUIET_S, BenchContext, Launcher, parse_arm_names, prepare_arms
-from edgectl.bench.llamacpp import find_llama_server
+from edgectl.bench.arms import (ARMS, CONTROL, QUIET_S, BenchContext, Launcher, PreparedArm, parse_arm_names,
+                                prepare_arms)
+from edgectl.bench.llamacpp import LlamaServer, find_llama_server
 from edgectl.bench.prediction import memory_prediction
-from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
+from edgectl.bench.prompts import PREFILL_TOKENS, PromptSet, prompt_set
 from edgectl.bench.runner import attach_fidelity, interleaved, run_grid, utc_now
 from edgectl.contract import environment
 from edgectl.errors import EdgectlError
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Plan
+    from edgectl.inputs import Planned
     from edgectl.probe.facts import HostFacts
 
 MIN_PASSES_FOR_PROFILE = 3
@@ -68,6 +70,18 @@ def reference_arm_for(ran: Collection[str], gguf_served: bool, asked: str | None
     return "bf16" if "bf16" in ran else (CONTROL if CONTROL in ran else None)
 
 
+@dataclass(frozen=True)
+class ServerRuntime:
+    """What every arm's server runs under: the runtime interpreter, its versions, the environment."""
+
+    python: str  # EDGECTL_RUNTIME_PYTHON
+    info: dict[str, Any]  # prov.runtime_info: vllm, torch, isa, general_plugins
+    child_env: dict[str, str]  # the environment servers start from
+    dropped: list[str]  # the variables left out of it
+    stock_plugins: str  # VLLM_PLUGINS for the unmodified arms
+    excluded_plugins: list[str]  # the general plugins left out of it (edgectl's)
+
+
 def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress, *,
               facts: HostFacts | None = None, launchers: Mapping[str, Launcher] | None = None) -> report.BenchResult:
     """Run the grid ``opts`` asks for; the result holds the artifact (written as it goes).
@@ -77,6 +91,57 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     servers; see ``arms.Launcher``).
     """
     names = parse_arm_names(opts.arms)
+    profiles_dir = opts.profiles_dir or Path(environment.read("EDGECTL_PROFILES_DIR", environ))
+    _check_request(opts, names, profiles_dir)
+    prompts = prompt_set()
+
+    from edgectl.contract.plan import Request
+    from edgectl.inputs import make_plan
+    from edgectl.probe import probe
+
+    from edgectl.models.cache import resolve_model
+
+    resolve_model(opts.model, environ)  # a catalog model must be pulled; a directory must exist
+    started = _dt.datetime.now(_dt.timezone.utc)
+    progress("probing the host (with a ≤ 2 s memory-bandwidth copy)")
+    facts = facts if facts is not None else probe("/", bandwidth=True, environ=environ)
+    planned = make_plan(Request(model=opts.model, max_model_len=opts.max_model_len, max_num_seqs=opts.concurrency),
+                        environ, facts=facts)
+    plan = planned.plan
+    _check_plan_for_bench(plan, opts, names)
+    base_request = {"model": opts.model}
+
+    def planner(overrides: dict[str, Any]) -> Plan:
+        return make_plan(Request(**{**base_request, **overrides}), environ, facts=facts).plan
+
+    servers = _server_runtime(environ)
+    llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,
+                              held_to=environ.get("ATEN_CPU_CAPABILITY"))
+    gguf = _gguf_for(opts.model, environ)
+    if opts.reference is not None and opts.reference not in names:
+        raise EdgectlError(f"--reference {opts.reference}: that arm is not in --arms ({', '.join(names)})")
+    stock_model = _stock_model_for(plan, names, opts.model, environ, progress)
+
+    # the file is named for the device class (the host's name is in the provenance)
+    path = report.artifact_path(opts.out, started.strftime("%Y-%m-%d"),
+                                report.class_label(facts.device_class, environ), plan.model.name)
+    ctx = _bench_context(opts, planned, planner, facts, servers, llama=llama, gguf=gguf, stock_model=stock_model,
+                         logs_dir=path.with_suffix(".logs"), launchers=launchers)
+    arms, skipped = _arms_that_can_run(names, ctx, progress)
+    artifact = _new_artifact(opts, ctx, arms, skipped, facts, servers, llama, prompts.source, started)
+    records, raw = _run_grid_saving(artifact, path, arms, ctx, prompts, opts, progress)
+    _conclude(artifact, path, records, raw, opts, gguf_served=plan.model.checkpoint_format == "gguf",
+              bandwidth_gbps=facts.bandwidth_gbps)
+    result = report.BenchResult(artifact, path)
+    if opts.plot:
+        result.messages.append(report.plot(artifact, path.with_suffix(".png")))
+    if opts.record_profile:
+        result.messages.append(_record_profile(artifact, path, profiles_dir, facts, planned, environ))
+    return result
+
+
+def _check_request(opts: BenchOptions, names: Collection[str], profiles_dir: Path) -> None:
+    """Refuse bad options before anything is started or written."""
     if opts.passes < 1:
         raise EdgectlError(f"--passes {opts.passes}: at least 1 (3 or more for a result worth quoting)")
     if opts.concurrency < 1:
@@ -89,85 +154,82 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
             raise EdgectlError("--record-profile needs the `planned` arm (add it to --arms)")
         if opts.passes < MIN_PASSES_FOR_PROFILE:
             raise EdgectlError(f"--record-profile needs at least {MIN_PASSES_FOR_PROFILE} passes (got --passes {opts.passes})")
-    profiles_dir = opts.profiles_dir or Path(environment.read("EDGECTL_PROFILES_DIR", environ))
     _check_writable(opts.out, "--out")
     if opts.record_profile:
         _check_writable(profiles_dir, "--profiles-dir (or EDGECTL_PROFILES_DIR)")
-    prompts = prompt_set()
 
-    from edgectl.contract.plan import Plan, Request
-    from edgectl.inputs import make_plan
-    from edgectl.probe import probe
 
-    from edgectl.models.cache import resolve_model
-
-    resolve_model(opts.model, environ)  # a catalog model must be pulled; a directory must exist
-    started = _dt.datetime.now(_dt.timezone.utc)
-    progress("probing the host (with a ≤ 2 s memory-bandwidth copy)")
-    facts = facts if facts is not None else probe("/", bandwidth=True, environ=environ)
-    planned = make_plan(Request(model=opts.model, max_model_len=opts.max_model_len, max_num_seqs=opts.concurrency),
-                        environ, facts=facts)
-    model = planned.model
-    plan = planned.plan
+def _check_plan_for_bench(plan: Plan, opts: BenchOptions, names: Collection[str]) -> None:
+    """Refuse a plan the bench's prompts, or the profile asked for, cannot be measured with."""
     if plan.max_model_len <= PREFILL_TOKENS:
         raise EdgectlError(f"a context of {plan.max_model_len} tokens has no room for the {PREFILL_TOKENS}-token "
                            f"prefill prompt and its answer: use --max-model-len {PREFILL_TOKENS * 2} or more")
     if opts.record_profile and str(plan.compilation) != "eager" and "eager" not in names:
         raise EdgectlError("--record-profile: the plan is in compiled mode and a profile's figures are eager mode's "
                            "(compiled mode's are recorded beside them): add the `eager` arm to --arms")
-    base_request = {"model": opts.model}
 
-    def planner(overrides: dict[str, Any]) -> Plan:
-        return make_plan(Request(**{**base_request, **overrides}), environ, facts=facts).plan
 
-    runtime_python = environment.read("EDGECTL_RUNTIME_PYTHON", environ)
+def _server_runtime(environ: Mapping[str, str]) -> ServerRuntime:
+    python = environment.read("EDGECTL_RUNTIME_PYTHON", environ)
     child_env, dropped = prov.child_environment(environ)
-    runtime = prov.runtime_info(runtime_python, child_env)
-    plugins, excluded = prov.stock_plugins(runtime)
+    info = prov.runtime_info(python, child_env)
+    plugins, excluded = prov.stock_plugins(info)
+    return ServerRuntime(python=python, info=info, child_env=child_env, dropped=dropped,
+                         stock_plugins=plugins, excluded_plugins=excluded)
 
-    llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,
-                              held_to=environ.get("ATEN_CPU_CAPABILITY"))
-    gguf = _gguf_for(opts.model, environ)
-    if opts.reference is not None and opts.reference not in names:
-        raise EdgectlError(f"--reference {opts.reference}: that arm is not in --arms ({', '.join(names)})")
-    stock_model = _stock_model_for(plan, names, opts.model, environ, progress)
 
-    date = started.strftime("%Y-%m-%d")
-    host = socket.gethostname()  # recorded in the provenance; the file is named for the device class
-    path = report.artifact_path(opts.out, date, report.class_label(facts.device_class, environ), plan.model.name)
-    logs_dir = path.with_suffix(".logs")
-    ctx = BenchContext(
+def _bench_context(opts: BenchOptions, planned: Planned, planner: Callable[[dict[str, Any]], Plan],
+                   facts: HostFacts, servers: ServerRuntime, *, llama: LlamaServer, gguf: Path | None,
+                   stock_model: str | None, logs_dir: Path,
+                   launchers: Mapping[str, Launcher] | None) -> BenchContext:
+    """What every arm is prepared from: the planned model, the servers, the options."""
+    plan = planned.plan
+    return BenchContext(
         model_name=plan.model.name, model_path=plan.model.path,
-        vocab_size=int(model.vocab_size), kv_bytes_per_token=plan.kv_bytes_per_token,
-        planned=plan, planner=planner, runtime_python=runtime_python, child_env=child_env,
+        vocab_size=int(planned.model.vocab_size), kv_bytes_per_token=plan.kv_bytes_per_token,
+        planned=plan, planner=planner, runtime_python=servers.python, child_env=servers.child_env,
         logs_dir=logs_dir, usable_cpus=len(facts.topology.usable_cpus or []) or 1,
-        stock_plugins=plugins, llama_server=llama.path, llama_unavailable=llama.origin if not llama.path else None,
+        stock_plugins=servers.stock_plugins, llama_server=llama.path,
+        llama_unavailable=llama.origin if not llama.path else None,
         gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}),
         concurrency=opts.concurrency, soak_s=opts.soak_s, stock_model_path=stock_model,
         quiet_s=opts.quiet_s,
     )
+
+
+def _arms_that_can_run(names: list[str], ctx: BenchContext,
+                       progress: Progress) -> tuple[list[PreparedArm], dict[str, str]]:
+    """The arms prepared, and why each of the others is skipped; none at all is an error."""
     arms, skipped = prepare_arms(names, ctx)
     for name, why in skipped.items():
         progress(f"skipping arm {name}: {why}")
     if not arms:
         raise EdgectlError("no arm can run here: " + "; ".join(f"{n}: {w}" for n, w in skipped.items()))
+    return arms, skipped
 
-    artifact: dict[str, Any] = {
+
+def _new_artifact(opts: BenchOptions, ctx: BenchContext, arms: list[PreparedArm], skipped: dict[str, str],
+                  facts: HostFacts, servers: ServerRuntime, llama: LlamaServer, prompts_source: str,
+                  started: _dt.datetime) -> dict[str, Any]:
+    """The artifact before the first pass: its provenance, and each arm with no passes yet."""
+    names = [a.name for a in arms]
+    return {
         "schema": report.SCHEMA,
         "provenance": {
-            "model": ctx.model_name, "model_path": ctx.model_path, "max_model_len": plan.max_model_len,
-            "max_num_seqs": plan.max_num_seqs, "passes": opts.passes, "seed": opts.seed,
-            "arms": [a.name for a in arms], "order": [f"{n}#{i + 1}" for n, i in interleaved([a.name for a in arms], opts.passes)],
-            "host": host, "probe": facts.to_dict(), "edgectl": prov.edgectl_version(),
-            "vllm": runtime.get("vllm"), "torch": runtime.get("torch"), "runtime_isa": runtime.get("isa"),
-            "runtime_python": runtime_python,
+            "model": ctx.model_name, "model_path": ctx.model_path, "max_model_len": ctx.planned.max_model_len,
+            "max_num_seqs": ctx.planned.max_num_seqs, "passes": opts.passes, "seed": opts.seed,
+            "arms": names, "order": [f"{n}#{i + 1}" for n, i in interleaved(names, opts.passes)],
+            "host": socket.gethostname(), "probe": facts.to_dict(), "edgectl": prov.edgectl_version(),
+            "vllm": servers.info.get("vllm"), "torch": servers.info.get("torch"),
+            "runtime_isa": servers.info.get("isa"), "runtime_python": servers.python,
             "command": prov.command_line(opts.argv), "started_at": started.isoformat(timespec="seconds"),
             "ended_at": None,
-            "environment": {"dropped_from_servers": dropped, "added_for_servers": dict(environment.OFFLINE),
-                            "stock_VLLM_PLUGINS": plugins, "stock_plugins_excluded": excluded,
+            "environment": {"dropped_from_servers": servers.dropped, "added_for_servers": dict(environment.OFFLINE),
+                            "stock_VLLM_PLUGINS": servers.stock_plugins,
+                            "stock_plugins_excluded": servers.excluded_plugins,
                             "stock_VLLM_SERVER_DEV_MODE": "1"},
             "llama_server": {"path": llama.path, "origin": llama.origin, "gguf": ctx.gguf_path},
-            "prompts": prompts.source,
+            "prompts": prompts_source,
         },
         "concurrency": opts.concurrency, "soak_s": opts.soak_s,
         "finished": False, "complete": False, "quotable": False,
@@ -175,41 +237,50 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
         "skipped": skipped, "incomplete_reasons": [], "ratios": None, "fidelity": {},
         "versus_llama_cpp": None, "bandwidth_ceiling": None, "memory_prediction": None,
     }
+
+
+def _run_grid_saving(artifact: dict[str, Any], path: Path, arms: list[PreparedArm], ctx: BenchContext,
+                     prompts: PromptSet, opts: BenchOptions,
+                     progress: Progress) -> tuple[dict[str, list[dict[str, Any]]], dict[tuple[str, int], Any]]:
+    """The interleaved grid, the artifact written after every pass (and on an interrupt, marked so)."""
     def save(rec: dict[str, Any]) -> None:
         artifact["arms"][rec["arm"]]["passes"].append(rec)
         report.write_json_atomic(path, artifact)
 
     progress(f"{len(arms)} arm(s) × {opts.passes} pass(es), interleaved; artifact {path}")
     try:
-        records, raw = run_grid(arms, opts.passes, ctx, prompts, opts.seed, progress, on_pass=save,
-                                with_fidelity=opts.fidelity)
+        return run_grid(arms, opts.passes, ctx, prompts, opts.seed, progress, on_pass=save,
+                        with_fidelity=opts.fidelity)
     except KeyboardInterrupt:
         artifact["provenance"]["ended_at"] = utc_now()
         artifact["incomplete_reasons"] = ["interrupted"]
         report.write_json_atomic(path, artifact)
         raise
-    reference = reference_arm_for(records, plan.model.checkpoint_format == "gguf", opts.reference)
+
+
+def _conclude(artifact: dict[str, Any], path: Path, records: dict[str, list[dict[str, Any]]],
+              raw: dict[tuple[str, int], Any], opts: BenchOptions, *, gguf_served: bool,
+              bandwidth_gbps: float | None) -> None:
+    """After the grid: fidelity against the reference arm, the summaries, the memory prediction; written."""
+    reference = reference_arm_for(records, gguf_served, opts.reference)
     artifact["fidelity"] = attach_fidelity(records, raw, reference)
-    finish(artifact, records, opts.passes, facts.bandwidth_gbps)
+    finish(artifact, records, opts.passes, bandwidth_gbps)
     if artifact["complete"]:
         artifact["memory_prediction"] = memory_prediction(
             artifact["arms"], path, roots=[opts.out.absolute(), Path.cwd(), _repo_root()])
     artifact["provenance"]["ended_at"] = utc_now()
     report.write_json_atomic(path, artifact)
-    result = report.BenchResult(artifact, path)
 
-    if opts.plot:
-        msg = report.plot(artifact, path.with_suffix(".png"))
-        result.messages.append(msg)
-    if opts.record_profile:
-        from edgectl.bench.profile_record import record_profile
 
-        if not artifact["complete"]:
-            result.messages.append("--record-profile: not recorded, the grid is incomplete (see above)")
-        else:
-            written = record_profile(artifact, path, profiles_dir, facts, planned.model, environ)
-            result.messages.append(f"profile recorded: {written}")
-    return result
+def _record_profile(artifact: dict[str, Any], path: Path, profiles_dir: Path, facts: HostFacts, planned: Planned,
+                    environ: Mapping[str, str]) -> str:
+    """--record-profile: the profile written from a complete grid; what happened, as a message."""
+    from edgectl.bench.profile_record import record_profile
+
+    if not artifact["complete"]:
+        return "--record-profile: not recorded, the grid is incomplete (see above)"
+    written = record_profile(artifact, path, profiles_dir, facts, planned.model, environ)
+    return f"profile recorded: {written}"
 
 
 def finish(artifact: dict[str, Any], records: dict[str, list[dict[str, Any]]], passes: int,

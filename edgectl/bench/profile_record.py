@@ -82,16 +82,7 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
     from edgectl.profiles import load_profiles
 
     arms = artifact["arms"]
-    if "planned" not in arms or not arms["planned"].get("median"):
-        raise EdgectlError("--record-profile: the planned arm has no complete set of passes")
-    # The profile's format figures and ledger are eager mode's; compiled mode's go under `compiled`.
-    planned_plan = _plan_of(arms["planned"])
-    base_name = "planned"
-    if planned_plan.compilation is not Compilation.EAGER:
-        if "eager" not in arms or not arms["eager"].get("median"):
-            raise EdgectlError("--record-profile: the plan is in compiled mode and a profile's figures are eager "
-                               "mode's (compiled mode's are recorded beside them): add the `eager` arm to --arms")
-        base_name = "eager"
+    base_name = _eager_arm_name(arms)
     prov = artifact["provenance"]
     device_class = str(facts.device_class)
     name = device_class
@@ -101,58 +92,12 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
     planned = arms[base_name]
     plan = _plan_of(planned)
     fmt = str(plan.weight_format)  # plain text: it becomes a YAML key
-
-    base_source = {
-        "cpu_model": facts.cpu.model_name or "unknown",
-        "cores": len(facts.topology.usable_cpus or []),
-        "ram_bytes": int(facts.memory.total_bytes or 0),
-        "date": date,
-        "command": prov["command"],
-        "vllm": prov.get("vllm") or "unknown",
-        "torch": prov.get("torch") or "unknown",
-        "edgectl_commit": _commit(prov.get("edgectl") or {}),
-        "artifact": str(artifact_path.name),
-        "model": prov["model"],
-    }
-    sources: dict[str, Any] = {}
-    formats: dict[str, Any] = {}
-
-    def add_format(arm_name: str, arm_fmt: str) -> None:
-        arm = arms[arm_name]
-        weights_bytes = _plan_of(arm).memory.weights_bytes
-        key = f"bench-{date}-{arm_fmt}"
-        sources[key] = {**base_source, "model_weights_bytes": weights_bytes,
-                        "notes": f"arm `{arm_name}` ({arm['description']}), {prov['max_model_len']} tokens context"}
-        entry: dict[str, Any] = {"runs": True}
-        for metric in ("decode_tok_s", "prefill_tok_s"):
-            entry[metric] = _figure(arm, metric, key)
-        ratios = [(p.get("weights_bytes_per_token") or 0) / weights_bytes for p in arm["passes"]]
-        if arm_fmt != "bf16" and all(r > 0 for r in ratios) and arm["launcher"] == "worker":
-            entry["weights_bytes_ratio"] = _figure_values(ratios, key, digits=4)
-        formats[arm_fmt] = entry
-
-    add_format(base_name, fmt)
-    # the format arms (the plan with another weight format), each where the run measured it
-    for other in ("bf16", "w4a16", "w4a8"):
-        if other != fmt and other in arms and arms[other].get("median"):
-            add_format(other, other)
     planned_key = f"bench-{date}-{fmt}"
-    # formats this run did not measure: keep what the installed profile of this name says
-    for other, entry in (existing_raw.get("formats") or {}).items():
-        if other not in formats:
-            formats[other] = _carry(entry, existing_raw, sources)
 
-    runtime: dict[str, Any] = {"processes": dict((existing_raw.get("runtime") or {}).get("processes")
-                                                 or {"single-process": 1, "stock": 4})}
-    runtime["processes"][str(plan.topology)] = 1 if plan.topology is Topology.SINGLE_PROCESS else \
-        int(planned["median"]["processes"])
-    # The peak is sampled from launch to ready; serving can grow past it (activations of the first
-    # long prompt), and the planner's MemoryHigh/MemoryMax multiply the steady total by this ratio:
-    # a ratio below 1 would put MemoryHigh under the steady state, so it is taken as ≥ 1.
-    peak = [max(p["pss_peak_bytes"], p["pss_steady_bytes"]) / p["pss_steady_bytes"] for p in planned["passes"]]
-    runtime["load_peak_ratio"] = _figure_values(peak, planned_key, digits=4)
-    runtime["ready_s"] = _figure(planned, "ready_s", planned_key, digits=1)
-
+    base_source = _base_source(prov, facts, artifact_path.name, date)
+    sources: dict[str, Any] = {}
+    formats = _formats_section(arms, base_name, fmt, base_source, sources, date, prov["max_model_len"], existing_raw)
+    runtime = _runtime_section(planned, plan, model, existing_raw, planned_key)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "name": name,
@@ -166,12 +111,7 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
         "runtime": runtime,
         "compilation": str(plan.compilation),
     }
-    eager_arms = {fmt: base_name, **{other: other for other in formats
-                                     if other != fmt and (arms.get(other) or {}).get("median")}}
-    compiled = _compiled(arms, eager_arms, base_source, sources, date)
-    if compiled is None and (existing_raw.get("compiled") or {}).get("weight_format") == fmt:
-        compiled = {"weight_format": fmt, **_carry({k: v for k, v in existing_raw["compiled"].items()
-                                                    if k != "weight_format"}, existing_raw, sources)}
+    compiled = _compiled_section(arms, base_name, fmt, formats, base_source, sources, date, existing_raw)
     if compiled is not None:
         doc["compiled"] = compiled
     threads = _reserve_core(arms, artifact_path.name) or existing_raw.get("threads")
@@ -180,31 +120,140 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
     if facts.bandwidth_gbps is not None:
         doc["bandwidth_gbps"] = {"median": round(float(facts.bandwidth_gbps), 2), "passes": 1, "source": planned_key}
 
-    # -- runtime.process_bytes: the planner's ledger for the planned request = the measured steady PSS
     # eager mode's ledger: the request names the mode, or a profile with compiled figures could pick the other
     request = replace(plan.request, weight_format=fmt, compilation=str(plan.compilation))
+    runtime["process_bytes"] = _process_bytes(doc, facts, model, request, existing_profiles, planned, planned_key)
+    if "topology-stock" in arms and arms["topology-stock"].get("median"):
+        runtime["processes"]["stock"] = _stock_processes(doc, facts, model, arms["topology-stock"], existing_profiles)
+    return doc, _ledger_check(doc, existing_profiles, facts, model, request, planned)
+
+
+# -- sections ----------------------------------------------------------------------------------------
+
+
+def _eager_arm_name(arms: dict[str, Any]) -> str:
+    """The arm the profile's format figures and ledger come from: they are eager mode's (compiled
+    mode's go under ``compiled``), so a plan in compiled mode needs the ``eager`` arm beside it."""
+    if "planned" not in arms or not arms["planned"].get("median"):
+        raise EdgectlError("--record-profile: the planned arm has no complete set of passes")
+    if _plan_of(arms["planned"]).compilation is Compilation.EAGER:
+        return "planned"
+    if "eager" not in arms or not arms["eager"].get("median"):
+        raise EdgectlError("--record-profile: the plan is in compiled mode and a profile's figures are eager "
+                           "mode's (compiled mode's are recorded beside them): add the `eager` arm to --arms")
+    return "eager"
+
+
+def _base_source(prov: dict[str, Any], facts: Any, artifact_name: str, date: str) -> dict[str, Any]:
+    """What every source of this run says: the host, the versions, the command, the artifact."""
+    return {
+        "cpu_model": facts.cpu.model_name or "unknown",
+        "cores": len(facts.topology.usable_cpus or []),
+        "ram_bytes": int(facts.memory.total_bytes or 0),
+        "date": date,
+        "command": prov["command"],
+        "vllm": prov.get("vllm") or "unknown",
+        "torch": prov.get("torch") or "unknown",
+        "edgectl_commit": _commit(prov.get("edgectl") or {}),
+        "artifact": str(artifact_name),
+        "model": prov["model"],
+    }
+
+
+def _format_from_arm(arm_name: str, arm: dict[str, Any], arm_fmt: str, base_source: dict[str, Any], key: str,
+                     max_model_len: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One format's source and entry, from the arm that ran it: decode, prefill, and (a quantized
+    format on the worker) the measured resident/planned weight ratio."""
+    weights_bytes = _plan_of(arm).memory.weights_bytes
+    source = {**base_source, "model_weights_bytes": weights_bytes,
+              "notes": f"arm `{arm_name}` ({arm['description']}), {max_model_len} tokens context"}
+    entry: dict[str, Any] = {"runs": True}
+    for metric in ("decode_tok_s", "prefill_tok_s"):
+        entry[metric] = _figure(arm, metric, key)
+    ratios = [(p.get("weights_bytes_per_token") or 0) / weights_bytes for p in arm["passes"]]
+    if arm_fmt != "bf16" and all(r > 0 for r in ratios) and arm["launcher"] == "worker":
+        entry["weights_bytes_ratio"] = _figure_values(ratios, key, digits=4)
+    return source, entry
+
+
+def _formats_section(arms: dict[str, Any], base_name: str, fmt: str, base_source: dict[str, Any],
+                     sources: dict[str, Any], date: str, max_model_len: int,
+                     existing_raw: dict[str, Any]) -> dict[str, Any]:
+    """``formats``: the planned format, the format arms the run measured, then the installed
+    profile's entries for the formats it did not (their sources added to ``sources``)."""
+    formats: dict[str, Any] = {}
+    measured = [(base_name, fmt)]
+    # the format arms (the plan with another weight format), each where the run measured it
+    measured += [(other, other) for other in ("bf16", "w4a16", "w4a8")
+                 if other != fmt and other in arms and arms[other].get("median")]
+    for arm_name, arm_fmt in measured:
+        key = f"bench-{date}-{arm_fmt}"
+        sources[key], formats[arm_fmt] = _format_from_arm(arm_name, arms[arm_name], arm_fmt, base_source, key,
+                                                          max_model_len)
+    # formats this run did not measure: keep what the installed profile of this name says
+    for other, entry in (existing_raw.get("formats") or {}).items():
+        if other not in formats:
+            formats[other] = _carry(entry, existing_raw, sources)
+    return formats
+
+
+def _runtime_section(planned: dict[str, Any], plan: Plan, model: Any, existing_raw: dict[str, Any],
+                     planned_key: str) -> dict[str, Any]:
+    """``runtime`` but ``process_bytes`` (solved last, from the whole draft): processes per
+    topology, the load peak, the time to ready, the tokenizer the figures carry."""
+    runtime: dict[str, Any] = {"processes": dict((existing_raw.get("runtime") or {}).get("processes")
+                                                 or {"single-process": 1, "stock": 4})}
+    runtime["processes"][str(plan.topology)] = 1 if plan.topology is Topology.SINGLE_PROCESS else \
+        int(planned["median"]["processes"])
+    # The peak is sampled from launch to ready; serving can grow past it (activations of the first
+    # long prompt), and the planner's MemoryHigh/MemoryMax multiply the steady total by this ratio:
+    # a ratio below 1 would put MemoryHigh under the steady state, so it is taken as ≥ 1.
+    peak = [max(p["pss_peak_bytes"], p["pss_steady_bytes"]) / p["pss_steady_bytes"] for p in planned["passes"]]
+    runtime["load_peak_ratio"] = _figure_values(peak, planned_key, digits=4)
+    runtime["ready_s"] = _figure(planned, "ready_s", planned_key, digits=1)
     if model.tokenizer_bytes is not None and str(plan.levers.tokenizer) == "lean":
         # the per-process figure below carries this model's tokenizer, as its pull measured it
         runtime["tokenizer_bytes"] = {"median": model.tokenizer_bytes, "passes": 1, "source": planned_key}
+    return runtime
+
+
+def _compiled_section(arms: dict[str, Any], base_name: str, fmt: str, formats: dict[str, Any],
+                      base_source: dict[str, Any], sources: dict[str, Any], date: str,
+                      existing_raw: dict[str, Any]) -> dict[str, Any] | None:
+    """``compiled`` from this run (``_compiled``), else the installed profile's for the planned format."""
+    eager_arms = {fmt: base_name, **{other: other for other in formats
+                                     if other != fmt and (arms.get(other) or {}).get("median")}}
+    compiled = _compiled(arms, eager_arms, base_source, sources, date)
+    if compiled is None and (existing_raw.get("compiled") or {}).get("weight_format") == fmt:
+        compiled = {"weight_format": fmt, **_carry({k: v for k, v in existing_raw["compiled"].items()
+                                                    if k != "weight_format"}, existing_raw, sources)}
+    return compiled
+
+
+def _process_bytes(doc: dict[str, Any], facts: Any, model: Any, request: Request, existing: dict[str, Any],
+                   planned: dict[str, Any], source: str) -> dict[str, Any]:
+    """``runtime.process_bytes``: per pass, solved so that the planner's ledger for the planned
+    request equals the measured steady PSS."""
     steady = [p["pss_steady_bytes"] for p in planned["passes"]]
-    n, rest = _ledger_parts(doc, facts, model, request, existing_profiles, planned_key)
+    n, rest = _ledger_parts(doc, facts, model, request, existing, source)
     per_pass = [(s - rest) / n for s in steady]
     if min(per_pass) <= 0:
         raise EdgectlError(
             f"--record-profile: the measured steady PSS ({min(steady) / MiB:.0f} MiB) is below the plan's "
             f"model-dependent parts ({rest / MiB:.0f} MiB): the ledger cannot be solved; not recorded")
-    runtime["process_bytes"] = _figure_values([round(v) for v in per_pass], planned_key, digits=0)
+    return _figure_values([round(v) for v in per_pass], source, digits=0)
 
-    if "topology-stock" in arms and arms["topology-stock"].get("median"):
-        runtime["processes"]["stock"] = _stock_processes(doc, facts, model, arms["topology-stock"], existing_profiles)
 
-    total = _plan_total(_candidate(doc, existing_profiles), facts, model, request)
+def _ledger_check(doc: dict[str, Any], existing: dict[str, Any], facts: Any, model: Any, request: Request,
+                  planned: dict[str, Any]) -> dict[str, Any]:
+    """The plan from the recorded profile against the measured steady PSS: within ±10%, or not recorded."""
+    total = _plan_total(_candidate(doc, existing), facts, model, request)
     measured = planned["median"]["pss_steady_bytes"]
     error = (total - measured) / measured
     if abs(error) > MATCH_TOLERANCE:
         raise EdgectlError(f"--record-profile: the plan from the recorded profile predicts {total / MiB:.0f} MiB, "
                            f"measured {measured / MiB:.0f} MiB ({100 * error:+.0f}%): not recorded")
-    return doc, {"planned_total_bytes": total, "measured_steady_bytes": measured, "error": error}
+    return {"planned_total_bytes": total, "measured_steady_bytes": measured, "error": error}
 
 
 # -- pieces ------------------------------------------------------------------------------------------

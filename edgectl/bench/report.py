@@ -134,6 +134,16 @@ class BenchResult:
 
 
 def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> str:
+    lines = [*_heading(a), *_arm_table(a), *_ratio_lines(a), *_concurrency_and_llama_lines(a), *_soak_lines(a),
+             *_memory_prediction_lines(a), *_bandwidth_lines(a)]
+    if path:
+        lines.append(f"artifact: {path}")
+    lines += messages
+    return "\n".join(lines)
+
+
+def _heading(a: dict[str, Any]) -> list[str]:
+    """What ran and whether it is complete; whether the servers' ISA was held down."""
     prov = a["provenance"]
     n_arms = len(a["arms"])
     head = (f"edgectl bench {prov['model']}: {n_arms} arm(s) × {prov['passes']} pass(es), interleaved, "
@@ -153,6 +163,11 @@ def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> st
             lines.append("  but vLLM was not held: torch.cpu._is_avx512_supported() said True, so its C library and "
                          "attention ran AVX-512 code; for the whole AVX2 path add PYTHONPATH=tests/isa_avx2 of an "
                          "edgectl checkout")
+    return lines
+
+
+def _arm_table(a: dict[str, Any]) -> list[str]:
+    """One row per arm, what the rows mean, each compiled arm's two starts, the arms skipped."""
     rows = [("arm", "passes", "decode tok/s", "prefill tok/s", "ready s", "PSS steady", "PSS peak", "procs",
              "top-1", "KL", "ppl")]
     for name, arm in a["arms"].items():
@@ -164,8 +179,7 @@ def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> st
                      _cell(arm, "top1_agreement", "{:.3f}"), _cell(arm, "mean_kl", "{:.4f}"),
                      _cell(arm, "perplexity", "{:.2f}")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.append("  (medians [min–max] of the passes; PSS of the server's whole process tree; top-1/KL against "
                  f"{a['fidelity'].get('reference_arm') or 'no reference'})")
     for name, arm in a["arms"].items():
@@ -176,17 +190,26 @@ def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> st
                          f"decode {_cell(arm, 'decode_tok_s', '{:.1f}')} tok/s (the row's figures)")
     for name, why in a.get("skipped", {}).items():
         lines.append(f"  skipped {name}: {why}")
+    return lines
+
+
+def _ratio_lines(a: dict[str, Any]) -> list[str]:
+    """The ratios to the control arm, or why there are none."""
     if not a["complete"]:
-        lines.append("no ratios: the grid is incomplete —")
-        lines += [f"  - {r}" for r in a["incomplete_reasons"]]
-    elif a.get("ratios"):
-        lines.append(f"ratios to {CONTROL} (medians; pass by pass in the JSON):")
-        for name, r in a["ratios"].items():
-            m = r["median"]
-            lines.append(f"  {name:<16} decode {_x(m['decode_tok_s'])}  prefill {_x(m['prefill_tok_s'])}  "
-                         f"PSS {_x(m['pss_steady_bytes'])}  peak {_x(m['pss_peak_bytes'])}  ready {_x(m['ready_s'])}")
-    else:
-        lines.append(f"no ratios: the control arm `{CONTROL}` was not run")
+        return ["no ratios: the grid is incomplete —", *[f"  - {r}" for r in a["incomplete_reasons"]]]
+    if not a.get("ratios"):
+        return [f"no ratios: the control arm `{CONTROL}` was not run"]
+    lines = [f"ratios to {CONTROL} (medians; pass by pass in the JSON):"]
+    for name, r in a["ratios"].items():
+        m = r["median"]
+        lines.append(f"  {name:<16} decode {_x(m['decode_tok_s'])}  prefill {_x(m['prefill_tok_s'])}  "
+                     f"PSS {_x(m['pss_steady_bytes'])}  peak {_x(m['pss_peak_bytes'])}  ready {_x(m['ready_s'])}")
+    return lines
+
+
+def _concurrency_and_llama_lines(a: dict[str, Any]) -> list[str]:
+    """The aggregate decode of concurrent streams, and each arm relative to llama.cpp."""
+    lines = []
     streams = a.get("concurrency") or 1
     if streams > 1:
         lines.append(f"{streams} concurrent streams, aggregate decode tok/s (medians [min–max]): " + ", ".join(
@@ -196,27 +219,37 @@ def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> st
             f"{n} decode {_x(v['decode'])} prefill {_x(v['prefill'])}"
             + (f" {streams}-stream aggregate {_x(v['aggregate_decode'])}" if "aggregate_decode" in v else "")
             for n, v in a["versus_llama_cpp"].items()))
+    return lines
+
+
+def _soak_lines(a: dict[str, Any]) -> list[str]:
+    lines = []
     soaks = [(n, p["soak"]) for n, arm in a["arms"].items() for p in arm["passes"] if p.get("soak")]
     for n, sk in soaks:
         d = sk.get("pss_drift")
         lines.append(f"soak {n}: {sum(sk['requests'].values())} requests in {sk['seconds']:.0f} s from {sk['clients']} "
                      f"clients, {sk['errors']} failed; PSS settled {_gbv(sk.get('pss_settled_bytes'))} → final "
                      f"{_gbv(sk.get('pss_final_bytes'))} ({'–' if d is None else f'{d:+.2%}'})")
+    return lines
+
+
+def _memory_prediction_lines(a: dict[str, Any]) -> list[str]:
     mp = a.get("memory_prediction") or {}
-    if mp.get("arms"):
-        lines.append("memory, the plan's steady prediction vs the measured PSS (median): " + ", ".join(
-            f"{n} {v['predicted_bytes'] / 1e9:.2f} vs {v['measured_bytes'] / 1e9:.2f} GB ({v['error']:+.1%}"
-            + {True: ", held out", False: ", calibration run", None: ""}[v.get("held_out")] + ")"
-            for n, v in mp["arms"].items() if v.get("measured_bytes")))
+    if not mp.get("arms"):
+        return []
+    return ["memory, the plan's steady prediction vs the measured PSS (median): " + ", ".join(
+        f"{n} {v['predicted_bytes'] / 1e9:.2f} vs {v['measured_bytes'] / 1e9:.2f} GB ({v['error']:+.1%}"
+        + {True: ", held out", False: ", calibration run", None: ""}[v.get("held_out")] + ")"
+        for n, v in mp["arms"].items() if v.get("measured_bytes"))]
+
+
+def _bandwidth_lines(a: dict[str, Any]) -> list[str]:
     bw = a.get("bandwidth_ceiling") or {}
-    if bw.get("arms"):
-        lines.append(f"decode vs the bandwidth ceiling ({bw['bandwidth_gbps']:.1f} GB/s ÷ resident weights): " + ", ".join(
-            f"{n} {_pct(v['decode_fraction_of_ceiling'])} of {_f(v['ceiling_tok_s'])} tok/s"
-            for n, v in bw["arms"].items()))
-    if path:
-        lines.append(f"artifact: {path}")
-    lines += messages
-    return "\n".join(lines)
+    if not bw.get("arms"):
+        return []
+    return [f"decode vs the bandwidth ceiling ({bw['bandwidth_gbps']:.1f} GB/s ÷ resident weights): " + ", ".join(
+        f"{n} {_pct(v['decode_fraction_of_ceiling'])} of {_f(v['ceiling_tok_s'])} tok/s"
+        for n, v in bw["arms"].items())]
 
 
 def _cell(arm: dict[str, Any], metric: str, fmt: str, scale: float = 1.0) -> str:

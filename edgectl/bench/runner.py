@@ -39,6 +39,7 @@ from edgectl.contract.fidelity import PromptSet
 from edgectl.bench import measure, soak
 from edgectl.bench.arms import BenchContext, Crashed, PreparedArm, WorkerArm
 from edgectl.client import Client, HttpFailed
+from edgectl.contract.procmem import TreeMem
 from edgectl.bench.prompts import ids_digest, prefill_token_ids
 from edgectl.bench.server import ServerProcess, free_port
 
@@ -148,79 +149,25 @@ def _one_start(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext,
         "arm": arm.name, "pass": pass_index, "order": order, "status": None, "problems": [], "error": None,
         "started_at": utc_now(), "loadavg_start": _loadavg(),
     }
-    port = free_port()
-    argv = arm.command(port, pass_dir)
-    rec.update(command=argv, port=port, log=str(pass_dir / "server.log"))
-    try:
-        server = ServerProcess(argv, {**arm.env(), **caches}, pass_dir / "server.log")
-    except OSError as exc:
-        rec.update(status=CRASHED, error=f"cannot start {argv[0]}: {exc.strerror or exc}", ended_at=utc_now())
+    server = _launch(arm, pass_dir, caches, rec)
+    if server is None:
         return rec, None
-    rec["pid"] = server.pid
-    client = Client("127.0.0.1", port)
-    deadline = time.monotonic() + ctx.start_timeout_s
+    client = Client("127.0.0.1", rec["port"])
     fidelity_raw = None
-    sampling = True
     try:
-        arm.wait_ready(client, server, deadline)
-        text = measure.warm_up(client, ctx.model_name, timeout_s=max(60.0, deadline - time.monotonic()))
-        rec["ready_s"] = server.elapsed_s()
-        rec["warm_up_text"] = text
-        rec["pss_peak_bytes"] = server.stop_sampling()
-        sampling = False
-        rec["pss_peak_samples"] = server.samples
-        ready_mem = server.memory()
-        rec["pss_ready_bytes"] = ready_mem.pss_bytes
-
+        ready_mem = _until_ready(arm, client, server, ctx, rec)
         effective = arm.readback(client, server)
         rec["effective"] = effective
         problems = arm.check(effective, len(ready_mem.processes))
         if problems:
             rec.update(status=INVALID, problems=problems)
             return rec, None
-
-        ids = prefill_token_ids(seed, order, ctx.vocab_size)
-        rec["prefill_prompt"] = {"seed": seed, "order": order, "tokens": len(ids), "digest": ids_digest(ids),
-                                 "first_ids": ids[:8]}
-        d = measure.decode(client, ctx.model_name, prompts.decode_prompt)
-        rec["decode_tok_s"] = d.pop("decode_tok_s")
-        rec["decode"] = {k: v for k, v in d.items() if k not in _CLOCK_READINGS}
-        p = measure.prefill(client, ctx.model_name, ids)
-        rec["prefill_tok_s"] = p.pop("prefill_tok_s")
-        rec["prefill"] = p
-        if ctx.concurrency > 1:
-            c = measure.concurrent_decode(client, ctx.model_name, stream_prompts(prompts, ctx.concurrency))
-            rec["aggregate_decode_tok_s"] = c.pop("aggregate_decode_tok_s")
-            rec["concurrent_decode"] = c
-        if with_fidelity and arm.fidelity == "vllm":
-            fidelity_raw = fid.collect_vllm(client, ctx.model_name, prompts)
-        elif with_fidelity and arm.fidelity == "llama":
-            fidelity_raw = fid.collect_llama(client, prompts)
-        if fidelity_raw is not None:
-            rec["fidelity"] = fid.summary(fidelity_raw)
+        _measure_speeds(client, ctx, prompts, seed, order, rec)
+        if with_fidelity:
+            fidelity_raw = _collect_fidelity(arm, client, ctx, prompts, rec)
         if soak_s > 0:
-            s = soak.soak(client, ctx.model_name, soak_s, lambda: server.memory().pss_bytes, list(prompts.prompts),
-                          ctx.vocab_size, seed * 1000 + order)
-            rec["soak"] = s
-            if s["errors"]:
-                raise measure.MeasurementFailed(f"the soak had {s['errors']} failed request(s), e.g. {s['first_errors'][0]}")
-            rec["soak_pss_drift"] = s["pss_drift"]
-
-        # The steady state is a server at rest: read after QUIET_S without requests, in every arm
-        # alike (an edgectl worker gives freed memory back after 1 s of quiet: levers.idle_trim).
-        time.sleep(ctx.quiet_s)
-        steady = server.memory()
-        if isinstance(arm, WorkerArm):  # what the trim did during the pass (read back; not an API request)
-            rec["idle_trim"] = arm.readback(client, server).get("idle_trim")
-        if not server.alive():
-            raise Crashed(f"the server exited with code {server.returncode()} during the measurements")
-        rec.update(
-            pss_steady_bytes=steady.pss_bytes, pss_anon_steady_bytes=steady.pss_anon_bytes,
-            pss_file_steady_bytes=steady.pss_file_bytes, processes=len(steady.processes),
-            process_tree=[{"pid": m.pid, "name": m.name, "pss_bytes": m.pss_bytes} for m in steady.processes],
-            load_peak_ratio=(rec["pss_peak_bytes"] / steady.pss_bytes) if steady.pss_bytes else None,
-            weights_bytes_per_token=arm.weights_bytes(effective),
-        )
+            _soak(client, server, ctx, prompts, soak_s, seed * 1000 + order, rec)
+        _read_steady(arm, client, server, ctx, effective, rec)
         rec["status"] = OK
     except Crashed as exc:
         rec.update(status=INVALID if exc.invalid else CRASHED, error=str(exc))
@@ -232,16 +179,116 @@ def _one_start(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext,
         state = "the server had exited" if not server.alive() else "the server still ran"
         rec.update(status=CRASHED, error=f"{exc} ({state})")
     finally:
-        if sampling:
-            rec["pss_peak_bytes"] = server.stop_sampling() or None
-        rec["exit_code"] = server.stop()
-        rec["ended_at"] = utc_now()
-        rec["loadavg_end"] = _loadavg()
-        if rec["status"] != OK:
-            rec["log_tail"] = server.log_tail(12)
-            for key in _MEASURED:
-                rec.pop(key, None)
+        _stop(server, rec)
     return rec, fidelity_raw
+
+
+def _launch(arm: PreparedArm, pass_dir: Path, caches: dict[str, str], rec: dict[str, Any]) -> ServerProcess | None:
+    """The arm's server started on a free port (its command, port and log in ``rec``); None, the
+    record marked crashed, when it cannot be started."""
+    port = free_port()
+    argv = arm.command(port, pass_dir)
+    rec.update(command=argv, port=port, log=str(pass_dir / "server.log"))
+    try:
+        server = ServerProcess(argv, {**arm.env(), **caches}, pass_dir / "server.log")
+    except OSError as exc:
+        rec.update(status=CRASHED, error=f"cannot start {argv[0]}: {exc.strerror or exc}", ended_at=utc_now())
+        return None
+    rec["pid"] = server.pid
+    return server
+
+
+def _until_ready(arm: PreparedArm, client: Client, server: ServerProcess, ctx: BenchContext,
+                 rec: dict[str, Any]) -> TreeMem:
+    """Wait for the server and its warm-up answer; the time to ready and the peak PSS until then
+    (the peak sampler stopped) in ``rec``; the memory at ready."""
+    deadline = time.monotonic() + ctx.start_timeout_s
+    arm.wait_ready(client, server, deadline)
+    text = measure.warm_up(client, ctx.model_name, timeout_s=max(60.0, deadline - time.monotonic()))
+    rec["ready_s"] = server.elapsed_s()
+    rec["warm_up_text"] = text
+    rec["pss_peak_bytes"] = server.stop_sampling()
+    rec["pss_peak_samples"] = server.samples
+    ready_mem = server.memory()
+    rec["pss_ready_bytes"] = ready_mem.pss_bytes
+    return ready_mem
+
+
+def _measure_speeds(client: Client, ctx: BenchContext, prompts: PromptSet, seed: int, order: int,
+                    rec: dict[str, Any]) -> None:
+    """Decode, prefill on the pass's own prompt, and (concurrency > 1) decode of several streams."""
+    ids = prefill_token_ids(seed, order, ctx.vocab_size)
+    rec["prefill_prompt"] = {"seed": seed, "order": order, "tokens": len(ids), "digest": ids_digest(ids),
+                             "first_ids": ids[:8]}
+    d = measure.decode(client, ctx.model_name, prompts.decode_prompt)
+    rec["decode_tok_s"] = d.pop("decode_tok_s")
+    rec["decode"] = {k: v for k, v in d.items() if k not in _CLOCK_READINGS}
+    p = measure.prefill(client, ctx.model_name, ids)
+    rec["prefill_tok_s"] = p.pop("prefill_tok_s")
+    rec["prefill"] = p
+    if ctx.concurrency > 1:
+        c = measure.concurrent_decode(client, ctx.model_name, stream_prompts(prompts, ctx.concurrency))
+        rec["aggregate_decode_tok_s"] = c.pop("aggregate_decode_tok_s")
+        rec["concurrent_decode"] = c
+
+
+def _collect_fidelity(arm: PreparedArm, client: Client, ctx: BenchContext, prompts: PromptSet,
+                      rec: dict[str, Any]) -> Any:
+    """The outputs fidelity is compared on, the way the arm's server gives them (None: it does not);
+    their summary in ``rec``."""
+    fidelity_raw = None
+    if arm.fidelity == "vllm":
+        fidelity_raw = fid.collect_vllm(client, ctx.model_name, prompts)
+    elif arm.fidelity == "llama":
+        fidelity_raw = fid.collect_llama(client, prompts)
+    if fidelity_raw is not None:
+        rec["fidelity"] = fid.summary(fidelity_raw)
+    return fidelity_raw
+
+
+def _soak(client: Client, server: ServerProcess, ctx: BenchContext, prompts: PromptSet, soak_s: float,
+          seed: int, rec: dict[str, Any]) -> None:
+    """``soak_s`` seconds of mixed requests (bench/soak.py) and the PSS drift over them; a failed
+    request fails the pass."""
+    s = soak.soak(client, ctx.model_name, soak_s, lambda: server.memory().pss_bytes, list(prompts.prompts),
+                  ctx.vocab_size, seed)
+    rec["soak"] = s
+    if s["errors"]:
+        raise measure.MeasurementFailed(f"the soak had {s['errors']} failed request(s), e.g. {s['first_errors'][0]}")
+    rec["soak_pss_drift"] = s["pss_drift"]
+
+
+def _read_steady(arm: PreparedArm, client: Client, server: ServerProcess, ctx: BenchContext,
+                 effective: dict[str, Any], rec: dict[str, Any]) -> None:
+    """The steady memory after the measurements (the server still alive), into ``rec``."""
+    # The steady state is a server at rest: read after QUIET_S without requests, in every arm
+    # alike (an edgectl worker gives freed memory back after 1 s of quiet: levers.idle_trim).
+    time.sleep(ctx.quiet_s)
+    steady = server.memory()
+    if isinstance(arm, WorkerArm):  # what the trim did during the pass (read back; not an API request)
+        rec["idle_trim"] = arm.readback(client, server).get("idle_trim")
+    if not server.alive():
+        raise Crashed(f"the server exited with code {server.returncode()} during the measurements")
+    rec.update(
+        pss_steady_bytes=steady.pss_bytes, pss_anon_steady_bytes=steady.pss_anon_bytes,
+        pss_file_steady_bytes=steady.pss_file_bytes, processes=len(steady.processes),
+        process_tree=[{"pid": m.pid, "name": m.name, "pss_bytes": m.pss_bytes} for m in steady.processes],
+        load_peak_ratio=(rec["pss_peak_bytes"] / steady.pss_bytes) if steady.pss_bytes else None,
+        weights_bytes_per_token=arm.weights_bytes(effective),
+    )
+
+
+def _stop(server: ServerProcess, rec: dict[str, Any]) -> None:
+    """Stop the server, however the pass ended; a pass that did not complete keeps no measured number."""
+    if "pss_peak_bytes" not in rec:  # the peak sampler still runs: the pass ended before ready
+        rec["pss_peak_bytes"] = server.stop_sampling() or None
+    rec["exit_code"] = server.stop()
+    rec["ended_at"] = utc_now()
+    rec["loadavg_end"] = _loadavg()
+    if rec["status"] != OK:
+        rec["log_tail"] = server.log_tail(12)
+        for key in _MEASURED:
+            rec.pop(key, None)
 
 
 def pass_line(rec: dict[str, Any]) -> str:

@@ -78,10 +78,6 @@ def _got(value: Any) -> str:
 
 
 def _read(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
-    def fail(problem: str) -> _Failed:
-        problems.append(f"{path}: {problem}")
-        return FAILED
-
     if tp is Any:
         return value
     origin = typing.get_origin(tp)
@@ -92,52 +88,72 @@ def _read(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
         if len(options) != 1:
             raise TypeError(f"{path}: unions other than `X | None` are not supported")
         return _read(options[0], value, path, problems)
-    if tp is bool:
-        return value if isinstance(value, bool) else fail(f"expected a boolean, got {_got(value)}")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return fail(f"expected an integer, got {_got(value)}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return fail(f"expected a number, got {_got(value)}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            return fail(f"expected a string, got {_got(value)}")
-        if "\0" in value:
-            return fail("contains a NUL character")
-        return value
+    if tp in (bool, int, float, str):
+        return _read_scalar(tp, value, path, problems)
     if isinstance(tp, type) and issubclass(tp, Enum):
         try:
             return tp(value)
         except ValueError:
             allowed = ", ".join(str(m.value) for m in tp)
-            return fail(f"{value!r} is not one of {allowed}")
+            return _fail(problems, path, f"{value!r} is not one of {allowed}")
     if dataclasses.is_dataclass(tp):
         return _read_dataclass(tp, value, path, problems)
     if origin in (list, tuple):
-        args = typing.get_args(tp)
-        if not isinstance(value, list):
-            return fail(f"expected a list, got {_got(value)}")
-        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-            if len(value) != len(args):
-                return fail(f"expected a list of {len(args)}, got {value!r}")
-            items = [_read(a, v, f"{path}[{i}]", problems) for i, (a, v) in enumerate(zip(args, value))]
-        else:
-            items = [_read(args[0], v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
-        if any(i is FAILED for i in items):
-            return FAILED
-        return tuple(items) if origin is tuple else items
+        return _read_sequence(tp, value, path, problems)
     if origin is dict:
-        key_type, value_type = typing.get_args(tp)
-        if key_type is not str:
-            raise TypeError(f"{path}: only dict[str, ...] is supported")
-        if not isinstance(value, dict):
-            return fail(f"expected an object, got {_got(value)}")
-        out = {k: _read(value_type, v, f"{path}.{k}", problems) for k, v in value.items()}
-        return FAILED if any(v is FAILED for v in out.values()) else out
+        return _read_mapping(tp, value, path, problems)
     raise TypeError(f"{path}: cannot read a field annotated {tp!r}")
+
+
+def _fail(problems: list[str], path: str, problem: str) -> _Failed:
+    problems.append(f"{path}: {problem}")
+    return FAILED
+
+
+def _read_scalar(tp: type, value: Any, path: str, problems: list[str]) -> Any:
+    """``bool``, ``int`` (never a boolean), ``float`` (an integer or a finite number), ``str`` (without NUL)."""
+    if tp is bool:
+        return value if isinstance(value, bool) else _fail(problems, path, f"expected a boolean, got {_got(value)}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return _fail(problems, path, f"expected an integer, got {_got(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return _fail(problems, path, f"expected a number, got {_got(value)}")
+        return value
+    if not isinstance(value, str):
+        return _fail(problems, path, f"expected a string, got {_got(value)}")
+    if "\0" in value:
+        return _fail(problems, path, "contains a NUL character")
+    return value
+
+
+def _read_sequence(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
+    """``list[T]`` and ``tuple[T, ...]`` (any length), ``tuple[A, B]`` (exactly that many): a JSON list."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if not isinstance(value, list):
+        return _fail(problems, path, f"expected a list, got {_got(value)}")
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(value) != len(args):
+            return _fail(problems, path, f"expected a list of {len(args)}, got {value!r}")
+        items = [_read(a, v, f"{path}[{i}]", problems) for i, (a, v) in enumerate(zip(args, value))]
+    else:
+        items = [_read(args[0], v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    if any(i is FAILED for i in items):
+        return FAILED
+    return tuple(items) if origin is tuple else items
+
+
+def _read_mapping(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
+    """``dict[str, T]``: a JSON object."""
+    key_type, value_type = typing.get_args(tp)
+    if key_type is not str:
+        raise TypeError(f"{path}: only dict[str, ...] is supported")
+    if not isinstance(value, dict):
+        return _fail(problems, path, f"expected an object, got {_got(value)}")
+    out = {k: _read(value_type, v, f"{path}.{k}", problems) for k, v in value.items()}
+    return FAILED if any(v is FAILED for v in out.values()) else out
 
 
 def _read_dataclass(cls: type, value: Any, path: str, problems: list[str]) -> Any:

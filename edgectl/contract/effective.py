@@ -73,57 +73,78 @@ def mismatches(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
     differ("max_num_seqs", plan.max_num_seqs, effective.get("max_num_seqs"))
     differ("KV cache bytes", plan.kv_cache_bytes, effective.get("kv_cache_bytes"))
     differ("threads", plan.threads, effective.get("threads"))
-
-    rope = effective.get("rope_rows")
-    if not isinstance(rope, Mapping) or not rope:
-        out.append("RoPE table rows could not be read back")
-    else:
-        wrong = {k: v for k, v in rope.items() if v != plan.rope_rows}
-        if wrong:
-            name, rows = next(iter(wrong.items()))
-            out.append(f"RoPE table {name} has {rows} rows, the plan says {plan.rope_rows}")
-
-    formats = effective.get("linear_formats")
-    if not isinstance(formats, Mapping) or not formats:
-        out.append("linear layer formats could not be read back")
-    else:
-        int4 = [n for n, f in formats.items() if is_int4(f)]
-        if not plan.weight_format.is_int4:
-            if int4:
-                out.append(f"{len(int4)} linear layers are 4-bit, the plan says bf16 (e.g. {int4[0]})")
-        else:
-            body = {n: f for n, f in formats.items() if n != "lm_head"}
-            # a GGUF served as it is keeps its 5-8-bit layers in edgectl's 8-bit blocks (docs/gguf.md)
-            held = (lambda f: is_int4(f) or str(f).startswith("w8a8")) if plan.model.checkpoint_format == "gguf" \
-                else is_int4
-            not_int4 = sorted(n for n, f in body.items() if not held(f))
-            if not int4:
-                out.append(f"no linear layer is 4-bit, the plan says {plan.weight_format}")
-            elif not_int4:
-                out.append(f"{len(not_int4)} linear layers are not 4-bit although the plan quantizes them "
-                           f"(e.g. {not_int4[0]}: {formats[not_int4[0]]})")
-            # quantized at load by the plan's group rule (edgectl's w4a8 blocks are 32 columns whatever it says)
-            if plan.model.checkpoint_format == "bf16" and plan.weight_format != "w4a8":
-                out += _group_mismatches(plan, body, effective.get("linear_in_features"))
-        head = effective.get("lm_head_format", formats.get("lm_head"))
-        if head_family(head) != plan.lm_head_format:
-            planned = "keeps it unquantized" if plan.lm_head_format == "dense" else f"has it {plan.lm_head_format}"
-            out.append(f"the output head is {head}, the plan {planned}")
-        if ((plan.weight_format == "w4a8" or plan.lm_head_format == "int8")
-                and "kernel_isa" in effective and not effective["kernel_isa"]):
-            out.append(f"edgectl's kernel library is not loaded, the plan's {plan.weight_format} runs on it")
-
+    out += _rope_rows(plan, effective)
+    out += _linear_formats(plan, effective)
     if (plan.model.checkpoint_format == "gguf" and "load_format" in effective
             and effective["load_format"] != GGUF_LOAD_FORMAT):
         out.append(f"the model was loaded with {effective['load_format']!r}, a GGUF is served by {GGUF_LOAD_FORMAT!r}")
+    out += _processes(plan, effective)
+    out += _kv_dtype(plan, effective)
+    out += _memory_levers(plan, effective)
+    return out
 
+
+def _rope_rows(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
+    rope = effective.get("rope_rows")
+    if not isinstance(rope, Mapping) or not rope:
+        return ["RoPE table rows could not be read back"]
+    wrong = {k: v for k, v in rope.items() if v != plan.rope_rows}
+    if wrong:
+        name, rows = next(iter(wrong.items()))
+        return [f"RoPE table {name} has {rows} rows, the plan says {plan.rope_rows}"]
+    return []
+
+
+def _linear_formats(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
+    """The linear layers' formats: 4-bit where the plan quantizes, in its groups; the output head's
+    format; edgectl's kernel library loaded where the plan runs on it."""
+    formats = effective.get("linear_formats")
+    if not isinstance(formats, Mapping) or not formats:
+        return ["linear layer formats could not be read back"]
+    out: list[str] = []
+    int4 = [n for n, f in formats.items() if is_int4(f)]
+    if not plan.weight_format.is_int4:
+        if int4:
+            out.append(f"{len(int4)} linear layers are 4-bit, the plan says bf16 (e.g. {int4[0]})")
+    else:
+        out += _int4_body(plan, formats, int4, effective)
+    head = effective.get("lm_head_format", formats.get("lm_head"))
+    if head_family(head) != plan.lm_head_format:
+        planned = "keeps it unquantized" if plan.lm_head_format == "dense" else f"has it {plan.lm_head_format}"
+        out.append(f"the output head is {head}, the plan {planned}")
+    if ((plan.weight_format == "w4a8" or plan.lm_head_format == "int8")
+            and "kernel_isa" in effective and not effective["kernel_isa"]):
+        out.append(f"edgectl's kernel library is not loaded, the plan's {plan.weight_format} runs on it")
+    return out
+
+
+def _int4_body(plan: Plan, formats: Mapping[str, Any], int4: list[str], effective: Mapping[str, Any]) -> list[str]:
+    """A 4-bit plan: every layer but the output head 4-bit (``int4``: those that are), in the plan's groups."""
+    out: list[str] = []
+    body = {n: f for n, f in formats.items() if n != "lm_head"}
+    # a GGUF served as it is keeps its 5-8-bit layers in edgectl's 8-bit blocks (docs/gguf.md)
+    held = (lambda f: is_int4(f) or str(f).startswith("w8a8")) if plan.model.checkpoint_format == "gguf" \
+        else is_int4
+    not_int4 = sorted(n for n, f in body.items() if not held(f))
+    if not int4:
+        out.append(f"no linear layer is 4-bit, the plan says {plan.weight_format}")
+    elif not_int4:
+        out.append(f"{len(not_int4)} linear layers are not 4-bit although the plan quantizes them "
+                   f"(e.g. {not_int4[0]}: {formats[not_int4[0]]})")
+    # quantized at load by the plan's group rule (edgectl's w4a8 blocks are 32 columns whatever it says)
+    if plan.model.checkpoint_format == "bf16" and plan.weight_format != "w4a8":
+        out += _group_mismatches(plan, body, effective.get("linear_in_features"))
+    return out
+
+
+def _processes(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
+    """The processes serving: one in the single-process topology, several in vLLM's own."""
     processes = effective.get("processes")
+    out: list[str] = []
     if plan.topology == "single-process" and processes != 1:
         out.append(f"{processes} processes serve, the plan's single-process topology has 1")
     if plan.topology == "stock" and not (isinstance(processes, int) and processes > 1):
         out.append(f"{processes} process(es) serve, vLLM's own topology has an API server and an engine")
-    out += _kv_dtype(plan, effective)
-    out += _memory_levers(plan, effective)
     return out
 
 

@@ -117,12 +117,8 @@ def _probe(path: str, period_s: int, failures: int, timeout_s: int) -> dict[str,
             "timeoutSeconds": timeout_s, "failureThreshold": failures}
 
 
-def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
-    """[ConfigMap, Deployment, Service] for ``plan`` on the nodes of ``target``'s class.
-
-    ``plan`` was read strictly (``Plan.from_dict``); what is checked here is what a pod needs
-    beyond a valid plan, one ``plan.FIELD: problem`` per bad field.
-    """
+def _pod_problems(plan: Plan, target: Target) -> list[str]:
+    """What a pod needs beyond a valid plan, one ``plan.FIELD: problem`` per bad field."""
     problems: list[str] = []
     name = plan.serve.name
     try:
@@ -139,9 +135,6 @@ def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
     model_path = plan.model.path
     if not model_path.startswith("/"):
         problems.append(f"plan.model.path: {model_path!r} is not an absolute path")
-    # seconds and bytes: rounding up never promises less than planned
-    start_s, watchdog_s, stop_s = (math.ceil(t) for t in (plan.timeouts.start_s, plan.timeouts.watchdog_s,
-                                                          plan.timeouts.stop_s))
     steady_bytes, limit_bytes = plan.memory.total_bytes, plan.memory.limit_bytes
     if steady_bytes > limit_bytes:
         problems.append(f"plan.memory.total_bytes: {steady_bytes} is above limit_bytes {limit_bytes}")
@@ -152,8 +145,22 @@ def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
         # vLLM's multi-process topology binds OpenMP to the plan's CPU numbers
         # (vllm/utils/ompmultiprocessing.py), which the kubelet, not the plan, chooses in a pod.
         problems.append(f"plan.topology: {str(plan.topology)!r}: a pod runs the single-process topology only")
-    env_items: list[dict[str, str]] = []
-    own = unit_environment(name)
+    problems += _plan_env_problems(plan)
+    try:
+        check_image(target.image)
+    except EdgectlError as exc:
+        problems.append(exc.message)
+    if not isinstance(target.replicas, int) or target.replicas < 1:
+        problems.append(f"replicas: expected at least 1 node, got {target.replicas!r}")
+    if not target.node_selector:
+        problems.append("node selector: empty; a plan is only for the nodes of its class")
+    return problems
+
+
+def _plan_env_problems(plan: Plan) -> list[str]:
+    """The plan's environment variables a pod cannot carry, or that the worker's pod sets itself."""
+    problems: list[str] = []
+    own = unit_environment(plan.serve.name)
     for key in sorted(plan.env):
         value = plan.env[key]
         if "\0" in value:
@@ -161,52 +168,61 @@ def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
         elif key in own and value != own[key]:
             problems.append(f"plan.env.{key}: the worker's pod sets it to {own[key]!r} itself; "
                             "remove it from the plan")
-        elif key not in own:
-            env_items.append({"name": key, "value": _literal(value)})
-    try:
-        image = check_image(target.image)
-    except EdgectlError as exc:
-        problems.append(exc.message)
-    if not isinstance(target.replicas, int) or target.replicas < 1:
-        problems.append(f"replicas: expected at least 1 node, got {target.replicas!r}")
-    if not target.node_selector:
-        problems.append("node selector: empty; a plan is only for the nodes of its class")
-    if problems:
-        raise EdgectlError(f"cannot write the Kubernetes objects from this plan: {problems[0]}",
-                           details=problems[1:])
+    return problems
 
-    base = f"edgectl-{name}-{target.class_id}"
+
+def _container_env(plan: Plan) -> list[dict[str, str]]:
+    """The plan's own variables (sorted), then the ones the worker's pod sets for every plan."""
+    own = unit_environment(plan.serve.name)
+    env_items = [{"name": key, "value": _literal(plan.env[key])} for key in sorted(plan.env) if key not in own]
+    return env_items + [{"name": k, "value": _literal(v)} for k, v in own.items()]
+
+
+def _object_name(name: str, class_id: str) -> str:
+    """``edgectl-NAME-CLASS``, the name of all three objects: it must be a DNS label."""
+    base = f"edgectl-{name}-{class_id}"
     if len(base) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", base):
         raise EdgectlError(f"the objects' name {base!r} is not a DNS label (at most 63 lowercase letters, "
                            "digits and '-'): choose a --name without '_'")
-    plan_dir = f"/etc/edgectl/{name}"
-    plan_text = plan.to_json()
-    labels = {
+    return base
+
+
+def _labels(name: str, base: str) -> dict[str, str]:
+    return {
         "app.kubernetes.io/name": "edgectl",
         "app.kubernetes.io/instance": base,
         "app.kubernetes.io/part-of": f"edgectl-{name}",
         "app.kubernetes.io/component": "worker",
         "app.kubernetes.io/managed-by": "edgectl",
     }
-    selector = {k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
-    env_items += [{"name": k, "value": _literal(v)} for k, v in unit_environment(name).items()]
 
+
+def _pod_selector(labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
+
+
+def _container(plan: Plan, image: str) -> dict[str, Any]:
+    """The worker's container: the unit's command, limits, timeouts and sandbox as a pod has them."""
+    name = plan.serve.name
+    plan_dir = f"/etc/edgectl/{name}"  # where the ConfigMap's plan.json is mounted
+    # seconds and bytes: rounding up never promises less than planned
+    start_s, watchdog_s = math.ceil(plan.timeouts.start_s), math.ceil(plan.timeouts.watchdog_s)
     # The watchdog's rule: the worker reports unhealthy once the engine has not come back for
     # half of watchdog_s (worker.py, Service.stall_limit_s); LIVENESS_FAILURES failed checks in
     # the other half restart it, so a stall is acted on within about watchdog_s, as systemd's
     # watchdog acts on it (which waits watchdog_s after the last ping).
     live_period_s = max(1, math.ceil(watchdog_s / 2 / LIVENESS_FAILURES))
-    container = {
+    return {
         "name": "worker",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": [_literal(word) for word in launch.worker_command(IMAGE_PYTHON, f"{plan_dir}/plan.json",
                                                               plan.levers.python_optimize)],
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        "env": env_items,
+        "ports": [{"name": "http", "containerPort": plan.serve.port, "protocol": "TCP"}],
+        "env": _container_env(plan),
         "resources": {
-            "requests": {"cpu": str(threads), "memory": _mebibytes(steady_bytes)},
-            "limits": {"cpu": str(len(cpus)), "memory": _mebibytes(limit_bytes)},
+            "requests": {"cpu": str(plan.threads), "memory": _mebibytes(plan.memory.total_bytes)},
+            "limits": {"cpu": str(len(plan.cpus)), "memory": _mebibytes(plan.memory.limit_bytes)},
         },
         # The start timeout: failing from the first check for start_s, the container is restarted.
         "startupProbe": _probe(READY_PATH, STARTUP_PERIOD_S, math.ceil(start_s / STARTUP_PERIOD_S), 5),
@@ -223,13 +239,17 @@ def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": "plan", "mountPath": plan_dir, "readOnly": True},
-            {"name": "model", "mountPath": model_path, "readOnly": True},
+            {"name": "model", "mountPath": plan.model.path, "readOnly": True},
             {"name": "state", "mountPath": state_dir(name)},
             {"name": "cache", "mountPath": cache_dir(name)},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
-    pod_spec = {
+
+
+def _pod_spec(plan: Plan, target: Target, base: str) -> dict[str, Any]:
+    """The pod: pinned to the class's nodes, one per node, the unit's sandbox, the container's volumes."""
+    return {
         "nodeSelector": dict(target.node_selector),
         # Each plan is sized to its node's whole budget: one edgectl worker per node.
         "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
@@ -237,7 +257,8 @@ def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
              "topologyKey": "kubernetes.io/hostname"}]}},
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": stop_s,
+        # seconds: rounding up never promises less than planned
+        "terminationGracePeriodSeconds": math.ceil(plan.timeouts.stop_s),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": IMAGE_UID,
@@ -245,22 +266,29 @@ def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
             "fsGroup": IMAGE_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [container],
+        "containers": [_container(plan, target.image)],
         "volumes": [
             {"name": "plan", "configMap": {"name": base}},
-            {"name": "model", "hostPath": {"path": model_path, "type": "Directory"}},
+            {"name": "model", "hostPath": {"path": plan.model.path, "type": "Directory"}},
             {"name": "state", "emptyDir": {}},
             {"name": "cache", "emptyDir": {}},
             {"name": "tmp", "emptyDir": {}},
         ],
     }
-    config_map = {
+
+
+def _config_map(base: str, labels: Mapping[str, str], plan_text: str) -> dict[str, Any]:
+    return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": base, "labels": dict(labels)},
         "data": {"plan.json": plan_text},
     }
-    deployment = {
+
+
+def _deployment(plan: Plan, target: Target, base: str, labels: Mapping[str, str],
+                plan_text: str) -> dict[str, Any]:
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": base, "labels": dict(labels)},
@@ -268,26 +296,46 @@ def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
             "replicas": target.replicas,
             # The old worker stops before the new one starts: a node holds one at a time.
             "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": selector},
+            "selector": {"matchLabels": _pod_selector(labels)},
             "template": {
                 # A changed plan changes this annotation, and so rolls the pods.
                 "metadata": {"labels": dict(labels),
                              "annotations": {"edgectl-plan-sha256": hashlib.sha256(plan_text.encode()).hexdigest()}},
-                "spec": pod_spec,
+                "spec": _pod_spec(plan, target, base),
             },
         },
     }
-    service = {
+
+
+def _service(base: str, labels: Mapping[str, str], port: int) -> dict[str, Any]:
+    return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": base, "labels": dict(labels)},
         "spec": {
             "type": "ClusterIP",
-            "selector": dict(selector),
+            "selector": _pod_selector(labels),
             "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
-    return [config_map, deployment, service]
+
+
+def render_objects(plan: Plan, target: Target) -> list[dict[str, Any]]:
+    """[ConfigMap, Deployment, Service] for ``plan`` on the nodes of ``target``'s class.
+
+    ``plan`` was read strictly (``Plan.from_dict``); what is checked here is what a pod needs
+    beyond a valid plan, one ``plan.FIELD: problem`` per bad field.
+    """
+    problems = _pod_problems(plan, target)
+    if problems:
+        raise EdgectlError(f"cannot write the Kubernetes objects from this plan: {problems[0]}",
+                           details=problems[1:])
+    name = plan.serve.name
+    base = _object_name(name, target.class_id)
+    labels = _labels(name, base)
+    plan_text = plan.to_json()
+    return [_config_map(base, labels, plan_text), _deployment(plan, target, base, labels, plan_text),
+            _service(base, labels, plan.serve.port)]
 
 
 def render_yaml(objects: list[dict[str, Any]], header: list[str] = ()) -> str:

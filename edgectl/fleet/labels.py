@@ -284,6 +284,52 @@ def parse_feature_file(text: str, source: str = "feature file") -> tuple[dict[st
 # --- the facts of a class --------------------------------------------------------------------
 
 
+class _LabelReader:
+    """A node class's labels read strictly: a missing or malformed one names itself."""
+
+    def __init__(self, labels: Mapping[str, str], source: str) -> None:
+        self.labels, self.source = labels, source
+
+    def get(self, label: str) -> str:
+        key = f"{NAMESPACE}/{label}"
+        if key not in self.labels:
+            raise EdgectlError(f"{self.source}: label {key} is missing")
+        return self.labels[key]
+
+    def flag(self, label: str) -> bool:
+        value = self.get(label)
+        if value not in ("true", "false"):
+            raise EdgectlError(f"{self.source}: label {NAMESPACE}/{label}={value!r}: expected true or false")
+        return value == "true"
+
+    def count(self, label: str, minimum: int) -> int:
+        value = self.get(label)
+        if not value.isdigit() or int(value) < minimum:
+            raise EdgectlError(f"{self.source}: label {NAMESPACE}/{label}={value!r}: "
+                               f"expected an integer >= {minimum}")
+        return int(value)
+
+    def device_class(self) -> DeviceClass:
+        try:
+            return DeviceClass(self.get(DEVICE_CLASS))
+        except ValueError:
+            raise EdgectlError(f"{self.source}: label {NAMESPACE}/{DEVICE_CLASS}={self.get(DEVICE_CLASS)!r} is not "
+                               f"a device class ({', '.join(str(c) for c in DeviceClass)})") from None
+
+
+def _labelled_isa(r: _LabelReader, device_class: DeviceClass) -> Isa:
+    """The ISA the labels say is usable, each label standing for the features its rule needs."""
+    avx2, avx512, vnni, bf16, amx = (r.flag(label) for label in ISA_LABELS)
+    return Isa(
+        avx2=avx2, fma=avx2,
+        avx512f=avx512, avx512bw=avx512, avx512vl=avx512, avx512dq=avx512,
+        avx512_vnni=vnni, avx512_bf16=bf16,
+        amx_tile=amx, amx_int8=amx, amx_bf16=amx,
+        asimd=device_class in (DeviceClass.AARCH64_NEON, DeviceClass.AARCH64_SVE),
+        sve=device_class is DeviceClass.AARCH64_SVE,
+    )
+
+
 def class_facts(labels: Mapping[str, str], source: str = "node class") -> HostFacts:
     """The facts a class's plan is computed from: its labels (namespaced), and nothing else.
 
@@ -293,45 +339,16 @@ def class_facts(labels: Mapping[str, str], source: str = "node class") -> HostFa
     select the profile its ``edgectl-profile`` label names; edgectl/fleet/fleet.py checks).
     Raises EdgectlError naming a missing or malformed label.
     """
-    def get(label: str) -> str:
-        key = f"{NAMESPACE}/{label}"
-        if key not in labels:
-            raise EdgectlError(f"{source}: label {key} is missing")
-        return labels[key]
-
-    def flag(label: str) -> bool:
-        value = get(label)
-        if value not in ("true", "false"):
-            raise EdgectlError(f"{source}: label {NAMESPACE}/{label}={value!r}: expected true or false")
-        return value == "true"
-
-    def count(label: str, minimum: int) -> int:
-        value = get(label)
-        if not value.isdigit() or int(value) < minimum:
-            raise EdgectlError(f"{source}: label {NAMESPACE}/{label}={value!r}: expected an integer >= {minimum}")
-        return int(value)
-
-    try:
-        device_class = DeviceClass(get(DEVICE_CLASS))
-    except ValueError:
-        raise EdgectlError(f"{source}: label {NAMESPACE}/{DEVICE_CLASS}={get(DEVICE_CLASS)!r} is not a device "
-                           f"class ({', '.join(str(c) for c in DeviceClass)})") from None
-    arch = get(ARCH)
-    avx2, avx512, vnni, bf16, amx = (flag(label) for label in ISA_LABELS)
-    isa = Isa(
-        avx2=avx2, fma=avx2,
-        avx512f=avx512, avx512bw=avx512, avx512vl=avx512, avx512dq=avx512,
-        avx512_vnni=vnni, avx512_bf16=bf16,
-        amx_tile=amx, amx_int8=amx, amx_bf16=amx,
-        asimd=device_class in (DeviceClass.AARCH64_NEON, DeviceClass.AARCH64_SVE),
-        sve=device_class is DeviceClass.AARCH64_SVE,
-    )
-    cores = count(CORES, 1)
-    budget = count(MEMORY_GIB, 0) * GiB
+    r = _LabelReader(labels, source)
+    device_class = r.device_class()
+    arch = r.get(ARCH)
+    isa = _labelled_isa(r, device_class)
+    cores = r.count(CORES, 1)
+    budget = r.count(MEMORY_GIB, 0) * GiB
     cpus = tuple(range(cores))
     vendor = labels.get(f"{NAMESPACE}/{CPU_VENDOR}")
     cpu = CpuFacts(arch=arch, vendor=vendor, model_name=None, flags=(), isa=isa, isa_disagreements=(),
-                   amx_permission=AmxPermission.GRANTED if amx else AmxPermission.UNSUPPORTED)
+                   amx_permission=AmxPermission.GRANTED if isa.amx_tile else AmxPermission.UNSUPPORTED)
     from edgectl.probe.cpu import device_class as classify
 
     if classify(cpu, live=True) is not device_class:

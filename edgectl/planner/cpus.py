@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from edgectl.contract.plan import Reason, Request, Source, Topology
 from edgectl.errors import EdgectlError
-from edgectl.planner.decided import Decided
+from edgectl.planner.decided import Decided, Reasons
 from edgectl.probe.formats import format_cpu_list
 
 if TYPE_CHECKING:
-    from edgectl.probe.facts import HostFacts
+    from edgectl.probe.facts import HostFacts, TopologyFacts
     from edgectl.profiles import Profile
 
 
@@ -24,8 +24,22 @@ class Cpus:
 
 
 def choose_cpus(facts: HostFacts, request: Request, profile: Profile, topology: Topology) -> Decided[Cpus]:
+    reasons = Reasons()
+    cpus, scope = reasons.take(_serving_cpus(facts.topology))
+    threads = reasons.take(_capped_threads(facts.topology, len(cpus), scope))
+    reserve = reasons.take(_reserve_frontend_core(request, profile, topology, threads))
+    if reserve:
+        # OpenMP binds to the first `threads` CPUs; the process keeps all of them, so the
+        # front end's threads run on the one left over.
+        threads -= 1
+    threads = reasons.take(_threads(request, cpus, threads))
+    return Decided(Cpus(cpus, threads, reserve), *reasons.items)
+
+
+def _serving_cpus(topo: TopologyFacts) -> Decided[tuple[list[int], int]]:
+    """(the CPUs the service runs on, how many CPUs they are taken from): the usable ones, those
+    of the best NUMA node when there are several."""
     reasons: list[Reason] = []
-    topo = facts.topology
     usable = list(topo.usable_cpus or [])
     if not usable:
         n = topo.logical_cpus or 1
@@ -45,8 +59,13 @@ def choose_cpus(facts: HostFacts, request: Request, profile: Profile, topology: 
     else:
         reasons.append(Reason("cpus", format_cpu_list(cpus), Source.PROBE,
                               "the CPUs this process may use (affinity ∩ cgroup cpuset)"))
+    return Decided((cpus, scope), *reasons)
 
-    threads = len(cpus)
+
+def _capped_threads(topo: TopologyFacts, n_cpus: int, scope: int) -> Decided[int]:
+    """One thread per CPU, capped at one per physical core and at the cgroup's CPU quota."""
+    reasons: list[Reason] = []
+    threads = n_cpus
     # SMT siblings share a core's execution units; vLLM binds one thread per physical core.
     # The probe gives core counts, not which CPUs are siblings, so the cap is the number of
     # cores behind the scope (the node, or the host): a cpuset of CPUs on distinct cores
@@ -64,7 +83,13 @@ def choose_cpus(facts: HostFacts, request: Request, profile: Profile, topology: 
             threads = quota_threads
             reasons.append(Reason("threads_quota", threads, Source.PROBE,
                                   f"cgroup CPU quota is {topo.cpu_quota_cores:g} cores: more threads would be throttled"))
+    return Decided(threads, *reasons)
 
+
+def _reserve_frontend_core(request: Request, profile: Profile, topology: Topology, threads: int) -> Decided[bool]:
+    """Whether a core is kept for the HTTP front end: as asked, else as measured, else not; never
+    the only one."""
+    reasons: list[Reason] = []
     reserve = request.reserve_frontend_core
     if reserve is not None:
         reasons.append(Reason("reserve_frontend_core", reserve, Source.FLAG, "asked"))
@@ -77,20 +102,18 @@ def choose_cpus(facts: HostFacts, request: Request, profile: Profile, topology: 
         reasons.append(Reason("reserve_frontend_core", False, Source.FALLBACK,
                               f"not measured on {profile.name}; in the {topology} topology the HTTP front end only "
                               "queues requests and streams tokens"))
-    if reserve and threads > 1:
-        # OpenMP binds to the first `threads` CPUs; the process keeps all of them, so the
-        # front end's threads run on the one left over.
-        threads -= 1
-    elif reserve:
+    if reserve and threads <= 1:
         reasons.append(Reason("reserve_frontend_core", False, Source.PROBE, "only one core: nothing to reserve"))
         reserve = False
+    return Decided(reserve, *reasons)
 
-    if request.threads is not None:
-        if request.threads < 1 or request.threads > len(cpus):
-            raise EdgectlError(f"--threads {request.threads} is outside 1..{len(cpus)} "
-                               f"(the usable CPUs: {format_cpu_list(cpus)})")
-        threads = request.threads
-        reasons.append(Reason("threads", threads, Source.FLAG, "asked with --threads"))
-    else:
-        reasons.append(Reason("threads", threads, Source.PROBE, f"OpenMP threads on CPUs {format_cpu_list(cpus[:threads])}"))
-    return Decided(Cpus(cpus, threads, reserve), *reasons)
+
+def _threads(request: Request, cpus: list[int], threads: int) -> Decided[int]:
+    """The OpenMP threads: as asked with --threads (within the CPUs), else as capped."""
+    if request.threads is None:
+        return Decided(threads, Reason("threads", threads, Source.PROBE,
+                                       f"OpenMP threads on CPUs {format_cpu_list(cpus[:threads])}"))
+    if request.threads < 1 or request.threads > len(cpus):
+        raise EdgectlError(f"--threads {request.threads} is outside 1..{len(cpus)} "
+                           f"(the usable CPUs: {format_cpu_list(cpus)})")
+    return Decided(request.threads, Reason("threads", request.threads, Source.FLAG, "asked with --threads"))

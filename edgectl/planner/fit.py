@@ -91,26 +91,36 @@ def fit_weights_and_context(budget: int | None, model: ModelFacts, profile: Prof
                         kv_dtype if kv_dtype is not KvCacheDtype.AUTO and request.kv_cache_dtype is None else None)
     best = max(fitting, key=lambda c: (c.fits_len, -sized.index(c)))
     assert best.fits_len is not None
-    why = best.reason
-    if best is not sized[0]:
-        first = sized[0]
-        fits = f"fits only {first.fits_len} tokens" if first.fits_len else "does not fit at any context"
-        why = Reason("weight_format", best.fmt, why.source,
-                     f"{first.fmt} ranks first but {fits} in the budget {mib(budget)} "
-                     f"(needs {mib(first.ledger.at(target).limit_bytes)} at {target} tokens); {why.detail}")
+    why = _format_reason(best, sized, budget, target)
     max_len = best.fits_len
     memory = best.ledger.at(max_len)
-    if request.max_model_len is not None:
-        context = Reason("max_model_len", max_len, Source.FLAG,
-                         f"asked; fits: limit {mib(memory.limit_bytes)} ≤ budget {mib(budget)}")
-    else:
-        limited_by = ("the model maximum" if cap == model_max else
-                      f"the default {DEFAULT_CONTEXT_CAP} (ask for more with --max-model-len, up to {model_max})")
-        context = Reason("max_model_len", max_len, Source.PROBE if max_len < cap else Source.MODEL_CONFIG,
-                         f"largest that fits the budget {mib(budget)} with {request.max_num_seqs} sequence(s), "
-                         f"capped at {limited_by}")
+    context = _context_reason(request, max_len, memory, budget, cap, model_max)
     kv_why = _kv_reason(kv_dtype, tried, request, budget, target, cap, best, kv_dtypes)
     return Decided(Fit(best.fmt, best.weights.value, max_len, memory, kv_dtype), why, best.weights, context, kv_why)
+
+
+def _format_reason(best: _Sized, sized: list[_Sized], budget: int, target: int) -> Reason:
+    """Why the format that fits best is chosen: its own reason, and why the ones ranked above it were not."""
+    why = best.reason
+    if best is sized[0]:
+        return why
+    first = sized[0]
+    fits = f"fits only {first.fits_len} tokens" if first.fits_len else "does not fit at any context"
+    return Reason("weight_format", best.fmt, why.source,
+                  f"{first.fmt} ranks first but {fits} in the budget {mib(budget)} "
+                  f"(needs {mib(first.ledger.at(target).limit_bytes)} at {target} tokens); {why.detail}")
+
+
+def _context_reason(request: Request, max_len: int, memory: Memory, budget: int, cap: int, model_max: int) -> Reason:
+    """Why the context is ``max_len``: as asked (it fits), or the largest that fits up to the cap."""
+    if request.max_model_len is not None:
+        return Reason("max_model_len", max_len, Source.FLAG,
+                      f"asked; fits: limit {mib(memory.limit_bytes)} ≤ budget {mib(budget)}")
+    limited_by = ("the model maximum" if cap == model_max else
+                  f"the default {DEFAULT_CONTEXT_CAP} (ask for more with --max-model-len, up to {model_max})")
+    return Reason("max_model_len", max_len, Source.PROBE if max_len < cap else Source.MODEL_CONFIG,
+                  f"largest that fits the budget {mib(budget)} with {request.max_num_seqs} sequence(s), "
+                  f"capped at {limited_by}")
 
 
 def _kv_reason(kv_dtype: KvCacheDtype, tried: list[tuple[KvCacheDtype, list[_Sized]]], request: Request,

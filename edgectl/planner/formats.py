@@ -74,6 +74,89 @@ def host_runs(fmt: WeightFormat, facts: HostFacts) -> tuple[bool, str]:
     return False, f"edgectl has no rule yet for where {fmt} runs"  # a format added without its rule
 
 
+def _format_runs(fmt: WeightFormat, facts: HostFacts, checkpoint: str, profile: Profile,
+                 request: Request) -> tuple[bool, str]:
+    """Whether ``fmt`` can be planned here, and why: the host runs its kernel, the profile did not
+    see it fail, it was measured if it must be, and the checkpoint can be served in it."""
+    ok, why = host_runs(fmt, facts)
+    figures = profile.formats.get(fmt)
+    if ok and figures is not None and not figures.runs:
+        ok, why = False, f"profile {profile.name}: {figures.reason}"
+    if (ok and fmt in MEASURED_ONLY and (figures is None or figures.decode_tok_s is None)
+            and request.weight_format != fmt):  # asked for by name, e.g. to measure it
+        # these kernels are chosen only where a measurement showed them running
+        ok, why = False, f"not measured on {profile.name}: chosen only where a profile shows it runs"
+    if ok and checkpoint in ("gptq", "awq") and fmt is WeightFormat.BF16:
+        ok, why = False, f"the checkpoint is {checkpoint} 4-bit: edgectl serves it as 4-bit, not bf16"
+    if ok and checkpoint == "cpu_int4" and fmt not in (WeightFormat.W4A16, WeightFormat.W4A8):
+        ok, why = False, ("the checkpoint is a cpu_int4 portable checkpoint (PyTorch's int4 kernel, or "
+                          "edgectl's, which keeps its int4 values)")
+    return ok, why
+
+
+def _asked_format(fmt: WeightFormat, runnable: dict[WeightFormat, str],
+                  refused: dict[WeightFormat, str]) -> Decided[list[tuple[WeightFormat, Reason]]]:
+    """The format asked for with --format, if it can run here."""
+    if fmt not in runnable:
+        options = ", ".join(sorted(runnable)) or "none"
+        raise EdgectlError(f"--format {fmt} cannot run here: {refused[fmt]} (runnable here: {options})")
+    return Decided([(fmt, Reason("weight_format", fmt, Source.FLAG, f"asked with --format; {runnable[fmt]}"))])
+
+
+class _MeasuredDecode:
+    """Each format's measured decode on the profile: in compiled mode, the format the profile
+    measured compiled counts with its compiled figure."""
+
+    def __init__(self, profile: Profile, compilation: Compilation) -> None:
+        self.profile = profile
+        self.compiled = profile.compiled if compilation is Compilation.DEFAULT and profile.compiled else None
+        self.compiled_fmt = (self.compiled.weight_format
+                             if self.compiled and self.compiled.decode_tok_s is not None else None)
+
+    def __call__(self, fmt: WeightFormat) -> Figure | None:
+        if fmt == self.compiled_fmt:
+            return self.compiled.decode_tok_s
+        figures = self.profile.formats.get(fmt)
+        return figures.decode_tok_s if figures else None
+
+    def named(self, fmt: WeightFormat) -> str:
+        return f"{fmt} compiled" if fmt == self.compiled_fmt else f"{fmt}"
+
+    def rank_key(self, fmt: WeightFormat) -> tuple[bool, float, int]:
+        """Measured first, then the faster, then ``FORMAT_PRIOR``'s order."""
+        fig = self(fmt)
+        return fig is not None, fig.median if fig else 0.0, -FORMAT_PRIOR.index(fmt)
+
+
+def _unserved_figures(profile: Profile) -> list[str]:
+    """Figures the profile keeps for formats edgectl does not serve (profiles.RECORDED_NOT_SERVED):
+    never candidates, but named, so a faster published figure is not silently passed over."""
+    return [f"{name} {fig.decode_tok_s.median:g} tok/s ({RECORDED_NOT_SERVED[name]})"
+            for name, fig in profile.recorded_not_served.items() if fig.runs and fig.decode_tok_s is not None]
+
+
+def _rank_reason(fmt: WeightFormat, ranked: list[WeightFormat], measured: _MeasuredDecode,
+                 runnable: dict[WeightFormat, str], unserved: list[str]) -> Reason:
+    """Why ``fmt`` stands where it does: its measured decode against the others', or the prior."""
+    profile = measured.profile
+    fig = measured(fmt)
+    if fig is None:
+        return Reason("weight_format", fmt, Source.FALLBACK,
+                      f"not measured on {profile.name}; 4-bit reads the fewest bytes per token "
+                      f"({runnable[fmt]})" if fmt.is_int4 else
+                      f"not measured on {profile.name}; {runnable[fmt]}")
+    others = [f"{measured.named(f)} {measured(f).median:g}" for f in ranked if f != fmt and measured(f) is not None]
+    detail = (f"measured decode on {profile.name}: {fig.describe('tok/s')}"
+              + (" in compiled mode" if fmt == measured.compiled_fmt else ""))
+    if fmt == ranked[0]:
+        detail = "fastest " + detail
+    if others:
+        detail += "; others: " + ", ".join(others) + " tok/s" + (" (eager)" if measured.compiled_fmt else "")
+    if unserved:
+        detail += f"; recorded on {profile.name} but not served by edgectl: " + ", ".join(unserved)
+    return Reason("weight_format", fmt, profile.reason_source, detail)
+
+
 def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile, request: Request,
                      compilation: Compilation = Compilation.EAGER) -> Decided[list[tuple[WeightFormat, Reason]]]:
     """The formats this host can run, best first, each with the reason it would be chosen.
@@ -86,70 +169,17 @@ def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile, requ
     runnable: dict[WeightFormat, str] = {}
     refused: dict[WeightFormat, str] = {}
     for fmt in WeightFormat:
-        ok, why = host_runs(fmt, facts)
-        figures = profile.formats.get(fmt)
-        if ok and figures is not None and not figures.runs:
-            ok, why = False, f"profile {profile.name}: {figures.reason}"
-        if (ok and fmt in MEASURED_ONLY and (figures is None or figures.decode_tok_s is None)
-                and request.weight_format != fmt):  # asked for by name, e.g. to measure it
-            # these kernels are chosen only where a measurement showed them running
-            ok, why = False, f"not measured on {profile.name}: chosen only where a profile shows it runs"
-        if ok and checkpoint in ("gptq", "awq") and fmt is WeightFormat.BF16:
-            ok, why = False, f"the checkpoint is {checkpoint} 4-bit: edgectl serves it as 4-bit, not bf16"
-        if ok and checkpoint == "cpu_int4" and fmt not in (WeightFormat.W4A16, WeightFormat.W4A8):
-            ok, why = False, ("the checkpoint is a cpu_int4 portable checkpoint (PyTorch's int4 kernel, or "
-                              "edgectl's, which keeps its int4 values)")
+        ok, why = _format_runs(fmt, facts, checkpoint, profile, request)
         (runnable if ok else refused)[fmt] = why
     not_runnable = ([Reason("formats_not_runnable", sorted(str(f) for f in refused), Source.PROBE,
                             "; ".join(f"{f}: {why}" for f, why in refused.items()))] if refused else [])
-
     if request.weight_format:
-        fmt = WeightFormat(request.weight_format)  # a known one: checked with the request
-        if fmt not in runnable:
-            options = ", ".join(sorted(runnable)) or "none"
-            raise EdgectlError(f"--format {fmt} cannot run here: {refused[fmt]} (runnable here: {options})")
-        return Decided([(fmt, Reason("weight_format", fmt, Source.FLAG, f"asked with --format; {runnable[fmt]}"))])
+        # a known one: checked with the request
+        return _asked_format(WeightFormat(request.weight_format), runnable, refused)
 
-    compiled = profile.compiled if compilation is Compilation.DEFAULT and profile.compiled else None
-    compiled_fmt = compiled.weight_format if compiled and compiled.decode_tok_s is not None else None
-
-    def measured(fmt: WeightFormat) -> Figure | None:
-        if fmt == compiled_fmt:
-            return compiled.decode_tok_s
-        figures = profile.formats.get(fmt)
-        return figures.decode_tok_s if figures else None
-
-    def named(fmt: WeightFormat) -> str:
-        return f"{fmt} compiled" if fmt == compiled_fmt else f"{fmt}"
-
-    ranked = sorted(
-        runnable,
-        key=lambda f: (measured(f) is not None, measured(f).median if measured(f) else 0.0, -FORMAT_PRIOR.index(f)),
-        reverse=True,
-    )
+    measured = _MeasuredDecode(profile, compilation)
+    ranked = sorted(runnable, key=measured.rank_key, reverse=True)
     if not ranked:
         raise EdgectlError("no weight format can run on this host: " + "; ".join(f"{k}: {v}" for k, v in refused.items()))
-    # figures the profile keeps for formats edgectl does not serve (profiles.RECORDED_NOT_SERVED):
-    # never candidates, but named, so a faster published figure is not silently passed over
-    unserved = [f"{name} {fig.decode_tok_s.median:g} tok/s ({RECORDED_NOT_SERVED[name]})"
-                for name, fig in profile.recorded_not_served.items() if fig.runs and fig.decode_tok_s is not None]
-    candidates: list[tuple[WeightFormat, Reason]] = []
-    for fmt in ranked:
-        fig = measured(fmt)
-        if fig is not None:
-            others = [f"{named(f)} {measured(f).median:g}" for f in ranked if f != fmt and measured(f) is not None]
-            detail = (f"measured decode on {profile.name}: {fig.describe('tok/s')}"
-                      + (" in compiled mode" if fmt == compiled_fmt else ""))
-            if fmt == ranked[0]:
-                detail = "fastest " + detail
-            if others:
-                detail += "; others: " + ", ".join(others) + " tok/s" + (" (eager)" if compiled_fmt else "")
-            if unserved:
-                detail += f"; recorded on {profile.name} but not served by edgectl: " + ", ".join(unserved)
-            candidates.append((fmt, Reason("weight_format", fmt, profile.reason_source, detail)))
-        else:
-            candidates.append((fmt, Reason("weight_format", fmt, Source.FALLBACK,
-                                           f"not measured on {profile.name}; 4-bit reads the fewest bytes per token "
-                                           f"({runnable[fmt]})" if fmt.is_int4 else
-                                           f"not measured on {profile.name}; {runnable[fmt]}")))
-    return Decided(candidates, *not_runnable)
+    unserved = _unserved_figures(profile)
+    return Decided([(fmt, _rank_reason(fmt, ranked, measured, runnable, unserved)) for fmt in ranked], *not_runnable)

@@ -57,6 +57,68 @@ def buffer_total_bytes(llc_bytes: int | None, budget_bytes: int | None) -> int:
     return total
 
 
+class _PinnedCopiers:
+    """One thread per CPU, pinned to it, copying its own buffer of ``per_thread`` bytes each time
+    the ``start`` barrier releases them all; ``done`` is passed when every copy has finished."""
+
+    def __init__(self, cpus: list[int], per_thread: int) -> None:
+        n = len(cpus)
+        self.cpus, self.per_thread = cpus, per_thread
+        self.buffers = [(bytearray(per_thread), bytearray(per_thread)) for _ in range(n)]
+        self.addresses = [(ctypes.addressof((ctypes.c_char * per_thread).from_buffer(src)),
+                           ctypes.addressof((ctypes.c_char * per_thread).from_buffer(dst)))
+                          for src, dst in self.buffers]
+        self.start = threading.Barrier(n + 1)
+        self.done = threading.Barrier(n + 1)
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._copy, args=(i,), daemon=True) for i in range(n)]
+
+    def _copy(self, i: int) -> None:
+        try:
+            os.sched_setaffinity(0, {self.cpus[i]})  # 0 = the calling thread on Linux
+        except OSError:
+            pass  # pinning is an optimisation; the copy still measures
+        src, dst = self.addresses[i]
+        try:
+            while True:
+                self.start.wait()
+                if self.stop.is_set():
+                    return
+                ctypes.memmove(dst, src, self.per_thread)
+                self.done.wait()
+        except threading.BrokenBarrierError:
+            return
+        except BaseException as exc:  # pragma: no cover - reported to the caller
+            self.errors.append(exc)
+            self.done.abort()
+            self.start.abort()
+
+    def start_threads(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def touch_buffers(self, timeout_s: float) -> None:
+        """The first pass: it touches the fresh buffers (page faults), so it is not a copy rate."""
+        self.start.wait()
+        self.done.wait(timeout=timeout_s)
+
+    def copy_once(self) -> float:
+        """One copy by every thread at once: the seconds from their release to the last one done."""
+        t0 = time.perf_counter()
+        self.start.wait()
+        self.done.wait()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        # releases every worker: one waiting to start returns, one mid-copy returns after it
+        self.stop.set()
+        self.start.abort()
+        self.done.abort()
+        for t in self.threads:
+            t.join(timeout=30)
+
+
 def measure(cpus: list[int], total_bytes: int, *, max_seconds: float = 2.0,
             max_repetitions: int = 9, warmup_timeout_s: float = 10.0) -> BandwidthResult:
     """Copy ``total_bytes / 2`` bytes split over one pinned thread per CPU, repeatedly, and
@@ -67,52 +129,19 @@ def measure(cpus: list[int], total_bytes: int, *, max_seconds: float = 2.0,
         raise BandwidthUnavailable("no usable CPUs")
     n = len(cpus)
     per_thread = max(MIB, (total_bytes // (2 * n)) // 4096 * 4096)
-    buffers = [(bytearray(per_thread), bytearray(per_thread)) for _ in range(n)]
-    addresses = [(ctypes.addressof((ctypes.c_char * per_thread).from_buffer(src)),
-                  ctypes.addressof((ctypes.c_char * per_thread).from_buffer(dst))) for src, dst in buffers]
-    start = threading.Barrier(n + 1)
-    done = threading.Barrier(n + 1)
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def worker(i: int) -> None:
-        try:
-            os.sched_setaffinity(0, {cpus[i]})  # 0 = the calling thread on Linux
-        except OSError:
-            pass  # pinning is an optimisation; the copy still measures
-        src, dst = addresses[i]
-        try:
-            while True:
-                start.wait()
-                if stop.is_set():
-                    return
-                ctypes.memmove(dst, src, per_thread)
-                done.wait()
-        except threading.BrokenBarrierError:
-            return
-        except BaseException as exc:  # pragma: no cover - reported to the caller
-            errors.append(exc)
-            done.abort()
-            start.abort()
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
+    copiers = _PinnedCopiers(cpus, per_thread)
+    copiers.start_threads()
     rates: list[float] = []
     timed_out = False
     try:
         try:
-            start.wait()
-            done.wait(timeout=warmup_timeout_s)  # the first pass: page faults, not a copy rate
+            copiers.touch_buffers(warmup_timeout_s)
         except threading.BrokenBarrierError:
-            timed_out = not errors
+            timed_out = not copiers.errors
             raise
         copying = 0.0
         while len(rates) < max_repetitions:
-            t0 = time.perf_counter()
-            start.wait()
-            done.wait()
-            dt = time.perf_counter() - t0
+            dt = copiers.copy_once()
             copying += dt
             rates.append(2 * per_thread * n / dt / 1e9)
             if copying + dt > max_seconds:
@@ -120,14 +149,9 @@ def measure(cpus: list[int], total_bytes: int, *, max_seconds: float = 2.0,
     except threading.BrokenBarrierError:
         pass
     finally:
-        # releases every worker: one waiting to start returns, one mid-copy returns after it
-        stop.set()
-        start.abort()
-        done.abort()
-        for t in threads:
-            t.join(timeout=30)
-    if errors:
-        raise BandwidthUnavailable(f"the copy failed: {errors[0]}")
+        copiers.close()
+    if copiers.errors:
+        raise BandwidthUnavailable(f"the copy failed: {copiers.errors[0]}")
     if timed_out or not rates:
         raise BandwidthUnavailable(f"touching {2 * per_thread * n // MIB} MiB of fresh buffers took over "
                                    f"{warmup_timeout_s:g} s: the machine is too busy (or swapping) to measure")

@@ -192,6 +192,8 @@ class HostFacts:
 
         Raises :class:`EdgectlError` naming ``source: field: problem`` for anything malformed.
         """
+        # Fields are read in a fixed order (the first malformed one is the one reported): each
+        # section's object first, then its fields, as below.
         r = _Reader(source)
         top = r.obj(d, "")
         schema = r.field(top, "", "schema", str)
@@ -199,67 +201,90 @@ class HostFacts:
             raise EdgectlError(f"{source}: schema: expected {SCHEMA!r}, got {schema!r}; "
                                "re-run `edgectl probe --json` with this edgectl version")
         cpu = r.obj(r.field(top, "", "cpu", dict), "cpu")
-        isa_d = r.obj(r.field(cpu, "cpu", "isa", dict), "cpu.isa")
-        isa = Isa(**{f: r.field(isa_d, "cpu.isa", f, bool) for f in ISA_FEATURES})
-        disagreements = tuple(
-            IsaDisagreement(
-                feature=r.field(x, p, "feature", str), kernel=r.field(x, p, "kernel", bool),
-                cpuid=r.field(x, p, "cpuid", bool), note=r.field(x, p, "note", str),
-            )
-            for p, x in r.items(r.field(cpu, "cpu", "isa_disagreements", list), "cpu.isa_disagreements")
-        )
+        isa, disagreements = _read_isa(r, cpu)
         topo = r.obj(r.field(top, "", "topology", dict), "topology")
-        numa_raw = r.field(topo, "topology", "numa_nodes", list, nullable=True)
-        numa = None if numa_raw is None else tuple(
-            NumaNode(
-                id=r.field(x, p, "id", int),
-                cpus=tuple(r.int_list(r.field(x, p, "cpus", list), p + ".cpus")),
-                memory_total_bytes=r.field(x, p, "memory_total_bytes", int, nullable=True),
-            )
-            for p, x in r.items(numa_raw, "topology.numa_nodes")
-        )
+        numa = _read_numa_nodes(r, topo)
         usable_raw = r.field(topo, "topology", "usable_cpus", list, nullable=True)
         mem = r.obj(r.field(top, "", "memory", dict), "memory")
-        mem_kinds = {"cgroup_path": str}
         sw = r.obj(r.field(top, "", "software", dict), "software")
-        sw_kinds = {"systemd_pid1": bool}
         return cls(
             schema=schema,
             root=r.field(top, "", "root", str),
             device_class=r.enum(r.field(top, "", "device_class", str), DeviceClass, "device_class"),
-            cpu=CpuFacts(
-                arch=r.field(cpu, "cpu", "arch", str, nullable=True),
-                vendor=r.field(cpu, "cpu", "vendor", str, nullable=True),
-                model_name=r.field(cpu, "cpu", "model_name", str, nullable=True),
-                flags=tuple(r.str_list(r.field(cpu, "cpu", "flags", list), "cpu.flags")),
-                isa=isa,
-                isa_disagreements=disagreements,
-                amx_permission=r.enum(r.field(cpu, "cpu", "amx_permission", str), AmxPermission,
-                                      "cpu.amx_permission"),
-            ),
-            topology=TopologyFacts(
-                logical_cpus=r.field(topo, "topology", "logical_cpus", int, nullable=True),
-                physical_cores=r.field(topo, "topology", "physical_cores", int, nullable=True),
-                sockets=r.field(topo, "topology", "sockets", int, nullable=True),
-                usable_cpus=None if usable_raw is None else tuple(r.int_list(usable_raw, "topology.usable_cpus")),
-                cpu_quota_cores=r.number(topo, "topology", "cpu_quota_cores"),
-                numa_nodes=numa,
-            ),
-            memory=MemoryFacts(**{
-                f.name: r.field(mem, "memory", f.name, mem_kinds.get(f.name, int), nullable=True)
-                for f in fields(MemoryFacts)
-            }),
+            cpu=_read_cpu(r, cpu, isa, disagreements),
+            topology=_read_topology(r, topo, numa, usable_raw),
+            memory=_read_memory(r, mem),
             bandwidth_gbps=r.number(top, "", "bandwidth_gbps"),
-            software=SoftwareFacts(**{
-                f.name: r.field(sw, "software", f.name, sw_kinds.get(f.name, str), nullable=True)
-                for f in fields(SoftwareFacts)
-            }),
+            software=_read_software(r, sw),
             unknown=tuple(
                 UnknownFact(fact=r.field(x, p, "fact", str), reason=r.field(x, p, "reason", str))
                 for p, x in r.items(r.field(top, "", "unknown", list), "unknown")
             ),
             notes=tuple(r.str_list(top.get("notes", []), "notes")),  # optional: added in probe/1
         )
+
+
+def _read_isa(r: _Reader, cpu: dict[str, Any]) -> tuple[Isa, tuple[IsaDisagreement, ...]]:
+    isa_d = r.obj(r.field(cpu, "cpu", "isa", dict), "cpu.isa")
+    isa = Isa(**{f: r.field(isa_d, "cpu.isa", f, bool) for f in ISA_FEATURES})
+    disagreements = tuple(
+        IsaDisagreement(
+            feature=r.field(x, p, "feature", str), kernel=r.field(x, p, "kernel", bool),
+            cpuid=r.field(x, p, "cpuid", bool), note=r.field(x, p, "note", str),
+        )
+        for p, x in r.items(r.field(cpu, "cpu", "isa_disagreements", list), "cpu.isa_disagreements")
+    )
+    return isa, disagreements
+
+
+def _read_cpu(r: _Reader, cpu: dict[str, Any], isa: Isa, disagreements: tuple[IsaDisagreement, ...]) -> CpuFacts:
+    return CpuFacts(
+        arch=r.field(cpu, "cpu", "arch", str, nullable=True),
+        vendor=r.field(cpu, "cpu", "vendor", str, nullable=True),
+        model_name=r.field(cpu, "cpu", "model_name", str, nullable=True),
+        flags=tuple(r.str_list(r.field(cpu, "cpu", "flags", list), "cpu.flags")),
+        isa=isa,
+        isa_disagreements=disagreements,
+        amx_permission=r.enum(r.field(cpu, "cpu", "amx_permission", str), AmxPermission, "cpu.amx_permission"),
+    )
+
+
+def _read_numa_nodes(r: _Reader, topo: dict[str, Any]) -> tuple[NumaNode, ...] | None:
+    numa_raw = r.field(topo, "topology", "numa_nodes", list, nullable=True)
+    return None if numa_raw is None else tuple(
+        NumaNode(
+            id=r.field(x, p, "id", int),
+            cpus=tuple(r.int_list(r.field(x, p, "cpus", list), p + ".cpus")),
+            memory_total_bytes=r.field(x, p, "memory_total_bytes", int, nullable=True),
+        )
+        for p, x in r.items(numa_raw, "topology.numa_nodes")
+    )
+
+
+def _read_topology(r: _Reader, topo: dict[str, Any], numa: tuple[NumaNode, ...] | None,
+                   usable_raw: list[Any] | None) -> TopologyFacts:
+    return TopologyFacts(
+        logical_cpus=r.field(topo, "topology", "logical_cpus", int, nullable=True),
+        physical_cores=r.field(topo, "topology", "physical_cores", int, nullable=True),
+        sockets=r.field(topo, "topology", "sockets", int, nullable=True),
+        usable_cpus=None if usable_raw is None else tuple(r.int_list(usable_raw, "topology.usable_cpus")),
+        cpu_quota_cores=r.number(topo, "topology", "cpu_quota_cores"),
+        numa_nodes=numa,
+    )
+
+
+def _read_memory(r: _Reader, mem: dict[str, Any]) -> MemoryFacts:
+    """Every field an int or null, but the cgroup's path."""
+    kinds = {"cgroup_path": str}
+    return MemoryFacts(**{f.name: r.field(mem, "memory", f.name, kinds.get(f.name, int), nullable=True)
+                          for f in fields(MemoryFacts)})
+
+
+def _read_software(r: _Reader, sw: dict[str, Any]) -> SoftwareFacts:
+    """Every field a string or null, but whether systemd is PID 1."""
+    kinds = {"systemd_pid1": bool}
+    return SoftwareFacts(**{f.name: r.field(sw, "software", f.name, kinds.get(f.name, str), nullable=True)
+                            for f in fields(SoftwareFacts)})
 
 
 class _Reader:

@@ -52,8 +52,42 @@ class _Level:
     usage_reason: str | None  # why usage is None
 
 
+@dataclass(frozen=True)
+class _Meminfo:
+    """The host's figures from /proc/meminfo (None: unknown, the reason in the probe's unknowns)."""
+
+    total_bytes: int | None
+    available_bytes: int | None
+    swap_total_bytes: int | None
+    readable: bool
+
+
+@dataclass(frozen=True)
+class _CgroupMemory:
+    """This process's memory cgroup: the binding level's limit and usage (None: none, or unknown)."""
+
+    version: int | None
+    path: str | None
+    limit_bytes: int | None
+    usage_bytes: int | None
+    limit_unread: bool  # a limit may apply but could not be read: no budget is claimed
+
+
 def probe_memory(fs: HostFS, unknown: Unknowns, notes: list[str]) -> tuple[MemoryFacts, bool]:
     """(facts, meminfo was readable)."""
+    host = _read_meminfo(fs, unknown)
+    cg = _read_cgroup_memory(fs, unknown, notes)
+    reserve, budget = _budget(host, cg, unknown)
+    facts = MemoryFacts(
+        total_bytes=host.total_bytes, available_bytes=host.available_bytes, swap_total_bytes=host.swap_total_bytes,
+        cgroup_version=cg.version, cgroup_path=cg.path, cgroup_limit_bytes=cg.limit_bytes,
+        cgroup_usage_bytes=cg.usage_bytes, reserve_bytes=reserve, budget_bytes=budget,
+    )
+    return facts, host.readable
+
+
+def _read_meminfo(fs: HostFS, unknown: Unknowns) -> _Meminfo:
+    """The host's total, available and swap memory; each one missing, or the file unread, is an unknown."""
     total = available = swap = None
     meminfo_ok = False
     try:
@@ -73,7 +107,11 @@ def probe_memory(fs: HostFS, unknown: Unknowns, notes: list[str]) -> tuple[Memor
     if not meminfo_ok:
         for fact in ("memory.total_bytes", "memory.available_bytes", "memory.swap_total_bytes"):
             unknown.add(fact, why)
+    return _Meminfo(total, available, swap, meminfo_ok)
 
+
+def _read_cgroup_memory(fs: HostFS, unknown: Unknowns, notes: list[str]) -> _CgroupMemory:
+    """The tightest limit among this process's memory cgroup and its ancestors, with its usage."""
     version = path = limit = usage = None
     cgroup_known = True
     limit_unknown = False
@@ -108,26 +146,26 @@ def probe_memory(fs: HostFS, unknown: Unknowns, notes: list[str]) -> tuple[Memor
             notes.append("no /proc/self/mountinfo: the usual cgroup mount layout under /sys/fs/cgroup was assumed")
     elif cgroup_known and fs.exists("/proc/self/cgroup"):
         notes.append("no memory cgroup controller applies to this process: no cgroup memory limit")
+    return _CgroupMemory(version, path, limit, usage, limit_unread=limit_unknown or not cgroup_known)
 
+
+def _budget(host: _Meminfo, cg: _CgroupMemory, unknown: Unknowns) -> tuple[int | None, int | None]:
+    """(reserve, budget): the room left under the host and the cgroup, minus the reserve."""
+    total, available, limit, usage = host.total_bytes, host.available_bytes, cg.limit_bytes, cg.usage_bytes
     reserve = budget = None
     if total is not None:
         effective = min(total, limit) if limit is not None else total
         reserve = reserve_bytes(effective)
     if available is None or reserve is None:
         unknown.add("memory.budget_bytes", "host MemTotal/MemAvailable unknown")
-    elif limit_unknown or not cgroup_known:
+    elif cg.limit_unread:
         unknown.add("memory.budget_bytes", "a cgroup memory limit may apply but could not be read")
     elif limit is not None and usage is None:
         unknown.add("memory.budget_bytes", "a cgroup limit applies but the cgroup's usage is unknown")
     else:
         room = available if limit is None else min(available, max(0, limit - usage))
         budget = max(0, room - reserve)
-    facts = MemoryFacts(
-        total_bytes=total, available_bytes=available, swap_total_bytes=swap,
-        cgroup_version=version, cgroup_path=path, cgroup_limit_bytes=limit, cgroup_usage_bytes=usage,
-        reserve_bytes=reserve, budget_bytes=budget,
-    )
-    return facts, meminfo_ok
+    return reserve, budget
 
 
 def _binding_level(levels: list[_Level]) -> _Level | None:

@@ -101,7 +101,6 @@ KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset({
     ("edgectl_runtime.diagnostics.microbench", "edgectl.probe.bandwidth"),
     ("edgectl.models.pull", "edgectl.bench.agreement"),
     ("edgectl.models.synthetic", "edgectl.bench.llamacpp"),
-    ("edgectl.units", "edgectl.fleet.labels"),
 })
 
 

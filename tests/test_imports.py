@@ -92,7 +92,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # shrink). Nothing may be added to them.
 KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset({
     frozenset({"edgectl_runtime.cpu_int4.config", "edgectl_runtime.cpu_int4.method"}),
-    frozenset({"edgectl.models.cache", "edgectl.models.gguf_inspect", "edgectl.models.inspect"}),
     frozenset({"edgectl.models.pull", "edgectl.models.synthetic"}),
 })
 KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset({

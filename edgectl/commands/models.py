@@ -30,7 +30,7 @@ def models_pull(
     from pathlib import Path
 
     from edgectl.models import CATALOG, pull
-    from edgectl.models.gguf_inspect import is_gguf
+    from edgectl.contract.gguf_header import is_gguf
 
     if name not in CATALOG and is_gguf(Path(name).expanduser()):
         from edgectl.models.pull import pull_file
@@ -48,7 +48,8 @@ def models_inspect(
     from pathlib import Path
 
     from edgectl.models import CATALOG, inspect_model, resolve_model
-    from edgectl.models.gguf_inspect import inspect_gguf, is_gguf
+    from edgectl.contract.gguf_header import is_gguf
+    from edgectl.models.gguf_inspect import inspect_gguf
 
     if model not in CATALOG and is_gguf(Path(model).expanduser()):
         emit(inspect_gguf(model), as_json)

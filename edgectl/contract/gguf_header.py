@@ -225,6 +225,19 @@ def header_from_json(data: dict[str, Any], path: Path) -> GGUFHeader:
     return GGUFHeader(path, int(data["version"]), meta, tensors, int(data["data_offset"]), int(data["file_bytes"]))
 
 
+def is_gguf(path: Path) -> bool:
+    """Whether ``path`` is a file that starts like a GGUF file (or is named like one)."""
+    if not path.is_file():
+        return False
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
 def _bad(path: Path, problem: str) -> EdgectlError:
     return EdgectlError(f"{path}: {problem}")
 

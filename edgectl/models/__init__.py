@@ -11,7 +11,8 @@ Public API (all pure Python; nothing here imports torch or vLLM):
 
 from edgectl.models.cache import list_models, read_manifest, resolve_model
 from edgectl.models.catalog import CATALOG, CatalogEntry, get_entry
-from edgectl.models.inspect import LinearLayer, ModelFacts, ParamBytes, inspect_model
+from edgectl.models.facts import LinearLayer, ModelFacts, ParamBytes
+from edgectl.models.inspect import inspect_model
 from edgectl.models.pull import PullResult, ensure_pulled, pull
 
 __all__ = [

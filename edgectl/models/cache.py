@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.contract import environment
+from edgectl.contract.gguf_header import is_gguf
 from edgectl.errors import EdgectlError
 from edgectl.models.catalog import CATALOG, SYNTHETIC_PURPOSE, CatalogEntry
 
@@ -193,8 +194,6 @@ def resolve_model(spec: str, environ: Mapping[str, str]) -> Path:
     if path.is_dir():
         return path.resolve()
     if path.exists():
-        from edgectl.models.gguf_inspect import is_gguf
-
         if is_gguf(path):
             raise EdgectlError(f"{spec} is a GGUF file: pull it first with `edgectl models pull {spec}`, which "
                                "checks it and writes the directory to deploy")

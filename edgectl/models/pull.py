@@ -63,6 +63,7 @@ from edgectl.models.catalog import CatalogEntry, get_entry
 from edgectl.contract.gguf_header import read_gguf
 from edgectl.contract.gguf_names import DIRECT_GGUF
 from edgectl.models.gguf_hf import hf_config
+from edgectl.models.gguf_inspect import facts_from_header
 from edgectl.models.inspect import inspect_model
 # Free space the direct conversion needs (tokenizer and config; the GGUF is hard-linked).
 DIRECT_DIR_BYTES = 64 << 20
@@ -111,8 +112,6 @@ def pull_file(path: Path, environ: Mapping[str, str], progress: Progress = _quie
     with its sha256, and given the same directory as a catalog model (``<cache>/<name>``, name from
     the file's stem), which `edgectl deploy <cache>/<name>` serves. Pulling the same file again
     checks it and does nothing more."""
-    from edgectl.models.gguf_inspect import facts_from_header
-
     path = path.expanduser().resolve()
     header = read_gguf(path)
     facts_from_header(header, path.stem)  # refuses, with one line, what cannot be served

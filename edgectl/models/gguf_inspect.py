@@ -6,7 +6,7 @@ ggml type (so a Q4_1 file is sized as Q4_1, not as the bf16 it would become), th
 under the names vLLM's model classes give them, and the tokenizer and chat template from the
 ``tokenizer.*`` keys. Refused with one line each: a damaged or truncated file
 (:mod:`edgectl.contract.gguf_header`), an architecture edgectl does not map to a vLLM model class,
-tensor types outside what edgectl's kernels take (:data:`KERNEL_TYPES`).
+tensor types outside what edgectl's kernels take (:data:`edgectl.contract.gguf_types.SERVED_TYPES`).
 """
 
 from __future__ import annotations
@@ -17,32 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.contract.gguf_header import GGUFHeader, read_gguf
+from edgectl.contract.gguf_names import LINEAR_NAMES
+from edgectl.contract.gguf_types import NATIVE_BITS, SERVED_TYPES
 from edgectl.models import architectures
 from edgectl.models.facts import LinearLayer, ModelFacts, ParamBytes, natural_key
 from edgectl.models.gguf_metadata import ARCHITECTURES, bad, layer_types, positive, vocab_size
 
-# Tensor types a served GGUF may hold: the blocks edgectl's kernels run as they are (Q4_0 and
-# Q4_1 are its W4 block, Q8_0 and Q5_0 its W8 block: docs/kernels.md "Layout"), the K-quants and
-# Q5_1 that convert block by block to the nearest of those (runtime/edgectl_runtime/formats/
-# ggml.py), and plain floats (norms, and small or unquantized files). Q4_K_M files use Q5_0 where
-# a row is not a multiple of 256 values (Gemma-3-270M's 640).
-KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16"})
-
-# llama.cpp tensor names (per block ``blk.N.``) of the linear layers -> vLLM's module names.
-_LINEAR = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 # The layers vLLM merges (its packed_modules_mapping: qkv_proj, gate_up_proj).
 _MERGED = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "ffn_gate": "gate_up", "ffn_up": "gate_up"}
-# The bits of the edgectl block each type becomes as it is (runtime/edgectl_runtime/formats/ggml.py
-# NATIVE_BITS); floats take the plan's 4.
-_NATIVE_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q8_0": 8, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q6_K": 8}
 _BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
 
 
@@ -116,11 +98,11 @@ def _architecture(header: GGUFHeader) -> tuple[str, str, str]:
 def _kernel_types(header: GGUFHeader) -> Counter[str]:
     """Tensors per ggml type, refused when a type is not one edgectl's kernels take."""
     types = Counter(t.type.name for t in header.tensors)
-    unusable = {kind: n for kind, n in types.items() if kind not in KERNEL_TYPES}
+    unusable = {kind: n for kind, n in types.items() if kind not in SERVED_TYPES}
     if unusable:
         kinds = ", ".join(f"{n} × {kind}" for kind, n in sorted(unusable.items()))
         raise bad(header, f"tensor types edgectl's kernels do not take: {kinds} (they take "
-                          f"{', '.join(sorted(KERNEL_TYPES))}); use a Q4_0, Q4_1, Q4_K_M or Q8_0 file of this model")
+                          f"{', '.join(sorted(SERVED_TYPES))}); use a Q4_0, Q4_1, Q4_K_M or Q8_0 file of this model")
     return types
 
 
@@ -142,7 +124,7 @@ def _weights(header: GGUFHeader) -> tuple[tuple[LinearLayer, ...], ParamBytes, s
     found: list[tuple[str, str, str, int, int]] = []  # block, llama.cpp name, type, rows, columns
     for t in header.tensors:
         m = _BLOCK.match(t.name)
-        if m and m.group(2) in _LINEAR and len(t.dims) == 2:
+        if m and m.group(2) in LINEAR_NAMES and len(t.dims) == 2:
             found.append((m.group(1), m.group(2), t.type.name, t.dims[1], t.dims[0]))
             linear_bytes += t.nbytes
             kinds[t.type.name] += t.nbytes
@@ -156,8 +138,8 @@ def _weights(header: GGUFHeader) -> tuple[tuple[LinearLayer, ...], ParamBytes, s
     group_bits: dict[tuple[str, str], int] = {}
     for block, base, kind, _, _ in found:
         key = (block, _MERGED.get(base, base))
-        group_bits[key] = max(group_bits.get(key, 4), _NATIVE_BITS.get(kind, 4))
-    linear = [LinearLayer(f"model.layers.{block}.{_LINEAR[base]}", out_features=rows, in_features=cols,
+        group_bits[key] = max(group_bits.get(key, 4), NATIVE_BITS.get(kind, 4))  # a float takes the plan's 4
+    linear = [LinearLayer(f"model.layers.{block}.{LINEAR_NAMES[base]}", out_features=rows, in_features=cols,
                           gguf_bits=group_bits[(block, _MERGED.get(base, base))])
               for block, base, kind, rows, cols in found]
     if not linear:

@@ -261,3 +261,26 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path, monkeypatc
     assert graph["edgectl.sub.b"] == {"edgectl.top"}
     assert graph["edgectl.top"] == {"edgectl.sub.a"}
     assert import_cycles(graph) == [["edgectl.sub.a", "edgectl.sub.b", "edgectl.top"]]
+
+
+def test_every_control_plane_module_imports_first():
+    """Each module of edgectl/ imported first, in a clean state: a loop through a package's
+    ``__init__`` (which the graph above does not draw: importing ``edgectl.models.cache`` runs
+    ``edgectl/models/__init__.py`` first) fails here as a partially initialized module."""
+    modules = sorted(m for m in import_graph() if m.split(".")[0] == "edgectl" and m != "edgectl.__main__")
+    code = (
+        "import importlib, sys\n"
+        "failed = []\n"
+        "for m in sys.argv[1:]:\n"
+        "    for k in [k for k in sys.modules if k == 'edgectl' or k.startswith('edgectl.')]:\n"
+        "        del sys.modules[k]\n"
+        "    try:\n"
+        "        importlib.import_module(m)\n"
+        "    except Exception as exc:\n"
+        "        failed.append(f'{m}: {type(exc).__name__}: {exc}')\n"
+        "print('\\n'.join(failed))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", "modules that cannot be imported first:\n" + out.stdout

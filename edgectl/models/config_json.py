@@ -27,7 +27,7 @@ def read_config(path: Path) -> dict[str, Any]:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise bad_config(path, f"not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); "
-                                "download the model again or fix the file") from None
+                               "download the model again or fix the file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise bad_config(path, f"cannot be read ({exc})") from None
     if not isinstance(config, dict):
@@ -60,7 +60,7 @@ def architecture(path: Path, config: dict[str, Any]) -> str:
     archs = config.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise bad_config(path, "has no 'architectures' list, which vLLM needs to pick a model class; "
-                                "add it (e.g. \"architectures\": [\"LlamaForCausalLM\"])")
+                               "add it (e.g. \"architectures\": [\"LlamaForCausalLM\"])")
     arch = archs[0]
     if not architectures.is_supported(arch):
         common = ", ".join(architectures.COMMON_ARCHITECTURES)

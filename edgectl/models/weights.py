@@ -151,10 +151,10 @@ def weights_from_tensors(
 
 
 def weights_from_config(path: Path, layout: list[tuple[str, tuple[int, ...]]], dtype: str | None,
-                         tied: bool, model_type: str | None) -> Weights:
+                        tied: bool, model_type: str | None) -> Weights:
     if dtype not in DTYPE_BYTES:
         raise bad_config(path, f"names dtype {dtype!r}, and without *.safetensors weights edgectl cannot "
-                                "size the model otherwise; add the weights or set \"dtype\": \"bfloat16\"")
+                               "size the model otherwise; add the weights or set \"dtype\": \"bfloat16\"")
     fake_dtype = {2: "BF16" if dtype == "bfloat16" else "F16", 4: "F32", 8: "F64"}[DTYPE_BYTES[dtype]]
     tensors = [
         TensorInfo(name=name, dtype=fake_dtype, shape=shape,

@@ -172,11 +172,12 @@ def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = Fals
     sd = Systemd(layout.unit_dir)
 
     if not planned.pulled:
+        from edgectl.bench import agreement
         from edgectl.models.pull import ensure_pulled
 
         progress(f"pulling {request.model} (it fits: planned {planned.plan.memory.limit_bytes >> 20} MiB "
                  f"≤ budget {planned.facts.memory.budget_bytes >> 20} MiB)")
-        ensure_pulled(request.model, progress, environ)
+        ensure_pulled(request.model, progress, environ, check_agreement=agreement.check)
         planned = make_plan(request, environ, facts=planned.facts)  # from the real files now
     plan = planned.plan
     _check_model_visible(plan.model.path)

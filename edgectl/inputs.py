@@ -23,7 +23,7 @@ from edgectl.probe.formats import format_cpu_list
 from edgectl.profiles import Profile, load_profiles
 
 if TYPE_CHECKING:
-    from edgectl.models.inspect import ModelFacts
+    from edgectl.models.facts import ModelFacts
     from edgectl.probe.facts import HostFacts
 
 
@@ -108,7 +108,7 @@ def model_facts(spec: str, environ: Mapping[str, str]) -> tuple[ModelFacts, bool
             from edgectl.contract.gguf_header import header_from_json
             from edgectl.models.gguf_inspect import facts_from_header
 
-            from edgectl.models.inspect import tokenizer_cost
+            from edgectl.models.tokenizer_files import tokenizer_cost
 
             facts = facts_from_header(header_from_json(json.loads(header.read_text()), shipped / entry.gguf_name),
                                       spec)

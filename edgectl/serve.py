@@ -42,10 +42,11 @@ def serve(request: Request, environ: Mapping[str, str], *, question: str | None,
     if holder is not None:
         raise EdgectlError(f"port {request.port} on {request.host} is in use by {holder}: pick another with --port")
     if not planned.pulled:
+        from edgectl.bench import agreement
         from edgectl.models.pull import ensure_pulled
 
         progress(f"pulling {request.model}")
-        ensure_pulled(request.model, progress, environ)
+        ensure_pulled(request.model, progress, environ, check_agreement=agreement.check)
         planned = make_plan(request, environ, facts=planned.facts)
     plan = planned.plan
     from edgectl.models.catalog import CATALOG, SYNTHETIC_PURPOSE

@@ -14,6 +14,7 @@ import math
 import posixpath
 import re
 from collections.abc import Mapping
+from datetime import timedelta
 
 from edgectl import launch
 from edgectl.contract import environment, worker
@@ -329,14 +330,14 @@ NFD_SERVICE = "edgectl-nfd.service"
 NFD_TIMER = "edgectl-nfd.timer"
 
 
-def render_nfd_units(*, python: str, out: str) -> dict[str, str]:
+def render_nfd_units(*, python: str, out: str, refresh_interval: timedelta, expiry: timedelta) -> dict[str, str]:
     """``edgectl-nfd.service`` (``python -m edgectl probe --nfd --out OUT``) and its timer.
 
     ``out`` is the feature file (normally in NFD's features.d); its directory is the only one
-    the service may write. Raises EdgectlError naming a path the service could not use.
+    the service may write. ``refresh_interval``/``expiry``: how often the timer writes the labels
+    and how long NFD keeps them (the fleet's ``labels.REFRESH_INTERVAL`` and ``labels.EXPIRY``).
+    Raises EdgectlError naming a path the service could not use.
     """
-    from edgectl.fleet.labels import EXPIRY, REFRESH_INTERVAL
-
     r = _Problems()
     checked_python = r.check_path("runtime python", python)
     checked_out = r.check_path("--out", out)
@@ -354,7 +355,7 @@ def render_nfd_units(*, python: str, out: str) -> dict[str, str]:
         "OUT_DIR": quote_word(posixpath.dirname(checked_out)),
     }, NFD_SERVICE + ".in")
     timer = _fill(_read_template(NFD_TIMER + ".in"), {
-        "INTERVAL_H": str(int(REFRESH_INTERVAL.total_seconds() // 3600)),
-        "EXPIRY_H": str(int(EXPIRY.total_seconds() // 3600)),
+        "INTERVAL_H": str(int(refresh_interval.total_seconds() // 3600)),
+        "EXPIRY_H": str(int(expiry.total_seconds() // 3600)),
     }, NFD_TIMER + ".in")
     return {NFD_SERVICE: service, NFD_TIMER: timer}

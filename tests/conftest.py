@@ -50,6 +50,6 @@ def smollm2_bf16(pulled_smollm2) -> Path:
     import os
 
     from edgectl.models.catalog import CATALOG
-    from edgectl.models.pull import bf16_copy
+    from edgectl.models.convert import bf16_copy
 
     return bf16_copy(CATALOG["smollm2-135m"], os.environ)

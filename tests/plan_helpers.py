@@ -19,7 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from edgectl.models.inspect import ModelFacts, inspect_model
+from edgectl.models.facts import ModelFacts
+from edgectl.models.inspect import inspect_model
 from edgectl.contract.plan import Plan, Request
 from edgectl.planner import plan
 from edgectl.probe import HostFacts, probe

@@ -260,7 +260,7 @@ def test_llama_server_is_found_in_the_build_cache_or_on_path_or_explained(tmp_pa
     import stat
     import tarfile
 
-    from edgectl.bench.llamacpp import _extract_vendor, find_llama_server
+    from edgectl.llamacpp import _extract_vendor, find_llama_server
 
     env = {"EDGECTL_MODEL_CACHE": str(tmp_path / "edgectl" / "models"), "PATH": str(tmp_path / "bin")}
     missing = find_llama_server(env)
@@ -346,7 +346,7 @@ def test_a_context_without_room_for_the_prefill_prompt_is_refused(tmp_path, mode
 def test_the_bench_control_plane_imports_neither_torch_nor_vllm() -> None:
     import subprocess
 
-    code = ("import sys, edgectl.cli, edgectl.bench.core, edgectl.bench.profile_record, edgectl.bench.llamacpp; "
+    code = ("import sys, edgectl.cli, edgectl.bench.core, edgectl.bench.profile_record, edgectl.llamacpp; "
             "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm', 'numpy')])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                           env={"PYTHONPATH": f"{REPO}:{REPO / 'runtime'}", "PATH": "/usr/bin:/bin"})
@@ -456,7 +456,7 @@ def test_an_isa_held_down_is_recorded_and_said() -> None:
 
 
 def test_llama_cpp_is_built_for_this_cpu_without_amx() -> None:
-    from edgectl.bench.llamacpp import isa_options
+    from edgectl.llamacpp import isa_options
 
     amx_box = "fpu sse4_2 avx avx2 fma f16c bmi2 avx512f avx512vbmi avx512_vnni avx512_bf16 amx_tile amx_int8".split()
     opts = isa_options(amx_box)
@@ -469,7 +469,7 @@ def test_llama_cpp_is_built_for_this_cpu_without_amx() -> None:
 
 
 def test_a_build_held_to_avx2_leaves_out_every_extension_above_it() -> None:
-    from edgectl.bench.llamacpp import held_flags, isa_options
+    from edgectl.llamacpp import held_flags, isa_options
 
     amx_box = "fpu sse4_2 avx avx2 fma f16c bmi2 avx_vnni avx512f avx512vbmi avx512_vnni avx512_bf16 amx_tile".split()
     held = held_flags(amx_box, "avx2")

@@ -12,6 +12,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
 
+from edgectl.contract import gguf_types  # noqa: E402
 from edgectl_runtime.formats import blocks, ggml  # noqa: E402
 
 QUANT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -23,7 +24,7 @@ FP16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0
 def random_raw(type_name: str, rows: int, k: int, seed: int) -> torch.Tensor:
     """Random blocks of ``type_name``: every bit random except the fp16 scales (0.5e-3..2e-2)."""
     g = np.random.default_rng(seed)
-    per, nbytes = ggml.SIZES[type_name]
+    per, nbytes = gguf_types.BLOCK_SIZES[type_name]
     raw = g.integers(0, 256, size=(rows, k // per, nbytes), dtype=np.uint8)
     for off in FP16_FIELDS[type_name]:
         vals = g.uniform(5e-4, 2e-2, size=(rows, k // per)).astype(np.float16)

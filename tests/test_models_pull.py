@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 
 from edgectl.errors import EdgectlError
-from edgectl.models import CATALOG, ensure_pulled, inspect_model, list_models, resolve_model
+from edgectl.bench import agreement
+from edgectl.models import CATALOG, inspect_model, list_models, resolve_model
 from edgectl.models.cache import MANIFEST_NAME, check_model_dir
 from edgectl import launch
-from edgectl.models.pull import pull_entry
+from edgectl.models.pull import ensure_pulled, pull_entry
 from models_helpers import REPO, SHAPES, make_model, run_cli
 
 ENTRY = CATALOG["smollm2-135m"]
@@ -108,7 +109,8 @@ def test_wrong_gguf_checksum_installs_nothing(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     wrong = dataclasses.replace(ENTRY, gguf_sha256="0" * 64)
     with pytest.raises(EdgectlError) as err:
-        pull_entry(wrong, {**os.environ, "EDGECTL_MODEL_CACHE": str(cache)}, lambda _: None)
+        pull_entry(wrong, {**os.environ, "EDGECTL_MODEL_CACHE": str(cache)}, lambda _: None,
+                   check_agreement=agreement.check)
     assert err.value.exit_code == 1
     assert f"has sha256 {ENTRY.gguf_sha256}" in err.value.message and "nothing was installed" in err.value.message
     assert list((cache / "gguf").iterdir()) == []
@@ -212,7 +214,7 @@ def test_leftovers_of_an_interrupted_pull_are_removed(pulled: dict) -> None:
 @slow
 def test_ensure_pulled_returns_an_intact_model_without_pulling(pulled: dict) -> None:
     seen: list[str] = []
-    assert ensure_pulled("smollm2-135m", seen.append, pulled["env"]) == pulled["cache"] / "smollm2-135m"
+    assert ensure_pulled("smollm2-135m", seen.append, pulled["env"], check_agreement=agreement.check) == pulled["cache"] / "smollm2-135m"
     assert seen == []
 
 

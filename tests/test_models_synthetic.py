@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from edgectl.errors import EdgectlError
+from edgectl.bench import agreement
 from edgectl.models import CATALOG, list_models, read_manifest
 from edgectl.models.pull import pull_entry
 from edgectl import launch
@@ -108,7 +109,7 @@ def test_a_failing_step_leaves_nothing_behind(tmp_path: Path) -> None:
     env = {**os.environ, "EDGECTL_MODEL_CACHE": str(cache), "EDGECTL_RUNTIME_PYTHON": _python()}
     seen: list[str] = []
     with pytest.raises(EdgectlError, match=r"llama-quantize failed \(exit 1\): quantize failed"):
-        pull_entry(TINY, env, seen.append)
+        pull_entry(TINY, env, seen.append, check_agreement=agreement.check)
     assert any(s.startswith("make: done") for s in seen) and any(s.startswith("gguf: done") for s in seen)
     assert not (cache / "synth-tiny").exists() and _files(cache) == []  # no temporary directory either
     assert [p.name for p in cache.iterdir() if p.name.startswith(".synth-tiny")] == []
@@ -167,7 +168,7 @@ def test_the_maker_refuses_bad_arguments(tmp_path: Path) -> None:
 
 
 def _real_tools():
-    from edgectl.bench.llamacpp import find_llama_tools
+    from edgectl.llamacpp import find_llama_tools
 
     try:
         return find_llama_tools(os.environ)
@@ -208,7 +209,7 @@ def test_tiny_pull_round_trips_the_weights_through_llama_cpp(tmp_path: Path) -> 
     cache = tmp_path / "models"
     (tmp_path / "llama.cpp").symlink_to(tools.build.parent)  # the real build, seen from this cache
     env = {**os.environ, "EDGECTL_MODEL_CACHE": str(cache), "EDGECTL_RUNTIME_PYTHON": _python()}
-    result = pull_entry(TINY, env, lambda _: None)
+    result = pull_entry(TINY, env, lambda _: None, check_agreement=agreement.check)
     assert result.action == "pulled"
     manifest = read_manifest(result.path)
     assert manifest["source"]["kind"] == "synthetic" and manifest["gguf"]["sha256"] == _sha(result.gguf_path)
@@ -246,5 +247,5 @@ def test_tiny_pull_round_trips_the_weights_through_llama_cpp(tmp_path: Path) -> 
         # half a step, plus fp16 scales (and slack for the bf16 the random weights were made in)
         assert bool((err <= 0.55 * step + blocks.abs() * 2 ** -7 + 1e-6).all()), name
 
-    again = pull_entry(TINY, env, lambda _: None)
+    again = pull_entry(TINY, env, lambda _: None, check_agreement=agreement.check)
     assert again.action == "already pulled"

@@ -21,6 +21,7 @@ import pytest
 
 from edgectl.errors import EdgectlError
 from edgectl.fleet.labels import parse_feature_file
+from edgectl.fleet.labels import EXPIRY, REFRESH_INTERVAL
 from edgectl.units import NFD_SERVICE, NFD_TIMER, render_nfd_units
 
 GOLDEN = Path(__file__).parent / "golden" / "nfd-units"
@@ -35,7 +36,7 @@ UNITS = (NFD_SERVICE, NFD_TIMER)
 
 def render_scenario(scenario: str) -> dict[str, str]:
     args = json.loads((GOLDEN / scenario / "args.json").read_text())
-    return render_nfd_units(python=args["python"], out=args["out"])
+    return render_nfd_units(python=args["python"], out=args["out"], refresh_interval=REFRESH_INTERVAL, expiry=EXPIRY)
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -82,7 +83,8 @@ def test_the_service_sets_no_limit_the_probe_would_label():
 ])
 def test_paths_the_service_cannot_use_are_refused(out, says):
     with pytest.raises(EdgectlError, match=re.escape(says)):
-        render_nfd_units(python="/opt/edgectl/venv/bin/python", out=out)
+        render_nfd_units(python="/opt/edgectl/venv/bin/python", out=out, refresh_interval=REFRESH_INTERVAL,
+                         expiry=EXPIRY)
 
 
 def _analyze(tmp_path: Path, scenario: str, *args: str, unit: str = NFD_SERVICE) -> subprocess.CompletedProcess:

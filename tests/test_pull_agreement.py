@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from edgectl.bench import agreement
-from edgectl.bench.llamacpp import find_llama_server
+from edgectl.llamacpp import find_llama_server
 from edgectl.errors import EdgectlError
 from edgectl.models.cache import MANIFEST_NAME
 
@@ -35,7 +35,7 @@ def _gguf_of(model_dir: Path) -> Path:
 
 
 @pytest.mark.engine
-def test_a_refused_gguf_of_ones_own_leaves_nothing(pulled_smollm2, tmp_path, monkeypatch):
+def test_a_refused_gguf_of_ones_own_leaves_nothing(pulled_smollm2, tmp_path):
     """The check's verdict decides (a disagreeing record stands in for the servers, which the next
     test runs for real): one error, exit 2, no model directory, no copy of the file, no temporary
     directory; the servers' logs are named."""
@@ -51,10 +51,10 @@ def test_a_refused_gguf_of_ones_own_leaves_nothing(pulled_smollm2, tmp_path, mon
         assert (model_dir / "tokenizer.json").is_file() and (model_dir / "config.json").is_file()
         return record
 
-    monkeypatch.setattr(agreement, "check", disagreeing)
     cache = tmp_path / "models"
     with pytest.raises(EdgectlError) as err:
-        pull_file(_gguf_of(pulled_smollm2), {**os.environ, "EDGECTL_MODEL_CACHE": str(cache)})
+        pull_file(_gguf_of(pulled_smollm2), {**os.environ, "EDGECTL_MODEL_CACHE": str(cache)},
+                  check_agreement=disagreeing)
     assert err.value.exit_code == 2
     assert "refused: edgectl's next token agrees with llama.cpp's on the same GGUF on 0.17 of 6 prompts" in \
         err.value.message and "nothing was installed" in err.value.message

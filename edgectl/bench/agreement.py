@@ -62,7 +62,7 @@ def check(model_dir: Path, gguf: Path, environ: Mapping[str, str], progress: Cal
           logs: Path) -> dict[str, Any]:
     """Top-1 agreement of edgectl with llama-server on ``PROMPTS`` prompts; the record the manifest
     keeps. ``{"checked": False, "why": ...}`` when no llama-server runs here."""
-    from edgectl.bench.llamacpp import find_llama_server
+    from edgectl.llamacpp import find_llama_server
     from edgectl.bench.server import ServerProcess, free_port
     from edgectl.contract import environment
     from edgectl.inputs import make_plan

@@ -20,11 +20,12 @@ from edgectl.bench import provenance as prov
 from edgectl.bench import report
 from edgectl.bench.arms import (ARMS, CONTROL, QUIET_S, BenchContext, Launcher, PreparedArm, parse_arm_names,
                                 prepare_arms)
-from edgectl.bench.llamacpp import LlamaServer, find_llama_server
+from edgectl.llamacpp import LlamaServer, find_llama_server
 from edgectl.bench.prediction import memory_prediction
-from edgectl.bench.prompts import PREFILL_TOKENS, PromptSet, prompt_set
+from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
 from edgectl.bench.runner import attach_fidelity, interleaved, run_grid, utc_now
 from edgectl.contract import environment
+from edgectl.contract.fidelity import PromptSet
 from edgectl.errors import EdgectlError
 
 if TYPE_CHECKING:
@@ -312,11 +313,11 @@ def _repo_root() -> Path:
 def _stock_model_for(plan: Plan, names: Collection[str], model: str, environ: Mapping[str, str],
                      progress: Progress) -> str | None:
     """For a GGUF served as it is, the bf16 directory stock vLLM arms load (it has no GGUF
-    loader, and they run without edgectl's plugin): made once by ``models.pull.bf16_copy``."""
+    loader, and they run without edgectl's plugin): made once by ``models.convert.bf16_copy``."""
     if plan.model.checkpoint_format != "gguf" or not any(ARMS[n].launcher == "vllm" for n in names if n in ARMS):
         return None
     from edgectl.models.catalog import CATALOG
-    from edgectl.models.pull import bf16_copy
+    from edgectl.models.convert import bf16_copy
 
     entry = CATALOG.get(model)
     if entry is None:

@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
             raise EdgectlError("--llama-cpp-isa goes with --build-llama-cpp (a bench held to AVX2 with "
                                "ATEN_CPU_CAPABILITY=avx2 picks the AVX2 build by itself)")
         if build_llama_cpp:
-            from edgectl.bench.llamacpp import build_llama_cpp as build
+            from edgectl.llamacpp import build_llama_cpp as build
 
             path = build(os.environ, environment.read("EDGECTL_RUNTIME_PYTHON", os.environ), progress,
                          isa=llama_cpp_isa)

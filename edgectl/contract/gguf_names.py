@@ -1,6 +1,7 @@
 """A GGUF's tensors in the terms vLLM's model classes use: the names, and llama.cpp's conversion
-quirks to undo. Shared by the control plane (``edgectl/models/gguf_hf.py``, which also writes the
-config) and the runtime's loader (``runtime/edgectl_runtime/vllm_plugin/gguf_loader.py``).
+quirks to undo. Shared by the control plane (``edgectl/models/gguf_inspect.py``, which lists the
+linear layers, and ``edgectl/models/gguf_hf.py``, which writes the config) and the runtime's loader
+(``runtime/edgectl_runtime/vllm_plugin/gguf_loader.py``).
 
 The quirks are llama.cpp's ``convert_hf_to_gguf.py``: ``LlamaModel.modify_tensors`` permutes the
 rows of ``q_proj`` / ``k_proj`` per head (its ``permute``: ``reshape(n_head, 2, dim // n_head // 2,
@@ -19,8 +20,8 @@ from typing import Any
 DIRECT_GGUF = "model.gguf"
 
 # llama.cpp's per-block tensor names -> the Hugging Face / vLLM module names (before vLLM merges
-# q/k/v and gate/up), per architecture family.
-_COMMON = {
+# q/k/v and gate/up), per architecture family. The linear layers are the same in every family.
+LINEAR_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -28,8 +29,8 @@ _COMMON = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
 }
+_COMMON = {**LINEAR_NAMES, "attn_norm": "input_layernorm"}
 _QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 BLOCK_NAMES: dict[str, dict[str, str]] = {
     "llama": {**_COMMON, "ffn_norm": "post_attention_layernorm"},

@@ -25,6 +25,7 @@ from edgectl.fleet.labels import (
     parse_feature_file,
     render_feature_file,
 )
+from edgectl.units import NFD_SERVICE, NFD_TIMER, render_nfd_units
 
 Progress = Callable[[str], None]
 
@@ -103,10 +104,9 @@ def _layout(environ: Mapping[str, str]):
 
 def install_timer(environ: Mapping[str, str], out: Path, progress: Progress = lambda _: None) -> TimerResult:
     """Write edgectl-nfd.service/.timer, run the service once, then start the timer."""
-    from edgectl.units import NFD_SERVICE, NFD_TIMER, render_nfd_units
-
     python = environment.read("EDGECTL_RUNTIME_PYTHON", environ)
-    units = render_nfd_units(python=python, out=str(out))  # checks the paths before anything is written
+    # checks the paths before anything is written
+    units = render_nfd_units(python=python, out=str(out), refresh_interval=REFRESH_INTERVAL, expiry=EXPIRY)
     unit_dir, sd = _layout(environ)
     out.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     for name, text in units.items():
@@ -127,8 +127,6 @@ def install_timer(environ: Mapping[str, str], out: Path, progress: Progress = la
 
 
 def remove_timer(environ: Mapping[str, str], out: Path) -> TimerResult:
-    from edgectl.units import NFD_SERVICE, NFD_TIMER
-
     unit_dir, sd = _layout(environ)
     units = [NFD_TIMER, NFD_SERVICE]
     if not any((unit_dir / u).exists() for u in units):

@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.contract import environment
+from edgectl.contract.gguf_header import is_gguf
 from edgectl.errors import EdgectlError
 from edgectl.models.catalog import CATALOG, SYNTHETIC_PURPOSE, CatalogEntry
 
@@ -35,6 +37,10 @@ DIR_MODE = 0o755
 FILE_MODE = 0o644
 
 Progress = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    """A progress callback that says nothing."""
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
@@ -74,6 +80,16 @@ def make_dirs(path: Path) -> None:
         os.chmod(d, DIR_MODE)
 
 
+def check_space(where: Path, need_bytes: int, what: str) -> None:
+    """Refuse, before anything is written, a step that needs more room than ``where`` has."""
+    free = shutil.disk_usage(where).free
+    if free < need_bytes:
+        raise EdgectlError(
+            f"{where} has {free / 1e6:.0f} MB free, {what} needs about {need_bytes / 1e6:.0f} MB: free some "
+            "space or set EDGECTL_MODEL_CACHE to a larger disk"
+        )
+
+
 @contextmanager
 def pull_lock(cache: Path, name: str, progress: Progress) -> Iterator[None]:
     locks = cache / ".locks"
@@ -85,6 +101,36 @@ def pull_lock(cache: Path, name: str, progress: Progress) -> Iterator[None]:
             progress(f"wait: another `edgectl models pull {name}` is running; waiting for it")
             fcntl.flock(f, fcntl.LOCK_EX)
         yield
+
+
+def remove_leftovers(cache: Path, entry: CatalogEntry) -> None:
+    """Temporary files of an interrupted pull of this model (call it holding its lock: none is in use)."""
+    name = entry.name
+    for pattern in (f".{name}.tmp-*", f".{name}.old-*"):
+        for p in cache.glob(pattern):
+            shutil.rmtree(p, ignore_errors=True)
+    for p in (cache / "downloads").glob(f"{name}-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    for p in (cache / "gguf").glob(f".{entry.gguf_name}.tmp-*"):
+        p.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """What a pull left in the cache: the model's directory, its GGUF, what was done and the manifest."""
+
+    name: str
+    path: Path
+    gguf_path: Path
+    action: str  # "pulled", "already pulled", "repaired"
+    manifest: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "edgectl.pull/1", "name": self.name, "path": str(self.path),
+                "gguf_path": str(self.gguf_path), "action": self.action, "manifest": self.manifest}
+
+    def render_text(self) -> str:
+        return f"{self.name}: {self.action}: {self.path}\n  GGUF: {self.gguf_path}"
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
@@ -193,8 +239,6 @@ def resolve_model(spec: str, environ: Mapping[str, str]) -> Path:
     if path.is_dir():
         return path.resolve()
     if path.exists():
-        from edgectl.models.gguf_inspect import is_gguf
-
         if is_gguf(path):
             raise EdgectlError(f"{spec} is a GGUF file: pull it first with `edgectl models pull {spec}`, which "
                                "checks it and writes the directory to deploy")

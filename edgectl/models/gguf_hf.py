@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgectl.contract.gguf_header import GGUFHeader
-from edgectl.models.gguf_inspect import ARCHITECTURES, _layer_types, _positive, _vocab_size
+from edgectl.models.gguf_metadata import ARCHITECTURES, layer_types, positive, vocab_size
 
 
 def hf_config(header: GGUFHeader) -> dict[str, Any]:
@@ -18,25 +18,25 @@ def hf_config(header: GGUFHeader) -> dict[str, Any]:
     rest), from the GGUF metadata (ggml ``docs/gguf.md``, "LLM" keys)."""
     arch = header.architecture or ""
     vllm_class, model_type = ARCHITECTURES[arch]
-    layers = _positive(header, "block_count")
-    hidden = _positive(header, "embedding_length")
-    heads = _positive(header, "attention.head_count")
-    kv = _positive(header, "attention.head_count_kv", required=False) or heads
-    head_dim = _positive(header, "attention.key_length", required=False) or hidden // heads
+    layers = positive(header, "block_count")
+    hidden = positive(header, "embedding_length")
+    heads = positive(header, "attention.head_count")
+    kv = positive(header, "attention.head_count_kv", required=False) or heads
+    head_dim = positive(header, "attention.key_length", required=False) or hidden // heads
     names = {t.name for t in header.tensors}
     md = header.metadata
     cfg: dict[str, Any] = {
         "model_type": model_type,
         "architectures": [vllm_class],
         "hidden_size": hidden,
-        "intermediate_size": _positive(header, "feed_forward_length"),
+        "intermediate_size": positive(header, "feed_forward_length"),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv,
         "head_dim": head_dim,
         "rms_norm_eps": float(header.arch_key("attention.layer_norm_rms_epsilon") or 1e-6),
-        "max_position_embeddings": _positive(header, "context_length", required=False) or 4096,
-        "vocab_size": _vocab_size(header),
+        "max_position_embeddings": positive(header, "context_length", required=False) or 4096,
+        "vocab_size": vocab_size(header),
         "tie_word_embeddings": "output.weight" not in names,
         "dtype": "bfloat16",
     }
@@ -58,12 +58,12 @@ def hf_config(header: GGUFHeader) -> dict[str, Any]:
         if arch == "qwen3":
             cfg["attention_bias"] = "blk.0.attn_q.bias" in names
     elif arch == "gemma3":
-        window = _positive(header, "attention.sliding_window", required=False)
+        window = positive(header, "attention.sliding_window", required=False)
         cfg.update(
             hidden_activation="gelu_pytorch_tanh",
             query_pre_attn_scalar=head_dim,  # llama.cpp: attention scale 1/sqrt(head_dim) for Gemma-3 below 27B
             sliding_window=window,
-            layer_types=list(_layer_types(arch, layers, window)),
+            layer_types=list(layer_types(arch, layers, window)),
             # llama.cpp's Gemma-3 runs its sliding layers at RoPE base 10000 (llama-model.cpp,
             # LLM_ARCH_GEMMA3: rope_freq_base_train_swa); transformers' rope_local_base_freq
             rope_local_base_freq=10000.0,

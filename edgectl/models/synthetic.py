@@ -8,13 +8,13 @@ the way the PyPI catalog model does (pull.py):
 1. make — ``<runtime python> -P -m edgectl_runtime.tools.synth_model SPEC DIR``: config.json, seeded bf16
    weights, a SentencePiece tokenizer trained locally (nothing is downloaded);
 2. gguf — ``convert_hf_to_gguf.py DIR --outtype bf16`` of the llama.cpp source the bench builds
-   (``edgectl bench --build-llama-cpp`` keeps it beside llama-server, edgectl/bench/llamacpp.py);
+   (``edgectl bench --build-llama-cpp`` keeps it beside llama-server, edgectl/llamacpp.py);
 3. quantize — that build's ``llama-quantize --output-tensor-type q8_0 … Q4_1``: the layers in Q4_1 and
    the tied embedding table in Q8_0, the types of the SmolLM2 catalog GGUF (Q4_1 + a Q8_0 token_embd).
    Left to itself llama-quantize would make this table Q6_K (src/llama-quant.cpp, the tied-output
    case), a layout edgectl's 8-bit head does not have; Q8_0's blocks of 32 with one scale are its
    W8 format (docs/kernels.md, "Arithmetic");
-4. convert — pull.py's direct GGUF directory (config.json and tokenizer from the GGUF, which is served as it is); the
+4. convert — the direct GGUF directory (convert.py) (config.json and tokenizer from the GGUF, which is served as it is); the
    Q4_1 GGUF is kept in ``<cache>/gguf/`` for the bench's llama.cpp arm (``bench.core._gguf_for``).
 
 Everything is made in ``<cache>/.<name>.tmp-*`` and renamed into place at the end (the GGUF just
@@ -39,27 +39,30 @@ from typing import Any
 from edgectl import launch
 from edgectl.contract import environment
 from edgectl.errors import EXIT_FAILED, EdgectlError
+from edgectl.llamacpp import find_llama_tools
 from edgectl.models.cache import (
     FILE_MODE,
     MANIFEST_NAME,
     Progress,
+    PullResult,
     cache_dir,
     check_gguf,
     check_model_dir,
+    check_space,
     gguf_path,
     make_dirs,
     model_dir,
     pull_lock,
     read_manifest,
+    remove_leftovers,
     sha256_file,
 )
-from edgectl.models.catalog import SYNTHETIC_PURPOSE, CatalogEntry
+from edgectl.models.catalog import CATALOG, SYNTHETIC_PURPOSE, CatalogEntry
+from edgectl.models.convert import convert
+from edgectl.models.tool_output import last_json, tail
 
 
-def pull_synthetic(entry: CatalogEntry, environ: Mapping[str, str], progress: Progress):
-    from edgectl.bench.llamacpp import find_llama_tools
-    from edgectl.models.pull import PullResult, _check_space, _convert, remove_leftovers
-
+def pull_synthetic(entry: CatalogEntry, environ: Mapping[str, str], progress: Progress) -> PullResult:
     spec = entry.synthetic
     assert spec is not None
     cache = cache_dir(environ)
@@ -77,9 +80,9 @@ def pull_synthetic(entry: CatalogEntry, environ: Mapping[str, str], progress: Pr
         if dir_problem not in (None, "not pulled") and gguf_problem is None and manifest:
             # The GGUF the manifest records is intact: only the directory is written again.
             progress(f"verify: {final}: {dir_problem}; converting it again from {gguf.name}")
-            manifest = _convert(entry, cache, gguf, final, environ, progress, source=manifest.get("source"),
-                                gguf_record=manifest.get("gguf"),
-                                extra={"synthetic": manifest.get("synthetic")})
+            manifest = convert(entry, cache, gguf, final, environ, progress, check_agreement=None,
+                               source=manifest.get("source"), gguf_record=manifest.get("gguf"),
+                               extra={"synthetic": manifest.get("synthetic")})
             progress(f"done: {entry.name} is at {final} (random weights: for edgectl bench only)")
             return PullResult(entry.name, final, gguf, "repaired", manifest)
         if dir_problem not in (None, "not pulled"):
@@ -89,7 +92,7 @@ def pull_synthetic(entry: CatalogEntry, environ: Mapping[str, str], progress: Pr
         # Before anything is written: the tools and the room.
         tools = find_llama_tools(environ)
         python = environment.runtime_python(environ)
-        _check_space(cache, 2 * entry.converted_bytes + entry.gguf_bytes, f"making {entry.name}")
+        check_space(cache, 2 * entry.converted_bytes + entry.gguf_bytes, f"making {entry.name}")
         make_dirs(gguf.parent)
         work = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=cache))
         try:
@@ -101,8 +104,8 @@ def pull_synthetic(entry: CatalogEntry, environ: Mapping[str, str], progress: Pr
                 os.chmod(quantized, FILE_MODE)
                 os.replace(quantized, gguf)
 
-            manifest = _convert(
-                entry, cache, quantized, final, environ, progress,
+            manifest = convert(
+                entry, cache, quantized, final, environ, progress, check_agreement=None,
                 source={"kind": "synthetic", "made_by": "edgectl models pull", "purpose": SYNTHETIC_PURPOSE},
                 gguf_record={"path": str(gguf), "sha256": digest, "bytes": size},
                 extra={"synthetic": {"spec": spec.to_dict(), "maker": made, "llama_cpp": llama,
@@ -132,7 +135,7 @@ def _make_gguf(entry: CatalogEntry, work: Path, tools: Any, python: str, environ
     started = time.monotonic()
     out = _step(launch.command(python, launch.SYNTH_MODEL, [json.dumps(spec.maker_spec()), str(hf)]), "make",
                 launch.environment(env))
-    made = _last_json(out, "the synthetic model maker")
+    made = last_json(out, "the synthetic model maker")
     progress(f"make: done in {time.monotonic() - started:.0f} s")
 
     progress(f"gguf: {tools.convert_script.name} --outtype bf16 (llama.cpp {tools.version})")
@@ -157,25 +160,14 @@ def _make_gguf(entry: CatalogEntry, work: Path, tools: Any, python: str, environ
 
 
 def _step(argv: list[str], what: str, env: Mapping[str, str], cwd: Path | None = None) -> str:
-    from edgectl.models.pull import _tail
-
     try:
         done = subprocess.run(argv, env=dict(env), cwd=cwd, capture_output=True, text=True)
     except OSError as exc:
         raise EdgectlError(f"{what} could not start: {exc}", exit_code=EXIT_FAILED) from None
     if done.returncode != 0:
-        raise EdgectlError(f"{what} failed (exit {done.returncode}): {_tail(done.stderr or done.stdout)}",
+        raise EdgectlError(f"{what} failed (exit {done.returncode}): {tail(done.stderr or done.stdout)}",
                            exit_code=EXIT_FAILED)
     return done.stdout
-
-
-def _last_json(out: str, what: str) -> dict[str, Any]:
-    from edgectl.models.pull import _tail
-
-    try:
-        return json.loads(out.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        raise EdgectlError(f"{what} printed no result ({_tail(out)})", exit_code=EXIT_FAILED) from None
 
 
 def _read(path: Path) -> str | None:
@@ -187,8 +179,6 @@ def _read(path: Path) -> str | None:
 
 def refuse_deploy(name: str) -> None:
     """Raise for a synthetic catalog model: it is for the bench, never for a service users ask."""
-    from edgectl.models.catalog import CATALOG
-
     entry = CATALOG.get(name)
     if entry is not None and entry.synthetic is not None:
         raise EdgectlError(f"{name} is synthetic: {SYNTHETIC_PURPOSE}; measure it with `edgectl bench {name}`, "

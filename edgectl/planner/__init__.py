@@ -46,7 +46,7 @@ from edgectl.planner.request import check_request
 from edgectl.planner.service import choose_timeouts, predict, worker_environment
 
 if TYPE_CHECKING:
-    from edgectl.models.inspect import ModelFacts
+    from edgectl.models.facts import ModelFacts
     from edgectl.probe.facts import HostFacts
     from edgectl.profiles import Profile
 

@@ -20,7 +20,7 @@ from edgectl.planner.kv_dtype import FP8_COST
 from edgectl.planner.ledger import Costs, Ledger, weights_bytes_for
 
 if TYPE_CHECKING:
-    from edgectl.models.inspect import ModelFacts
+    from edgectl.models.facts import ModelFacts
     from edgectl.profiles import Profile
 
 MiB = 1 << 20

@@ -16,7 +16,7 @@ from edgectl.planner.decided import Decided
 from edgectl.profiles import RECORDED_NOT_SERVED
 
 if TYPE_CHECKING:
-    from edgectl.models.inspect import ModelFacts
+    from edgectl.models.facts import ModelFacts
     from edgectl.probe.facts import HostFacts
     from edgectl.profiles import Figure, Profile
 

@@ -16,7 +16,7 @@ from edgectl.errors import EdgectlError
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Request
-    from edgectl.models.inspect import ModelFacts
+    from edgectl.models.facts import ModelFacts
     from edgectl.probe.facts import HostFacts
 
 FP8 = KvCacheDtype.FP8_E4M3

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 from edgectl.contract import int4_layout
 from edgectl.contract.plan import Compilation, KvCacheDtype, Memory, Reason, Source, Topology, WeightFormat
 from edgectl.output import MiB
-from edgectl.models.inspect import ParamBytes
+from edgectl.models.facts import ParamBytes
 from edgectl.planner.decided import Decided
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Request
-    from edgectl.models.inspect import ModelFacts
+    from edgectl.models.facts import ModelFacts
     from edgectl.profiles import Profile
 
 BLOCK_SIZE_TOKENS = 128  # vLLM's CPU default KV block (vllm/platforms/cpu.py: block_size = 128)

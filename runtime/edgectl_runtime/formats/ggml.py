@@ -31,36 +31,29 @@ from __future__ import annotations
 
 import torch
 
+# The types, their block sizes and the bits each becomes are the contract's (read by the control
+# plane too). NATIVE_BITS is also read here by cpu_int4/method.py.
+from edgectl.contract.gguf_types import BLOCK_SIZES, FLOAT_TYPES, NATIVE_BITS, SUPER_BLOCK  # noqa: F401
 from edgectl_runtime.formats import blocks
 
-BLOCK = 32
-SUPER = 256
-# type -> (values per block, bytes per block)
-SIZES = {
-    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2),
-    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
-    "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
-}
-FLOATS = ("F32", "F16", "BF16")
-# The bits of the edgectl block a type becomes without re-quantizing (None: a float).
-NATIVE_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q8_0": 8, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q6_K": 8}
+# The types whose blocks are edgectl's W4 / W8 blocks as they are, with those bits.
 EXACT = {("Q4_0", 4), ("Q4_1", 4), ("Q8_0", 8), ("Q5_0", 8)}
 
 
 def row_bytes(type_name: str, k: int) -> int:
-    per, nbytes = SIZES[type_name]
+    per, nbytes = BLOCK_SIZES[type_name]
     if k % per:
         raise ValueError(f"a {type_name} row holds a multiple of {per} values, not {k}")
     return k // per * nbytes
 
 
 def _check(raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
-    if type_name not in SIZES:
+    if type_name not in BLOCK_SIZES:
         raise ValueError(f"GGUF tensor type {type_name} is not one edgectl reads")
     if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] != row_bytes(type_name, k):
         raise ValueError(f"expected uint8 [rows, {row_bytes(type_name, k)}] for {k} {type_name} values, "
                          f"got {raw.dtype} {tuple(raw.shape)}")
-    per, nbytes = SIZES[type_name]
+    per, nbytes = BLOCK_SIZES[type_name]
     return raw.reshape(raw.shape[0], k // per, nbytes)
 
 
@@ -160,7 +153,7 @@ def _q6_k_values(b) -> torch.Tensor:
                  (lo[..., 32:64] >> 4) | (((hi >> 6) & 3) << 4)]
         halves.append(torch.cat(parts, -1) - 32)  # [.., 128]
     q = torch.cat(halves, -1).to(torch.float32).reshape(*b.shape[:-1], 16, 16)
-    return (q * (d.unsqueeze(-1) * sc).unsqueeze(-1)).reshape(*b.shape[:-1], SUPER)
+    return (q * (d.unsqueeze(-1) * sc).unsqueeze(-1)).reshape(*b.shape[:-1], SUPER_BLOCK)
 
 
 _FIELDS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0,
@@ -208,7 +201,7 @@ def to_w8(raw: torch.Tensor, type_name: str, k: int) -> tuple[torch.Tensor, torc
 
 def conversion(type_name: str, bits: int) -> str:
     """How a ``type_name`` tensor becomes a W``bits`` block: for the read-back and the logs."""
-    if type_name in FLOATS:
+    if type_name in FLOAT_TYPES:
         return f"{type_name} quantized to W{bits}"
     if (type_name, bits) in EXACT:
         return f"{type_name} as W{bits} (exact)"

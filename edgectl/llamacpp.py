@@ -10,6 +10,9 @@ The same build makes ``llama-quantize`` beside it and keeps the source's Hugging
 (``convert_hf_to_gguf.py`` with its ``conversion/`` and ``gguf-py/``) under ``<version>/convert/``:
 ``edgectl models pull`` of a synthetic catalog model (edgectl/models/synthetic.py) converts and
 quantizes with them, so the bench's llama.cpp arm reads a GGUF made by its own source.
+
+Used by the bench, the pull's agreement check and the synthetic pull: it sits beside the models
+(it needs only where their cache is), below all three.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgectl.errors import EXIT_FAILED, EdgectlError
+from edgectl.models.cache import cache_dir
 
 PACKAGE = "llama-cpp-python"
 BINARY = "llama-server"
@@ -43,8 +47,6 @@ class LlamaServer:
 
 
 def cache_root(environ: Mapping[str, str]) -> Path:
-    from edgectl.models.cache import cache_dir
-
     return cache_dir(environ).parent / "llama.cpp"
 
 

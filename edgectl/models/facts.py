@@ -1,0 +1,227 @@
+"""What a model is, as the planner reads it: :class:`ModelFacts` (schema ``edgectl.model/1``) and its
+parts, as :mod:`edgectl.probe.facts` holds what a host is.
+
+Read from a model directory by :func:`edgectl.models.inspect.inspect_model`, from a GGUF file by
+:func:`edgectl.models.gguf_inspect.inspect_gguf`; written to and read back from JSON here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgectl.errors import EdgectlError
+
+SCHEMA = "edgectl.model/1"
+
+# The attention kind of a layer, as transformers' ``layer_types`` name them.
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+
+
+@dataclass(frozen=True)
+class LinearLayer:
+    """One linear weight as vLLM builds it: ``out_features × in_features`` (PyTorch layout)."""
+
+    name: str  # the module name, e.g. "model.layers.0.self_attn.q_proj"
+    out_features: int
+    in_features: int
+    # A GGUF served as it is: the bits of the edgectl block its file's type becomes (4 for
+    # Q4_0/Q4_1/Q4_K, 8 for 5-8-bit types), the widest of the layers vLLM merges with it; None
+    # for a checkpoint quantized at load (the plan's format decides).
+    gguf_bits: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "out_features": self.out_features, "in_features": self.in_features}
+        if self.gguf_bits is not None:
+            out["gguf_bits"] = self.gguf_bits
+        return out
+
+
+@dataclass(frozen=True)
+class ParamBytes:
+    """Bytes of the stored weights, split the way the planner prices them.
+
+    ``linear`` holds only the weight matrices of linear layers (what a weight-only int4 method
+    replaces); their biases are in ``other`` with the norms. ``lm_head`` is 0 when the
+    embeddings are tied (vLLM then reuses the embedding matrix).
+    """
+
+    linear: int
+    embedding: int
+    lm_head: int
+    other: int
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.embedding + self.lm_head + self.other
+
+    def to_dict(self) -> dict[str, int]:
+        return {"linear": self.linear, "embedding": self.embedding, "lm_head": self.lm_head,
+                "other": self.other, "total": self.total}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    name: str
+    path: str
+    architecture: str
+    model_type: str | None
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int | None
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int | None
+    rope_theta: float | None
+    rope_scaling: dict[str, Any] | None
+    sliding_window: int | None  # None when no layer slides
+    layer_types: tuple[str, ...]  # one per layer
+    dtype: str | None  # the dtype vLLM computes in ("auto" = config.json's), e.g. "bfloat16"
+    weights_dtype: str | None  # the dominant dtype of the stored linear weights
+    param_bytes: ParamBytes
+    param_source: str  # "safetensors" (headers read) or "config" (computed from config.json)
+    num_params: int | None  # None for pre-quantized checkpoints (packed tensors hide the count)
+    linear_layers: tuple[LinearLayer, ...]
+    quantization_config: dict[str, Any] | None
+    tokenizer: bool
+    chat_template: bool
+    unknown: tuple[str, ...] = field(default=())  # fields that could not be read
+    # What the worker holds of the tokenizer, measured at pull (edgectl_runtime/introspect/tokenizer_cost.py);
+    # None: not measured (a directory edgectl did not pull, or an older pull)
+    tokenizer_bytes: int | None = field(default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "name": self.name,
+            "path": self.path,
+            "architecture": self.architecture,
+            "model_type": self.model_type,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "sliding_window": self.sliding_window,
+            "layer_types": list(self.layer_types),
+            "dtype": self.dtype,
+            "weights_dtype": self.weights_dtype,
+            "param_bytes": self.param_bytes.to_dict(),
+            "param_source": self.param_source,
+            "num_params": self.num_params,
+            "linear_layers": [layer.to_dict() for layer in self.linear_layers],
+            "quantization_config": self.quantization_config,
+            "tokenizer": self.tokenizer,
+            "chat_template": self.chat_template,
+            "unknown": list(self.unknown),
+            "tokenizer_bytes": self.tokenizer_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelFacts:
+        """Read back what :meth:`to_dict` wrote (possibly on another host)."""
+        if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
+            found = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
+            raise EdgectlError(f"model facts have schema {found!r}, expected {SCHEMA!r}")
+        try:
+            pb = data["param_bytes"]
+            param_bytes = ParamBytes(linear=int(pb["linear"]), embedding=int(pb["embedding"]),
+                                     lm_head=int(pb["lm_head"]), other=int(pb["other"]))
+            if int(pb["total"]) != param_bytes.total:
+                raise ValueError(f"param_bytes.total {pb['total']} is not the sum of its parts")
+            return cls(
+                name=data["name"],
+                path=data["path"],
+                architecture=data["architecture"],
+                model_type=data["model_type"],
+                num_layers=int(data["num_layers"]),
+                hidden_size=int(data["hidden_size"]),
+                intermediate_size=data["intermediate_size"],
+                num_attention_heads=int(data["num_attention_heads"]),
+                num_kv_heads=int(data["num_kv_heads"]),
+                head_dim=int(data["head_dim"]),
+                vocab_size=int(data["vocab_size"]),
+                tie_word_embeddings=bool(data["tie_word_embeddings"]),
+                max_position_embeddings=data["max_position_embeddings"],
+                rope_theta=data["rope_theta"],
+                rope_scaling=data["rope_scaling"],
+                sliding_window=data["sliding_window"],
+                layer_types=tuple(data["layer_types"]),
+                dtype=data["dtype"],
+                weights_dtype=data.get("weights_dtype"),
+                param_bytes=param_bytes,
+                param_source=data["param_source"],
+                num_params=data.get("num_params"),
+                linear_layers=tuple(
+                    LinearLayer(name=d["name"], out_features=int(d["out_features"]), gguf_bits=d.get("gguf_bits"),
+                                in_features=int(d["in_features"]))
+                    for d in data["linear_layers"]
+                ),
+                quantization_config=data["quantization_config"],
+                tokenizer=bool(data["tokenizer"]),
+                chat_template=bool(data["chat_template"]),
+                unknown=tuple(data.get("unknown", ())),
+                tokenizer_bytes=data.get("tokenizer_bytes"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EdgectlError(f"model facts ({SCHEMA}) are malformed: {exc.__class__.__name__}: {exc}") from None
+
+    def render_text(self) -> str:
+        pb = self.param_bytes
+        n_sliding = sum(t == SLIDING_ATTENTION for t in self.layer_types)
+        n_full = sum(t == FULL_ATTENTION for t in self.layer_types)
+        kinds = [f"{n_full} full attention"] if n_full else []
+        if n_sliding:
+            kinds.append(f"{n_sliding} sliding window {self.sliding_window}")
+        other_kinds = Counter(t for t in self.layer_types if t not in (FULL_ATTENTION, SLIDING_ATTENTION))
+        kinds += [f"{n} {kind}" for kind, n in sorted(other_kinds.items())]
+        if self.rope_scaling:
+            rope_type = self.rope_scaling.get("rope_type") or self.rope_scaling.get("type") or "?"
+            scaling = f"RoPE scaling {rope_type} factor {self.rope_scaling.get('factor', '?')}"
+        else:
+            scaling = "no RoPE scaling"
+        params = f"{self.num_params / 1e6:.1f} M parameters, " if self.num_params is not None else ""
+        lines = [
+            f"{self.name}  {self.path}",
+            f"  architecture   {self.architecture} ({self.model_type}), {self.dtype or 'dtype unknown'}",
+            f"  layers         {self.num_layers} ({', '.join(kinds)})",
+            f"  hidden         {self.hidden_size}, intermediate {self.intermediate_size}",
+            f"  heads          {self.num_attention_heads} query, {self.num_kv_heads} KV, head_dim {self.head_dim}",
+            f"  vocab          {self.vocab_size}, {'tied' if self.tie_word_embeddings else 'separate'} "
+            "embeddings and LM head",
+            f"  positions      max_position_embeddings {self.max_position_embeddings}, "
+            f"rope_theta {self.rope_theta:g}, {scaling}" if self.rope_theta is not None else
+            f"  positions      max_position_embeddings {self.max_position_embeddings}, {scaling}",
+            f"  weights        {params}{_mib(pb.total)} ({self.weights_dtype}, from {self.param_source}): "
+            f"linear {_mib(pb.linear)} in {len(self.linear_layers)} layers, embedding {_mib(pb.embedding)}, "
+            f"lm_head {_mib(pb.lm_head)}, other {_mib(pb.other)}",
+            f"  quantization   {json.dumps(self.quantization_config) if self.quantization_config else 'none'}",
+            f"  tokenizer      {'yes' if self.tokenizer else 'no'}, chat template "
+            f"{'yes' if self.chat_template else 'no'}",
+        ]
+        if self.unknown:
+            lines.append(f"  unknown        {', '.join(self.unknown)}")
+        return "\n".join(lines)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def natural_key(name: str) -> list[Any]:
+    """The order linear layers are listed in: numbered parts compared as numbers (layers.2 before layers.10)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]

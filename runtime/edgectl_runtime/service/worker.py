@@ -445,7 +445,7 @@ def _add_edgectl_routes(app, service: Service) -> None:
 
     @app.get(contract.MEMORY_ROUTE)
     async def memory() -> JSONResponse:
-        """Where this process's PSS goes (``edgectl_runtime/introspect/memory.py``), read in the engine thread."""
+        """Where this process's PSS goes (``edgectl_runtime/introspect/memory/``), read in the engine thread."""
         client = service.engine_client
         if client is None or service.plan.topology is not Topology.SINGLE_PROCESS:
             return JSONResponse({"error": "the memory attribution needs the single-process topology, serving"},

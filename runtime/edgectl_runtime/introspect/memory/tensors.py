@@ -25,8 +25,6 @@ def tensor_ranges(model=None, kv_caches=None) -> dict[str, list[tuple[int, int]]
     ``model``: the engine's model (parameters and buffers → weights; ``cos_sin_cache`` buffers
     → rope); ``kv_caches``: the runner's KV tensors (their storages are the allocated KV
     buffers). Every other tensor reachable from Python → ``other tensors``."""
-    import gc
-
     import torch
 
     seen: set[int] = set()

@@ -80,11 +80,6 @@ class Int4Kernel(ABC):
         return source_group
 
     @classmethod
-    def values_dtype(cls, dtype: torch.dtype) -> torch.dtype:
-        """The dtype a checkpoint's group-wise values are read back in, for a layer of ``dtype``."""
-        return dtype
-
-    @classmethod
     @abstractmethod
     def format_name(cls, bits: int, group: int) -> str:
         """The read-back name of a layer's format (the plan's weight formats)."""

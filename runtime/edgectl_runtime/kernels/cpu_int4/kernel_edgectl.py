@@ -45,11 +45,6 @@ class EdgectlBlocksKernel(Int4Kernel):
         return blocks.BLOCK
 
     @classmethod
-    def values_dtype(cls, dtype: torch.dtype) -> torch.dtype:
-        # GPTQ / AWQ: zeros (8 - zp) * scale kept in fp32, rounded once, to fp16, as m
-        return torch.float32
-
-    @classmethod
     def format_name(cls, bits: int, group: int) -> str:
         return f"w{bits}a8/b{blocks.BLOCK}"
 
@@ -79,7 +74,8 @@ class EdgectlBlocksKernel(Int4Kernel):
     def process_weights(self, module: torch.nn.Module, dtype: torch.dtype) -> bool:
         """Quantize a dense weight in row blocks, or take a group-wise source's q as is
         (``blocks.from_groups``: d = scale, m = zero - 8 scale)."""
-        stored = self.checkpoint.take_values(module, self.values_dtype(dtype), self.layer.source_group)
+        # GPTQ / AWQ: zeros (8 - zp) * scale kept in fp32, rounded once, to fp16, as m
+        stored = self.checkpoint.take_values(module, torch.float32, self.layer.source_group)
         if stored is not None:
             packed = blocks.pack_w4(*blocks.from_groups(*stored))
             del stored

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-BUILD = Path(__file__).resolve().parents[1] / "runtime" / "edgectl_runtime" / "ops" / "build.py"
+BUILD = Path(__file__).resolve().parents[1] / "runtime" / "edgectl_runtime" / "kernels" / "ops" / "build.py"
 
 
 def test_a_missing_compiler_is_one_error_line_and_nothing_written(tmp_path: Path):

@@ -16,6 +16,7 @@ pytest.importorskip("vllm")
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # noqa: E402
 
 from edgectl_runtime.kernels import cpu_int4  # noqa: E402
+from edgectl_runtime.kernels.cpu_int4 import kernel_torch  # noqa: E402
 from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4  # noqa: E402
 from edgectl_runtime.kernels.ops import tinygemm, wna16  # noqa: E402
 
@@ -272,7 +273,7 @@ def test_a_layout_that_fails_verification_keeps_the_embedding_dense(monkeypatch)
     # wrong rows: the load-time check must catch it and keep the embedding in the model dtype.
     true = tinygemm.packed_layout()
     wrong = tinygemm.PackedLayout(true.block_rows, true.perm_table.roll(1, dims=1))
-    monkeypatch.setattr(cpu_int4.method, "packed_layout", lambda: wrong)
+    monkeypatch.setattr(kernel_torch, "packed_layout", lambda: wrong)
     embed, method, w = _layer(_config(lm_head=True), [448], 192, role="embedding")
     assert method.dense is not None
     assert getattr(embed, cpu_int4.INFO_ATTR)["reason"] == "packed-row lookup failed verification"

@@ -1,4 +1,4 @@
-"""The memory attribution (runtime/edgectl_runtime/introspect/memory.py): its parts come from their own
+"""The memory attribution (runtime/edgectl_runtime/introspect/memory/): its parts come from their own
 sources and add up to the PSS the kernel reports."""
 
 from __future__ import annotations

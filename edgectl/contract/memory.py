@@ -1,7 +1,7 @@
 """The memory attribution's schema (``edgectl.memory/1``) and its text view.
 
 The worker makes it inside its own process (``GET /edgectl/memory``,
-``runtime/edgectl_runtime/introspect/memory.py``): every part of its PSS from its own source, summed and
+``runtime/edgectl_runtime/introspect/memory/``): every part of its PSS from its own source, summed and
 compared with the PSS the kernel reports; what no source explains is its own row. The control
 plane prints it (``edgectl status --memory``), as does ``python -m edgectl_runtime.introspect.memory URL``.
 

@@ -41,17 +41,15 @@ from typing import Any
 
 import torch
 
-from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
-from vllm.model_executor.layers.quantization import register_quantization_config
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, PORTABLE_FORMAT
 from edgectl.contract import environment as runtime_env
-from edgectl_runtime.kernels.ops.wna16 import wna16_available
+from edgectl_runtime.kernels.cpu_int4.checkpoint import Int4Checkpoint
+from edgectl_runtime.kernels.cpu_int4.kernel import Int4Kernel
+from edgectl_runtime.kernels.cpu_int4.kernel_choice import KERNELS, head_kernel, kernel_class
+from edgectl_runtime.kernels.cpu_int4.names import NAME
 
-NAME = "cpu_int4"
-KERNELS = ("torch", "vllm", "edgectl")
 LM_HEAD_FORMATS = ("dense", "int4", "int8")
 SOURCES = ("dense", "portable", "gptq", "awq")
 
@@ -81,15 +79,6 @@ def gguf_load_format() -> bool:
     return cfg is not None and str(cfg.load_config.load_format) == GGUF_LOAD_FORMAT
 
 
-def _tensor_parallel_size() -> int:
-    from vllm.distributed import get_tensor_model_parallel_world_size
-
-    try:
-        return get_tensor_model_parallel_world_size()
-    except AssertionError:  # no process group (unit tests): one rank
-        return 1
-
-
 def _lm_head_format(value: bool | str | None) -> str | None:
     """``True``/``False`` (the setting's old boolean form) or a format name."""
     if value is None or isinstance(value, str):
@@ -97,9 +86,10 @@ def _lm_head_format(value: bool | str | None) -> str | None:
     return "int4" if value else "dense"
 
 
-@register_quantization_config(NAME)
-class CpuInt4Config(QuantizationConfig):
-    """Settings of the ``cpu_int4`` method; see the module docstring for where they come from."""
+class CpuInt4Settings(QuantizationConfig):
+    """Settings of the ``cpu_int4`` method; see the module docstring for where they come from.
+    vLLM's config API but for the choice of each layer's method, which the registered subclass
+    adds (``registration.CpuInt4Config``)."""
 
     def __init__(self, group_size: int | None = None, lm_head: bool | str | None = None,
                  layerwise: bool | None = None, source: str = "dense",
@@ -120,12 +110,8 @@ class CpuInt4Config(QuantizationConfig):
         self.kernel = kernel if kernel is not None else runtime_env.read("EDGECTL_INT4_KERNEL", environ)
         if self.kernel not in KERNELS:
             raise ValueError(f"cpu_int4: kernel {self.kernel!r} is not one of {', '.join(KERNELS)}")
-        if self.kernel == "vllm" and not wna16_available():
-            raise ValueError("cpu_int4: EDGECTL_INT4_KERNEL=vllm needs vLLM's cpu_gemm_wna16, which the vLLM "
-                             "library loaded on this CPU does not register (see `python -m "
-                             "edgectl_runtime.tools.diagnostics.report`); use EDGECTL_INT4_KERNEL=torch or edgectl")
-        if self.kernel == "edgectl" or self.lm_head == "int8":
-            self._load_edgectl_kernels()
+        for kernel in self.kernels_in_use():
+            kernel.require()
         if source not in SOURCES:
             raise ValueError(f"cpu_int4: unknown source {source!r}")
         self.source = source  # "dense": quantize a bf16/fp16/fp32 checkpoint at load
@@ -136,15 +122,15 @@ class CpuInt4Config(QuantizationConfig):
         self.ckpt_zero_offset = 0 if self.checkpoint.get("checkpoint_format") == "gptq_v2" else 1
         self.not_convert = list(self.checkpoint.get("modules_to_not_convert") or [])
 
-    @staticmethod
-    def _load_edgectl_kernels() -> None:
-        """Fail at configuration, with the fix, rather than at the first forward pass."""
-        from edgectl_runtime.kernels import ops
+    def kernels_in_use(self) -> list[type[Int4Kernel]]:
+        """The linear layers' kernel, then the LM head's where it is another."""
+        linear = kernel_class(self.kernel)
+        head = head_kernel(linear, self.lm_head)
+        return [linear] if head is linear else [linear, head]
 
-        try:
-            ops.load()
-        except ops.KernelLibraryError as exc:
-            raise ValueError(f"cpu_int4: {exc}") from None
+    def checkpoint_tensors(self) -> Int4Checkpoint:
+        """What the checkpoint stores, for a layer's kernel to read it back."""
+        return Int4Checkpoint(self.source, sym=self.ckpt_sym, zero_offset=self.ckpt_zero_offset)
 
     def __repr__(self) -> str:
         return (f"CpuInt4Config(kernel={self.kernel!r}, group_size={self.group_size}, lm_head={self.lm_head!r}, "
@@ -155,17 +141,15 @@ class CpuInt4Config(QuantizationConfig):
                "source": self.source, "kernel": self.kernel}
         if self.source in ("gptq", "awq"):
             out["checkpoint_group_size"] = self.ckpt_group
-        if self.kernel == "edgectl" or self.lm_head == "int8":
-            from edgectl_runtime.kernels import ops
-
-            out["isa"] = ops.active_level()
+        for kernel in self.kernels_in_use():
+            out.update(kernel.describe())
         return out
 
     @property
     def head_kernel(self) -> str:
         """The kernel of a quantized LM head / tied embedding: edgectl's for int8 and for int4
         next to edgectl's linear layers, PyTorch's int4 kernel otherwise (vLLM's has no lookup)."""
-        return "edgectl" if self.lm_head == "int8" or self.kernel == "edgectl" else "torch"
+        return head_kernel(kernel_class(self.kernel), self.lm_head).name
 
     # --- QuantizationConfig API
 
@@ -194,7 +178,7 @@ class CpuInt4Config(QuantizationConfig):
         return None
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "CpuInt4Config":
+    def from_config(cls, config: dict[str, Any]) -> "CpuInt4Settings":
         """From a checkpoint's ``quantization_config``: a portable checkpoint, or a GPTQ/AWQ one."""
         method = config.get("quant_method")
         if method in ("gptq", "awq"):
@@ -208,7 +192,7 @@ class CpuInt4Config(QuantizationConfig):
                    kernel=config.get("kernel"))
 
     @classmethod
-    def _from_gptq_awq(cls, config: dict[str, Any]) -> "CpuInt4Config":
+    def _from_gptq_awq(cls, config: dict[str, Any]) -> "CpuInt4Settings":
         method = config["quant_method"]
         bits = config.get("bits", config.get("w_bit"))
         if bits != 4:
@@ -229,7 +213,7 @@ class CpuInt4Config(QuantizationConfig):
         return cls(group_size=None, source=method, checkpoint=config)
 
     @classmethod
-    def from_config_dict_json(cls, text: str) -> "CpuInt4Config":
+    def from_config_dict_json(cls, text: str) -> "CpuInt4Settings":
         """From ``hf_overrides={"quantization_config_dict_json": ...}`` on a dense checkpoint."""
         data = json.loads(text)
         unknown = set(data) - {"group_size", "lm_head", "layerwise", "kernel", "quant_method"}
@@ -238,21 +222,3 @@ class CpuInt4Config(QuantizationConfig):
                              "known: group_size, lm_head, layerwise, kernel")
         return cls(group_size=data.get("group_size"), lm_head=data.get("lm_head"),
                    layerwise=data.get("layerwise"), kernel=data.get("kernel"))
-
-    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        from edgectl_runtime.kernels.cpu_int4.method import CpuInt4LinearMethod
-
-        if _tensor_parallel_size() > 1:
-            raise ValueError("cpu_int4 supports tensor_parallel_size 1 only (its loaders do not shard)")
-        if isinstance(layer, LinearBase):
-            if self.not_convert and any(name in prefix for name in self.not_convert):
-                return UnquantizedLinearMethod()  # stored unquantized in the checkpoint
-            return CpuInt4LinearMethod(self, role="linear", prefix=prefix)
-        quantized_head = self.lm_head != "dense"
-        if isinstance(layer, ParallelLMHead):
-            return CpuInt4LinearMethod(self, role="lm_head", prefix=prefix) if quantized_head else None
-        if isinstance(layer, VocabParallelEmbedding):
-            if quantized_head and tied_embeddings():
-                return CpuInt4LinearMethod(self, role="embedding", prefix=prefix)
-            return None
-        return None

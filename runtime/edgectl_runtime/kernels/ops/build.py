@@ -133,41 +133,17 @@ def build(out_dir: Path = HERE, force: bool = False, log=print) -> dict:
              "machine": platform.machine()}
     want = _inputs_hash(cxx_version, flags)
     lib_path, stamp_path = out_dir / LIBRARY, out_dir / STAMP
-    if not force and lib_path.is_file() and stamp_path.is_file():
-        try:
-            if json.loads(stamp_path.read_text()).get("inputs_sha256") == want:
-                log(f"kernels: {lib_path} is up to date")
-                return json.loads(stamp_path.read_text())
-        except ValueError:
-            pass
+    if not force:
+        current = _current_stamp(lib_path, stamp_path, want)
+        if current is not None:
+            log(f"kernels: {lib_path} is up to date")
+            return current
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = out_dir / ".kernels-cache"  # one object per unit and input hash: an edit recompiles one file
     cache.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".kernels-", dir=out_dir) as tmp:
-        objects, procs = [], []
-        for src, extra in units:
-            cmd = [cxx, *base, *extra, "-c", str(CSRC / src)]
-            if src == DISPATCH[0]:
-                cmd[1:1] = [f"-I{p}" for p in includes]
-            key = hashlib.sha256(json.dumps([cmd, cxx_version, torch_version]).encode() + _unit_inputs(src)).hexdigest()
-            obj = cache / f"{Path(src).stem}-{key[:16]}.o"
-            objects.append(obj)
-            if not obj.is_file():
-                procs.append((src, obj, _run(cmd + ["-o", str(Path(tmp) / obj.name)])))
-        failed = []
-        for src, obj, proc in procs:  # compiled in parallel, reported in order
-            output = proc.communicate()[0]
-            if proc.returncode != 0:
-                failed.append(f"--- {src}\n{output}")
-                continue
-            if output.strip():
-                log(output.rstrip())
-            os.replace(Path(tmp) / obj.name, obj)
-        if failed:
-            raise subprocess.CalledProcessError(1, "g++", output="\n".join(failed))
-        for stale in cache.glob("*.o"):
-            if stale not in objects:
-                stale.unlink()
+        commands = [_compile_command(cxx, base, src, extra, includes) for src, extra in units]
+        objects = _compile(units, commands, (cxx_version, torch_version), cache, Path(tmp), log)
         tmp_lib = Path(tmp) / LIBRARY
         link = [cxx, "-shared", "-o", str(tmp_lib), *map(str, objects), f"-L{torch_lib}", "-lc10", "-ltorch_cpu",
                 str(gomp), f"-Wl,-rpath,{torch_lib}", "-Wl,--as-needed", "-Wl,--build-id=sha1"]
@@ -182,6 +158,52 @@ def build(out_dir: Path = HERE, force: bool = False, log=print) -> dict:
         stamp_path.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
     log(f"kernels: built {lib_path} ({', '.join(stamp['levels'])})")
     return stamp
+
+
+def _current_stamp(lib_path: Path, stamp_path: Path, want: str) -> dict | None:
+    """The stamp of a library already built from the same inputs, or None."""
+    if not (lib_path.is_file() and stamp_path.is_file()):
+        return None
+    try:
+        if json.loads(stamp_path.read_text()).get("inputs_sha256") == want:
+            return json.loads(stamp_path.read_text())
+    except ValueError:
+        pass
+    return None
+
+
+def _compile_command(cxx: str, base: list[str], src: str, extra: list[str], includes: list[str]) -> list[str]:
+    cmd = [cxx, *base, *extra, "-c", str(CSRC / src)]
+    if src == DISPATCH[0]:
+        cmd[1:1] = [f"-I{p}" for p in includes]
+    return cmd
+
+
+def _compile(units: list, commands: list[list[str]], tools: tuple[str, str], cache: Path, tmp: Path, log) -> list[Path]:
+    """The object of each unit: from the cache where its command, compiler, torch and inputs are
+    unchanged, compiled otherwise (in parallel, reported in order); stale objects removed."""
+    objects, procs = [], []
+    for (src, _), cmd in zip(units, commands):
+        key = hashlib.sha256(json.dumps([cmd, *tools]).encode() + _unit_inputs(src)).hexdigest()
+        obj = cache / f"{Path(src).stem}-{key[:16]}.o"
+        objects.append(obj)
+        if not obj.is_file():
+            procs.append((src, obj, _run(cmd + ["-o", str(tmp / obj.name)])))
+    failed = []
+    for src, obj, proc in procs:  # compiled in parallel, reported in order
+        output = proc.communicate()[0]
+        if proc.returncode != 0:
+            failed.append(f"--- {src}\n{output}")
+            continue
+        if output.strip():
+            log(output.rstrip())
+        os.replace(tmp / obj.name, obj)
+    if failed:
+        raise subprocess.CalledProcessError(1, "g++", output="\n".join(failed))
+    for stale in cache.glob("*.o"):
+        if stale not in objects:
+            stale.unlink()
+    return objects
 
 
 def main(argv: list[str] | None = None) -> int:

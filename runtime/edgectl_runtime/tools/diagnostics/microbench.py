@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -234,7 +235,7 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m edgectl_runtime.tools.diagnostics.microbench",
                                 description="GB/s of weights moved per layer shape and ISA level.")
     p.add_argument("--shapes", default="smollm2,1b", help=f"comma list of {', '.join(SHAPES)}")
@@ -251,7 +252,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--copy-gbps", type=float, default=None,
                    help="the host's copy bandwidth, read + write (bandwidth_gbps of edgectl probe --bandwidth --json), for the %% copy column")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    return p
+
+
+def _kernels_problem(levels: list[str] | None) -> str | None:
+    """Why edgectl's kernels cannot be measured here (the library, or a level this CPU cannot run)."""
+    from edgectl_runtime.kernels import ops
+
+    try:
+        ops.load()
+    except ops.KernelLibraryError as exc:
+        return str(exc)
+    for level in levels or []:
+        if level not in ops.supported_levels():
+            return f"this CPU cannot run the {level} kernels (it runs {', '.join(ops.supported_levels())})"
+    return None
+
+
+def _cpu_name() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return cpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     unknown = [s for s in a.shapes.split(",") if s not in SHAPES]
@@ -260,19 +289,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     llc = _llc_bytes()
     footprint = (a.footprint_mib * MIB) if a.footprint_mib else min(1024 * MIB, max(64 * MIB, 2 * (llc or 0)))
-    from edgectl_runtime.kernels import ops
-
-    try:
-        ops.load()
-    except ops.KernelLibraryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     levels = a.levels.split(",") if a.levels else None
-    for level in levels or []:
-        if level not in ops.supported_levels():
-            print(f"error: this CPU cannot run the {level} kernels (it runs {', '.join(ops.supported_levels())})",
-                  file=sys.stderr)
-            return 2
+    problem = _kernels_problem(levels)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     dtype = torch.bfloat16 if a.activations == "bf16" else torch.float32
     if a.norms:
         rows = run_norms([576, 2048], a.m, a.passes, dtype)
@@ -282,15 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = _copy_bandwidth(a.copy_gbps)
     shapes = [(name, layer, n, k) for name in a.shapes.split(",") for layer, n, k in SHAPES[name]]
     rows = run(shapes, a.m, a.passes, levels, dtype, set(a.arms.split(",")), footprint)
-    import platform
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    result = {"schema": "edgectl.microbench/1", "cpu": cpu, "threads": torch.get_num_threads(),
+    result = {"schema": "edgectl.microbench/1", "cpu": _cpu_name(), "threads": torch.get_num_threads(),
               "activation_dtype": a.activations, "passes": a.passes, "footprint_bytes": footprint,
               "llc_bytes": llc, "copy_bandwidth": bandwidth, "torch_capability": torch.backends.cpu.get_cpu_capability(),
               "env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "EDGECTL_KERNEL_ISA",

@@ -107,7 +107,6 @@ def model_facts(spec: str, environ: Mapping[str, str]) -> tuple[ModelFacts, bool
 
             from edgectl.contract.gguf_header import header_from_json
             from edgectl.models.gguf_inspect import facts_from_header
-
             from edgectl.models.tokenizer_files import tokenizer_cost
 
             facts = facts_from_header(header_from_json(json.loads(header.read_text()), shipped / entry.gguf_name),

@@ -29,7 +29,13 @@ from edgectl.contract.procmem import TreeMem
 from edgectl.deployment import Layout, deployment_names, service_memory
 from edgectl.errors import EdgectlError
 from edgectl.output import mib
-from edgectl.systemd import Failure, Systemd, failure_from_properties, restarts_by_oom, systemd_running
+from edgectl.systemd import (
+    Failure,
+    Systemd,
+    failure_from_properties,
+    restarts_by_oom,
+    systemd_running,
+)
 from edgectl.units import validate_name
 
 METRICS = {

@@ -1,7 +1,7 @@
 #!/bin/sh
-# Sets everything up, then runs the whole test suite against the installed edgectl, then its
+# Sets everything up, then runs ruff and mypy, the whole test suite against the installed edgectl, then its
 # AVX2 tier: the tests marked isa_avx2 once more, with PyTorch, oneDNN, vLLM and edgectl's kernels
-# held to AVX2 (tests/isa_helpers.py). Fails if either pass fails.
+# held to AVX2 (tests/isa_helpers.py). Fails if any of them fails.
 #   sh scripts/test.sh                     both passes
 #   sh scripts/test.sh ARGS...             one pass on this machine's own ISA, ARGS go to pytest
 #                                          (e.g. -m "not engine and not systemd" for the fast tier)
@@ -35,11 +35,18 @@ fi
 if [ $# -gt 0 ]; then
     exec "$VENV/bin/pytest" -p no:cacheprovider "$@"
 fi
+# The linter and the type checker (their settings: pyproject.toml), then the suite; a failure of
+# any of them fails the run, after all have run.
+lint=0
+echo "== ruff check (pyproject.toml [tool.ruff])"
+"$VENV/bin/ruff" check --no-cache edgectl runtime tests scripts || lint=$?
+echo "== mypy --strict edgectl/contract edgectl/planner (pyproject.toml [tool.mypy])"
+"$VENV/bin/mypy" --no-incremental || lint=$?
 native=0
 "$VENV/bin/pytest" -p no:cacheprovider || native=$?
 tier=0
 avx2_tier || tier=$?
-if [ "$native" -ne 0 ] || [ "$tier" -ne 0 ]; then
-    echo "== failed: this machine's ISA: pytest exit $native; the AVX2 tier: pytest exit $tier" >&2
+if [ "$lint" -ne 0 ] || [ "$native" -ne 0 ] || [ "$tier" -ne 0 ]; then
+    echo "== failed: ruff/mypy exit $lint; this machine's ISA: pytest exit $native; the AVX2 tier: pytest exit $tier" >&2
     exit 1
 fi

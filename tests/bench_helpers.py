@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from models_helpers import REPO, llama_tensors, make_model, tiny_config
+
 from edgectl.bench import report
 from edgectl.bench.core import BenchOptions, run_bench
 from edgectl.launch import worker_command
-from models_helpers import REPO, llama_tensors, make_model, tiny_config
 
 FAKE = str(Path(__file__).resolve().parent / "fake_server.py")
 HOST = REPO / "tests" / "fixtures" / "hosts" / "kvm-xeon-avx512-2c"

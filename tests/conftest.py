@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from installed import EDGECTL, runtime_missing
 from sandbox import systemd_sandbox  # noqa: F401  (one sandbox per session, shared by every module)
 

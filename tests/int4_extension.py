@@ -22,7 +22,11 @@ def dump_int4_layers(model: torch.nn.Module, path: str) -> int:
     ``NAME.zeros`` ``[N, K/g]``; returns the number of layers."""
     from safetensors.torch import save_file
 
-    from edgectl_runtime.kernels.cpu_int4 import W_ATTR, CpuInt4LinearMethod, unpack_layer
+    from edgectl_runtime.kernels.cpu_int4 import (
+        W_ATTR,
+        CpuInt4LinearMethod,
+        unpack_layer,
+    )
 
     tensors = {}
     for name, module in model.named_modules():
@@ -45,12 +49,16 @@ class Int4TestExtension(ReadbackExtension):
     def edgectl_int4_matmul_check(self, m_values: list[int]) -> dict[str, float]:
         """Max relative error, over quantized layers, of the layer's own ``apply`` against the
         dequantized weight, for activations of each M in ``m_values`` (eager, in the worker)."""
-        from edgectl_runtime.kernels.cpu_int4 import W_ATTR, CpuInt4LinearMethod, dequantized_weight
+        from edgectl_runtime.kernels.cpu_int4 import (
+            W_ATTR,
+            CpuInt4LinearMethod,
+            dequantized_weight,
+        )
 
         model = self.get_model()
         gen = torch.Generator().manual_seed(0)
         worst: dict[str, float] = {}
-        for name, module in model.named_modules():
+        for _name, module in model.named_modules():
             method = getattr(module, "quant_method", None)
             if not isinstance(method, CpuInt4LinearMethod) or not hasattr(module, W_ATTR):
                 continue
@@ -70,8 +78,8 @@ class Int4TestExtension(ReadbackExtension):
         formats.blocks.dequantize_*), of the named layers, to a safetensors file."""
         from safetensors.torch import save_file
 
-        from edgectl_runtime.kernels.cpu_int4 import W_ATTR
         from edgectl_runtime.formats import blocks
+        from edgectl_runtime.kernels.cpu_int4 import W_ATTR
 
         modules = dict(self.get_model().named_modules())
         tensors = {}

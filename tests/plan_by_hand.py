@@ -32,8 +32,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from plan_helpers import (
+    LLAMA31_8B,
+    MIB,
+    MISTRAL_7B,
+    QWEN3_8B,
+    QWEN3_17B,
+    QWEN25_05B,
+    SMOLLM2,
+    ceil_mib,
+)
+
 from edgectl.planner.ledger import MAX_BATCHED_TOKENS
-from plan_helpers import LLAMA31_8B, MIB, MISTRAL_7B, QWEN3_8B, QWEN3_17B, QWEN25_05B, SMOLLM2, ceil_mib
 
 BLOCK = 128
 

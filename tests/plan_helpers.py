@@ -19,14 +19,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from models_helpers import SHAPES
+from probe_helpers import HOSTS, REPO, run_cli
+
+from edgectl.contract.plan import Plan, Request
 from edgectl.models.facts import ModelFacts
 from edgectl.models.inspect import inspect_model
-from edgectl.contract.plan import Plan, Request
 from edgectl.planner import plan
 from edgectl.probe import HostFacts, probe
 from edgectl.profiles import Profile, load_profile, load_profiles
-from models_helpers import SHAPES
-from probe_helpers import HOSTS, REPO, run_cli
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from bench_helpers import HOST, bench, environ, fake_launchers, tiny_model
+from models_helpers import REPO, run_cli
+
 from edgectl.bench import report
 from edgectl.bench.arms import ARMS, DEFAULT_ARMS, cache_config_info, parse_arm_names
 from edgectl.bench.core import BenchOptions, run_bench
@@ -26,7 +27,6 @@ from edgectl.bench.prompts import PREFILL_TOKENS, prefill_token_ids, prompt_set
 from edgectl.bench.runner import interleaved
 from edgectl.errors import EdgectlError
 from edgectl.probe import probe
-from models_helpers import REPO, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -430,8 +430,9 @@ def test_an_isa_held_down_is_recorded_and_said() -> None:
     named in the report as emulated (the AVX2 tier's environment, tests/isa_avx2)."""
     import os
 
-    from edgectl.bench import provenance
     from installed import RUNTIME_PYTHON
+
+    from edgectl.bench import provenance
 
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
     native = provenance.runtime_info(RUNTIME_PYTHON, env)["isa"]

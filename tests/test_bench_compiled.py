@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from bench_helpers import HOST, bench, tiny_model
+
 from edgectl.probe import probe
 
 

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from bench_helpers import HOST, bench, tiny_model
+
 from edgectl.bench.measure import MIN_OVERLAP
 from edgectl.bench.prediction import memory_prediction
 from edgectl.errors import EdgectlError
@@ -86,6 +86,7 @@ def test_llama_server_gets_one_slot_per_stream(tmp_path, model_dir, facts) -> No
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     from bench_helpers import environ, fake_launchers
+
     from edgectl.bench.core import BenchOptions, run_bench
 
     opts = BenchOptions(model=str(model_dir), arms="planned,llama.cpp", passes=1, out=tmp_path / "results",

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from models_helpers import run_cli
 
 from edgectl.contract.effective import head_family
-from models_helpers import run_cli
 
 pytestmark = pytest.mark.engine
 

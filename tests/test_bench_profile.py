@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from bench_helpers import bench, environ, tiny_model
+from models_helpers import REPO
 
 from edgectl.bench import stats
 from edgectl.contract.plan import ProfileKind, ProfileRef, Request
@@ -14,8 +16,6 @@ from edgectl.errors import EdgectlError
 from edgectl.inputs import make_plan
 from edgectl.probe import probe
 from edgectl.profiles import load_profile, parse_profile
-from bench_helpers import bench, environ, tiny_model
-from models_helpers import REPO
 
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
 

@@ -13,7 +13,6 @@ import os
 import subprocess
 
 import pytest
-
 from installed import RUNTIME_PYTHON, runtime_missing
 
 pytestmark = pytest.mark.runtime

@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from models_helpers import run_cli
 
 from edgectl.client import Client
 from edgectl.serve import ask
-from models_helpers import run_cli
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -85,7 +85,9 @@ def test_a_swallowed_load_failure_keeps_its_traceback():
 
 
 def test_the_load_fix_goes_only_where_the_method_is_missing():
-    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
+    from torch._dynamo.aot_compile_types import (
+        BundledAOTAutogradSerializableCallable as Bundled,
+    )
 
     before = vars(Bundled).get("finalize_loading")
     if before is not None:

@@ -18,7 +18,6 @@ Times are printed, never asserted.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -40,7 +39,12 @@ def _mini_main(argv: list[str]) -> int:
         compile_cache.install({"EDGECTL_COMPILE_CACHE": "1"})
     from vllm.compilation.counter import compilation_counter as counter
     from vllm.compilation.decorators import support_torch_compile
-    from vllm.config import CompilationConfig, CompilationMode, VllmConfig, set_current_vllm_config
+    from vllm.config import (
+        CompilationConfig,
+        CompilationMode,
+        VllmConfig,
+        set_current_vllm_config,
+    )
 
     @support_torch_compile(dynamic_arg_dims={"x": 0})
     class Mini(nn.Module):
@@ -103,7 +107,6 @@ if __name__ == "__main__":
 # The tests (pytest side)
 
 import pytest  # noqa: E402
-
 from int4_helpers import build_tiny_llama, read_json_line, run_runtime  # noqa: E402
 
 pytestmark = pytest.mark.engine

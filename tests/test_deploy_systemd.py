@@ -23,9 +23,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from sandbox import SystemdSandbox, systemd_sandbox  # noqa: F401  (the fixture)
 
 from edgectl.deploy import QUESTION  # a question whose answer is not a near-tie
-from sandbox import SystemdSandbox, systemd_sandbox  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine]
 

@@ -8,9 +8,8 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import isa_helpers
+import pytest
 
 pytestmark = pytest.mark.isa_avx2
 

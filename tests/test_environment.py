@@ -4,13 +4,13 @@ edgectl sets anywhere is declared there, and edgectl's own are read only through
 from __future__ import annotations
 
 import pytest
+from plan_helpers import host_facts, make_plan, shape
+from probe_helpers import FIXTURE_NAMES
 
 from edgectl.contract import environment
 from edgectl.contract.environment import REGISTRY, Role
 from edgectl.errors import EdgectlError
 from edgectl.units import unit_environment
-from plan_helpers import host_facts, make_plan, shape
-from probe_helpers import FIXTURE_NAMES
 
 
 def declared(names, role: Role | None = None) -> list[str]:

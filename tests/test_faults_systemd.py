@@ -32,12 +32,12 @@ import urllib.error
 import urllib.request
 
 import pytest
+from sandbox import host_dirs_restored, systemd_sandbox, unique_name  # noqa: F401  (the fixture)
 
 from edgectl.contract.plan import Plan
 from edgectl.deploy import QUESTION
 from edgectl.systemd import failures_from_journal
 from edgectl.units import render_unit
-from sandbox import host_dirs_restored, systemd_sandbox, unique_name  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine]
 

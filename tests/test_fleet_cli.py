@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from probe_helpers import GIB, copy_host, host, probe_json, run_cli
 
+from edgectl.contract.plan import Request
 from edgectl.fleet.fleet import planning_environment
 from edgectl.fleet.labels import NAMESPACE, class_facts, parse_feature_file
-from edgectl.contract.plan import Request
 from edgectl.inputs import make_plan
-from probe_helpers import GIB, copy_host, host, probe_json, run_cli
 
 MODEL = "smollm2-135m"
 

@@ -18,13 +18,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from plan_helpers import SMOLLM2, make_plan, shape
+from probe_helpers import FIXTURE_NAMES, GIB, host, run_cli
 
 from edgectl.errors import EdgectlError
 from edgectl.fleet import labels as L
 from edgectl.inputs import load_all_profiles
 from edgectl.probe import HostFacts, probe
-from plan_helpers import SMOLLM2, make_plan, shape
-from probe_helpers import FIXTURE_NAMES, GIB, host, run_cli
 
 GOLDEN = Path(__file__).parent / "golden" / "nfd"
 

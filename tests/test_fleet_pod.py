@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgectl.probe import DeviceClass, probe
 from plan_helpers import SMOLLM2, make_plan, shape
 from probe_helpers import GIB, KIB, MIB, copy_host, host
+
+from edgectl.probe import DeviceClass, probe
 
 POD = "k8s-pod-cgroup2"
 

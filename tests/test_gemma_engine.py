@@ -34,11 +34,9 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.exit(_engine_main(sys.argv[1:]))
 
-import os  # noqa: E402
 import subprocess  # noqa: E402
 
 import pytest  # noqa: E402
-
 from installed import EDGECTL  # noqa: E402
 from int4_helpers import read_json_line, run_runtime  # noqa: E402
 

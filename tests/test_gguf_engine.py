@@ -39,7 +39,6 @@ if __name__ == "__main__":
     sys.exit(_engine_main(sys.argv[1:]))
 
 import pytest  # noqa: E402
-
 from int4_helpers import read_json_line, run_runtime  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.isa_avx2]

@@ -5,8 +5,6 @@ again; the answer is the one vLLM's subprocess gives, and it still reaches vLLM'
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 

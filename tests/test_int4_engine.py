@@ -92,11 +92,16 @@ if __name__ == "__main__":
 # ---------------------------------------------------------------------------------------------
 # The tests (pytest side)
 
-import pytest  # noqa: E402
-
 import isa_helpers  # noqa: E402
+import pytest  # noqa: E402
+from int4_helpers import (  # noqa: E402
+    build_tiny_llama,
+    read_json_line,
+    run_runtime,
+    write_gptq_checkpoint,
+)
+
 from edgectl.deploy import QUESTION  # noqa: E402  (a question whose answer is not a near-tie)
-from int4_helpers import build_tiny_llama, read_json_line, run_runtime, write_gptq_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -451,7 +456,7 @@ def test_portable_checkpoint_on_edgectl_kernels(work, portable, tiny):
     assert rb["quantization"]["source"] == "portable" and rb["quantization"]["kernel"] == "edgectl"
     assert rb["formats"] == {"bf16-tied-embedding": 1, "w4a8/b32": 8}
     dumped = load_file(result["dump_path"])
-    for name, (q, s, z) in reference_int4(tiny).items():
+    for name, (q, s, _z) in reference_int4(tiny).items():
         assert torch.equal(dumped[f"{name}.q"], q), name
         # (q - 8) * s + z == d * q + m with d = s, m = z - 8 s rounded to fp16; edgectl's blocks are
         # 32 columns, so each of the checkpoint's groups of g columns is g / 32 blocks with its scale

@@ -17,6 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from int4_helpers import runtime_env  # noqa: E402
+
 from edgectl_runtime.formats.groups import (  # noqa: E402
     dequantize_int4,
     pack_nibbles,
@@ -24,7 +26,6 @@ from edgectl_runtime.formats.groups import (  # noqa: E402
     unpack_nibbles,
 )
 from edgectl_runtime.kernels.ops import tinygemm, wna16  # noqa: E402
-from int4_helpers import runtime_env  # noqa: E402
 
 GROUPS = (32, 64, 128, 256)
 MS = (1, 3, 17, 64)

@@ -15,9 +15,9 @@ pytest.importorskip("vllm")
 
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # noqa: E402
 
+from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4  # noqa: E402
 from edgectl_runtime.kernels import cpu_int4  # noqa: E402
 from edgectl_runtime.kernels.cpu_int4 import kernel_torch  # noqa: E402
-from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4  # noqa: E402
 from edgectl_runtime.kernels.ops import tinygemm, wna16  # noqa: E402
 
 BF16 = torch.bfloat16

@@ -20,15 +20,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
-
-import pytest
 
 import isa_helpers
-from edgectl.launch import worker_command
-from edgectl.deploy import QUESTION
+import pytest
 from installed import RUNTIME_PYTHON
 from int4_helpers import REPO, read_json_line, runtime_env
+
+from edgectl.deploy import QUESTION
+from edgectl.launch import worker_command
 
 pytestmark = pytest.mark.isa_avx2
 

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from int4_helpers import runtime_env
 
 from edgectl.contract.plan import WeightFormat
-from int4_helpers import runtime_env
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from edgectl_runtime.tools.diagnostics import microbench, report as kernels  # noqa: E402
+from edgectl_runtime.tools.diagnostics import microbench  # noqa: E402
+from edgectl_runtime.tools.diagnostics import report as kernels
 
 MATRIX = yaml.safe_load((Path(__file__).parent / "data" / "vllm_kernels.yaml").read_text())
 

@@ -157,7 +157,7 @@ def test_status_fetches_the_attribution_from_the_worker_and_prints_it():
         st = DeploymentStatus("x", "edgectl-x.service", "active", "running", "", 0, 1.0, None, None, None, None,
                               attribution=got)
         text = st.render_text()
-        assert "where the worker's memory goes" in text and f"attributed" in text and "torch" in text
+        assert "where the worker's memory goes" in text and "attributed" in text and "torch" in text
         assert st.to_dict()["attribution"] == att
         answers[MEMORY_ROUTE] = {"schema": "something/1"}
         assert attribution_of(client) == (None, "the worker answered something else than edgectl.memory/1")

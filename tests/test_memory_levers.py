@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import isa_helpers
 import pytest
+from plan_helpers import SMOLLM2, host_facts, make_plan, reasons_by_decision, shape
+from probe_helpers import FIXTURE_NAMES
 
 from edgectl import launch
-from edgectl.contract import environment, worker
+from edgectl.contract import environment
 from edgectl.contract.effective import mismatches
 from edgectl.contract.plan import EmbeddingPack, KvCacheDtype, OptionalImports
 from edgectl.contract.vllm_args import server_args
 from edgectl.errors import EdgectlError
 from edgectl.units import render_unit
-import isa_helpers
-from plan_helpers import SMOLLM2, host_facts, make_plan, reasons_by_decision, shape
-from probe_helpers import FIXTURE_NAMES
 
 AMX = "xeon-spr-amx-2s"
 

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from models_helpers import REPO
 
 from edgectl.models import architectures
-from models_helpers import REPO
 
 
 def test_list_is_clean() -> None:

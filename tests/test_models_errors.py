@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from models_helpers import make_model, run_cli, tiny_config
 
 from edgectl.models import inspect_model
-from models_helpers import make_model, run_cli, tiny_config
 
 
 def _truncate(path: Path, size: int) -> None:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from edgectl.errors import EdgectlError
-from edgectl.contract.gguf_header import GGML_TYPES, SkippedArray, read_gguf
-from edgectl.models.gguf_inspect import inspect_gguf
 from models_helpers import run_cli
+
+from edgectl.contract.gguf_header import GGML_TYPES, SkippedArray, read_gguf
+from edgectl.errors import EdgectlError
+from edgectl.models.gguf_inspect import inspect_gguf
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType

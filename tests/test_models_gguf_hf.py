@@ -9,12 +9,12 @@ import os
 from pathlib import Path
 
 import pytest
-
-from edgectl.errors import EdgectlError
-from edgectl.contract import gguf_names
-from edgectl.models import gguf_hf
-from edgectl.contract.gguf_header import read_gguf
 from test_models_gguf import write_tiny
+
+from edgectl.contract import gguf_names
+from edgectl.contract.gguf_header import read_gguf
+from edgectl.errors import EdgectlError
+from edgectl.models import gguf_hf
 
 gguf = pytest.importorskip("gguf")
 

@@ -8,10 +8,18 @@ import math
 from pathlib import Path
 
 import pytest
+from models_helpers import (
+    SHAPES,
+    TINY,
+    copy_shape,
+    llama_tensors,
+    make_model,
+    tiny_config,
+    write_safetensors,
+)
 
 from edgectl.errors import EdgectlError
 from edgectl.models import ModelFacts, inspect_model
-from models_helpers import SHAPES, TINY, copy_shape, llama_tensors, make_model, tiny_config, write_safetensors
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 

@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 import pytest
+from models_helpers import REPO, SHAPES, make_model, run_cli
 
-from edgectl.errors import EdgectlError
+from edgectl import launch
 from edgectl.bench import agreement
+from edgectl.errors import EdgectlError
 from edgectl.models import CATALOG, inspect_model, list_models, resolve_model
 from edgectl.models.cache import MANIFEST_NAME, check_model_dir
-from edgectl import launch
 from edgectl.models.pull import ensure_pulled, pull_entry
-from models_helpers import REPO, SHAPES, make_model, run_cli
 
 ENTRY = CATALOG["smollm2-135m"]
 

@@ -9,11 +9,11 @@ import stat
 from pathlib import Path
 
 import pytest
+from models_helpers import SHAPES
 
 from edgectl.errors import EdgectlError
 from edgectl.models import CATALOG, inspect_model, read_manifest, resolve_model
 from edgectl.models.cache import check_model_dir
-from models_helpers import SHAPES
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from models_helpers import run_cli
 
-from edgectl.errors import EdgectlError
+from edgectl import launch
 from edgectl.bench import agreement
+from edgectl.errors import EdgectlError
 from edgectl.models import CATALOG, list_models, read_manifest
 from edgectl.models.pull import pull_entry
-from edgectl import launch
-from installed import runtime_missing
-from models_helpers import run_cli
 
 ENTRY = CATALOG["synth-llama-1b"]
 TINY_CONFIG = {**ENTRY.synthetic.config, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

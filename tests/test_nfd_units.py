@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from edgectl.errors import EdgectlError
-from edgectl.fleet.labels import parse_feature_file
-from edgectl.fleet.labels import EXPIRY, REFRESH_INTERVAL
+from edgectl.fleet.labels import EXPIRY, REFRESH_INTERVAL, parse_feature_file
 from edgectl.units import NFD_SERVICE, NFD_TIMER, render_nfd_units
 
 GOLDEN = Path(__file__).parent / "golden" / "nfd-units"

@@ -24,11 +24,11 @@ import re
 import time
 
 import pytest
+from sandbox import host_dirs_restored, systemd_sandbox, unique_name  # noqa: F401  (the fixture)
+from test_deploy_systemd import edgectl
 
 from edgectl.errors import EXIT_FAILED
 from edgectl.output import mib
-from sandbox import host_dirs_restored, systemd_sandbox, unique_name  # noqa: F401  (the fixture)
-from test_deploy_systemd import edgectl
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine]
 

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgectl_runtime.kernels import ops  # noqa: E402
 from edgectl_runtime.formats import blocks  # noqa: E402
+from edgectl_runtime.kernels import ops  # noqa: E402
 from edgectl_runtime.kernels.ops import reference  # noqa: E402
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

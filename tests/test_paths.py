@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgectl import paths
 from models_helpers import REPO
+
+from edgectl import paths
 
 CODE = ("import edgectl.paths as p; print(p.checkout()); print(p.runtime_dir()); "
         "print(p.profiles_dir()); print(p.units_dir())")

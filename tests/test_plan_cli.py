@@ -16,12 +16,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from edgectl.errors import EdgectlError
-from edgectl.inputs import render_plan
-from edgectl.models.inspect import inspect_model
-from edgectl.probe import HostFacts, probe
-from edgectl.profiles import select_profile
 from models_helpers import SHAPES, run_cli
 from plan_helpers import (
     QWEN3_17B,
@@ -36,6 +30,12 @@ from plan_helpers import (
     write_profile,
 )
 from probe_helpers import FIXTURE_NAMES
+
+from edgectl.errors import EdgectlError
+from edgectl.inputs import render_plan
+from edgectl.models.inspect import inspect_model
+from edgectl.probe import HostFacts, probe
+from edgectl.profiles import select_profile
 
 # ---- the JSON contract (edgectl/contract/plan.py: every field, units in the names) -----------------
 

@@ -7,7 +7,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from plan_helpers import SMOLLM2, host_facts, make_plan, profile_from_yaml, profile_yaml, reasons_by_decision, shape
+from plan_helpers import (
+    SMOLLM2,
+    host_facts,
+    make_plan,
+    profile_from_yaml,
+    profile_yaml,
+    reasons_by_decision,
+    shape,
+)
+
 from edgectl.output import MiB
 from edgectl.planner.ledger import FALLBACK_COMPILE_PEAK_RATIO, MAX_HEADROOM
 from edgectl.planner.service import MIN_START_S, UNMEASURED_READY_S

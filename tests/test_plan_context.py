@@ -15,10 +15,6 @@ import textwrap
 from dataclasses import replace
 
 import pytest
-
-from edgectl.contract import environment
-from edgectl.errors import EdgectlError
-from edgectl.planner.ledger import MAX_BATCHED_TOKENS
 from plan_by_hand import HOSTS, QWEN17, ledger
 from plan_helpers import (
     LLAMA31_8B,
@@ -34,6 +30,10 @@ from plan_helpers import (
     shape,
     with_memory,
 )
+
+from edgectl.contract import environment
+from edgectl.errors import EdgectlError
+from edgectl.planner.ledger import MAX_BATCHED_TOKENS
 
 # ---- the largest context that fits, and its caps -------------------------------------------------
 

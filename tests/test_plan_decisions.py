@@ -10,26 +10,26 @@ import json
 from pathlib import Path
 
 import pytest
-
-from edgectl.contract.plan import ProfileKind, ProfileRef
-from edgectl.errors import EdgectlError
-from edgectl.inputs import render_plan
-from edgectl.probe import AmxPermission, NumaNode
 from plan_helpers import (
     FROZEN_PROFILES,
     LLAMA31_8B,
     QWEN3_17B,
     SMOLLM2,
+    frozen_profiles,
     host_facts,
     make_plan,
     profile_from_yaml,
     profile_yaml,
     reasons_by_decision,
-    frozen_profiles,
     shape,
     with_cpu,
     with_topology,
 )
+
+from edgectl.contract.plan import ProfileKind, ProfileRef
+from edgectl.errors import EdgectlError
+from edgectl.inputs import render_plan
+from edgectl.probe import AmxPermission, NumaNode
 
 # ---- kernels the host cannot run ---------------------------------------------------------------
 

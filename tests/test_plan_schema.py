@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from plan_helpers import host_facts, make_plan, shape
 
 from edgectl.contract import codec
 from edgectl.contract.plan import Plan, Source, Topology, WeightFormat
 from edgectl.errors import EdgectlError
-from plan_helpers import host_facts, make_plan, shape
 
 OLD_PLANS = sorted((Path(__file__).parent / "fixtures" / "plans").glob("*.json"))
 

@@ -8,10 +8,18 @@ planner against them.
 from __future__ import annotations
 
 import pytest
-
-from edgectl.errors import EdgectlError
-from edgectl.planner.ledger import MAX_BATCHED_TOKENS
-from plan_by_hand import BLOCK, BY_HAND, HOSTS, LLAMA8, MISTRAL, QWEN05, QWEN8, QWEN17, SMOL, ledger
+from plan_by_hand import (
+    BLOCK,
+    BY_HAND,
+    HOSTS,
+    LLAMA8,
+    MISTRAL,
+    QWEN05,
+    QWEN8,
+    QWEN17,
+    SMOL,
+    ledger,
+)
 from plan_helpers import (
     GIB,
     LLAMA31_8B,
@@ -28,6 +36,9 @@ from plan_helpers import (
     shape,
 )
 from probe_helpers import FIXTURE_NAMES
+
+from edgectl.errors import EdgectlError
+from edgectl.planner.ledger import MAX_BATCHED_TOKENS
 
 
 def test_the_hand_sums_add_up():

@@ -12,12 +12,25 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from plan_helpers import (
+    SMOLLM2,
+    host_facts,
+    make_plan,
+    profile_from_yaml,
+    profile_yaml,
+    reasons_by_decision,
+    shape,
+    shipped_profiles,
+)
 
 from edgectl.contract.plan import Source
-from edgectl.planner.service import (UNMEASURED_STEP_S, longest_step_s, start_for_ready, watchdog_for_step)
+from edgectl.planner.service import (
+    UNMEASURED_STEP_S,
+    longest_step_s,
+    start_for_ready,
+    watchdog_for_step,
+)
 from edgectl.profiles import select_profile
-from plan_helpers import (SMOLLM2, host_facts, make_plan, profile_from_yaml, profile_yaml, reasons_by_decision,
-                          shape, shipped_profiles)
 
 
 def test_the_watchdog_rule():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from int4_helpers import RUNTIME_PYTHON, runtime_env
 
 ARCH_GET_XCOMP_PERM = 0x1022  # arch/x86/include/uapi/asm/prctl.h

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from probe_helpers import cli_env, copy_host, host, probe_json, run_cli, unknown_facts
 
 

@@ -10,9 +10,9 @@ budget = min(MemAvailable, cgroup limit − cgroup usage) − reserve, usage = u
 from __future__ import annotations
 
 import pytest
+from probe_helpers import FIXTURE_NAMES, GIB, KIB, MIB, copy_host, host
 
 from edgectl.probe import AmxPermission, DeviceClass, HostFacts, probe
-from probe_helpers import FIXTURE_NAMES, GIB, KIB, MIB, copy_host, host
 
 # ---- the real capture of this machine ----------------------------------------------------------
 

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from probe_helpers import probe_json
 
 from edgectl.probe import AmxPermission, DeviceClass, probe
 from edgectl.probe import cpuid as cpuid_mod
-from probe_helpers import probe_json
 
 pytestmark = pytest.mark.host
 

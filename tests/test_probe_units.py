@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from probe_helpers import GIB, MIB, host
 
 from edgectl.errors import EdgectlError
 from edgectl.probe import AmxPermission, CpuFacts, DeviceClass, HostFacts, Isa, probe
@@ -14,7 +15,6 @@ from edgectl.probe.cpu import device_class, parse_cpuinfo
 from edgectl.probe.cpuid import decode_leaves, xcr0_needed
 from edgectl.probe.formats import format_cpu_list, parse_cpu_list, parse_meminfo
 from edgectl.probe.memory import reserve_bytes
-from probe_helpers import GIB, MIB, host
 
 # ---- formats ---------------------------------------------------------------------------------
 

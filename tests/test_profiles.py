@@ -13,18 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from edgectl.contract.plan import ProfileRef, WeightFormat
-from edgectl.errors import EdgectlError
-from edgectl.profiles import (
-    RECORDED_NOT_SERVED,
-    Figure,
-    Profile,
-    load_profile,
-    load_profiles,
-    parse_profile,
-    select_profile,
-)
 from plan_helpers import (
     FROZEN_PROFILES,
     SHIPPED_PROFILES,
@@ -41,6 +29,18 @@ from plan_helpers import (
     write_profile,
 )
 from probe_helpers import FIXTURE_NAMES
+
+from edgectl.contract.plan import ProfileRef, WeightFormat
+from edgectl.errors import EdgectlError
+from edgectl.profiles import (
+    RECORDED_NOT_SERVED,
+    Figure,
+    Profile,
+    load_profile,
+    load_profiles,
+    parse_profile,
+    select_profile,
+)
 
 # A valid measured profile; each case below breaks one field of it.
 GOOD = """\

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from edgectl.bench import agreement
-from edgectl.llamacpp import find_llama_server
 from edgectl.errors import EdgectlError
+from edgectl.llamacpp import find_llama_server
 from edgectl.models.cache import MANIFEST_NAME
 
 

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from int4_helpers import REPO, RUNTIME_PYTHON, build_tiny_llama, python_has, runtime_env
 
 needs_runtime = pytest.mark.skipif(not python_has("transformers"), reason="the runtime interpreter lacks transformers")
@@ -39,7 +38,11 @@ def test_quantize_writes_a_portable_checkpoint_that_round_trips(tiny, tmp_path):
     import torch
     from safetensors import safe_open
 
-    from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4, unpack_nibbles
+    from edgectl_runtime.formats.groups import (
+        dequantize_int4,
+        quantize_int4,
+        unpack_nibbles,
+    )
 
     out = tmp_path / "q4"
     done = edgectl("quantize", str(tiny), str(out), "--group-size", "128", "--json")

@@ -14,10 +14,18 @@ from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding  # 
 from vllm.model_executor.layers.rotary_embedding.dynamic_ntk_scaling_rope import (  # noqa: E402
     DynamicNTKScalingRotaryEmbedding,
 )
-from vllm.model_executor.layers.rotary_embedding.linear_scaling_rope import LinearScalingRotaryEmbedding  # noqa: E402
-from vllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3RotaryEmbedding  # noqa: E402
-from vllm.model_executor.layers.rotary_embedding.ntk_scaling_rope import NTKScalingRotaryEmbedding  # noqa: E402
-from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding  # noqa: E402
+from vllm.model_executor.layers.rotary_embedding.linear_scaling_rope import (
+    LinearScalingRotaryEmbedding,  # noqa: E402
+)
+from vllm.model_executor.layers.rotary_embedding.llama3_rope import (
+    Llama3RotaryEmbedding,  # noqa: E402
+)
+from vllm.model_executor.layers.rotary_embedding.ntk_scaling_rope import (
+    NTKScalingRotaryEmbedding,  # noqa: E402
+)
+from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import (
+    YaRNScalingRotaryEmbedding,  # noqa: E402
+)
 
 from edgectl_runtime.vllm_plugin import rope  # noqa: E402
 

@@ -11,7 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox import MASKED_UNITS, SystemdSandbox, host_dirs_restored, unique_name, why_no_sandbox
+from sandbox import (
+    MASKED_UNITS,
+    SystemdSandbox,
+    host_dirs_restored,
+    unique_name,
+    why_no_sandbox,
+)
 
 pytestmark = pytest.mark.systemd
 

@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import json
 
+from plan_helpers import host_facts, make_plan, shape
+
 from edgectl.output import mib
 from edgectl.status import DeploymentStatus
-from plan_helpers import host_facts, make_plan, shape
-from edgectl.systemd import (PROCESS_EXIT_MESSAGE, RESTART_SCHEDULED_MESSAGE, UNIT_FAILED_MESSAGE, Failure,
-                             failure_from_properties, failures_from_journal, oom_kills_from_journal, parse_timespan_s,
-                             restarts_by_oom)
+from edgectl.systemd import (
+    PROCESS_EXIT_MESSAGE,
+    RESTART_SCHEDULED_MESSAGE,
+    UNIT_FAILED_MESSAGE,
+    Failure,
+    failure_from_properties,
+    failures_from_journal,
+    oom_kills_from_journal,
+    parse_timespan_s,
+    restarts_by_oom,
+)
 
 RUN1, RUN2 = "5455a1fb5cbc4d8e94514ef242c29666", "22f811d4fd964653a867793bcae98c0b"
 JOURNAL = "\n".join(json.dumps(e) for e in [

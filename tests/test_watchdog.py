@@ -10,15 +10,16 @@ the real engine: tests/test_faults_systemd.py.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from models_helpers import REPO
+from plan_helpers import SMOLLM2, host_facts, make_plan, shape
 
 from edgectl.contract import worker as contract
 from edgectl.contract.plan import Plan
@@ -26,8 +27,6 @@ from edgectl.errors import EdgectlError
 from edgectl.units import render_unit
 from edgectl_runtime.service.notify import Watchdog
 from edgectl_runtime.service.worker import Service, refused_test_faults
-from models_helpers import REPO
-from plan_helpers import SMOLLM2, host_facts, make_plan, shape
 
 V2 = "0::/system.slice/edgectl-chat.service\n"
 V1 = ("12:memory:/system.slice/edgectl-chat.service\n1:name=systemd:/system.slice/edgectl-chat.service\n"

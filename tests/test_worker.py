@@ -19,13 +19,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 import isa_helpers
-from edgectl.launch import worker_command
-
+import pytest
 from installed import RUNTIME_PYTHON
 from models_helpers import REPO
+
+from edgectl.launch import worker_command
 
 
 def _plan_for(model: str, port: int, tmp_path: Path, *args: str, **changes) -> Path:

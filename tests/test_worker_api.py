@@ -17,9 +17,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import isa_helpers
 import pytest
 
-import isa_helpers
 from edgectl.launch import worker_command
 
 pytestmark = pytest.mark.isa_avx2

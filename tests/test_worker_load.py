@@ -14,7 +14,6 @@ import threading
 import time
 
 import pytest
-
 from installed import RUNTIME_PYTHON
 from models_helpers import REPO
 from test_worker import _env, _free_port, _get, _worker

@@ -23,11 +23,11 @@ from typing import Any
 
 from edgectl import launch
 from edgectl.bench import fidelity
-from edgectl.contract import fidelity as scoring
 from edgectl.bench.prompts import prompt_set
-from edgectl.contract.fidelity import PromptSet
 from edgectl.client import Client, HttpFailed
+from edgectl.contract import fidelity as scoring
 from edgectl.contract import worker
+from edgectl.contract.fidelity import PromptSet
 from edgectl.contract.plan import Request
 from edgectl.errors import EdgectlError
 
@@ -62,10 +62,10 @@ def check(model_dir: Path, gguf: Path, environ: Mapping[str, str], progress: Cal
           logs: Path) -> dict[str, Any]:
     """Top-1 agreement of edgectl with llama-server on ``PROMPTS`` prompts; the record the manifest
     keeps. ``{"checked": False, "why": ...}`` when no llama-server runs here."""
-    from edgectl.llamacpp import find_llama_server
     from edgectl.bench.server import ServerProcess, free_port
     from edgectl.contract import environment
     from edgectl.inputs import make_plan
+    from edgectl.llamacpp import find_llama_server
     from edgectl.probe import probe
 
     host = probe("/", environ=environ)

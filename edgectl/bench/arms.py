@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from edgectl import launch
-from edgectl.client import Client, HttpFailed
 from edgectl.bench.server import ServerProcess
+from edgectl.client import Client, HttpFailed
 from edgectl.contract import worker
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
 from edgectl.contract.effective import is_int4, mismatches

@@ -18,15 +18,23 @@ from typing import TYPE_CHECKING, Any
 
 from edgectl.bench import provenance as prov
 from edgectl.bench import report
-from edgectl.bench.arms import (ARMS, CONTROL, QUIET_S, BenchContext, Launcher, PreparedArm, parse_arm_names,
-                                prepare_arms)
-from edgectl.llamacpp import LlamaServer, find_llama_server
+from edgectl.bench.arms import (
+    ARMS,
+    CONTROL,
+    QUIET_S,
+    BenchContext,
+    Launcher,
+    PreparedArm,
+    parse_arm_names,
+    prepare_arms,
+)
 from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
 from edgectl.bench.runner import attach_fidelity, interleaved, run_grid, utc_now
 from edgectl.contract import environment
 from edgectl.contract.fidelity import PromptSet
 from edgectl.errors import EdgectlError
+from edgectl.llamacpp import LlamaServer, find_llama_server
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Plan
@@ -98,9 +106,8 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
 
     from edgectl.contract.plan import Request
     from edgectl.inputs import make_plan
-    from edgectl.probe import probe
-
     from edgectl.models.cache import resolve_model
+    from edgectl.probe import probe
 
     resolve_model(opts.model, environ)  # a catalog model must be pulled; a directory must exist
     started = _dt.datetime.now(_dt.timezone.utc)

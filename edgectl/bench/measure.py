@@ -26,9 +26,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from edgectl.client import Client, HttpFailed
 from edgectl.bench.prompts import DECODE_TOKENS
-
+from edgectl.client import Client, HttpFailed
 
 # The share of each stream's decode span that must overlap every other stream's (concurrent_decode).
 MIN_OVERLAP = 0.8

@@ -19,7 +19,6 @@ from edgectl import paths
 from edgectl.contract import environment
 from edgectl.errors import EdgectlError
 
-
 _RUNTIME_INFO = r"""
 import json, sys
 from importlib import metadata

@@ -12,9 +12,9 @@ Rules that keep a ratio from being quoted wrongly:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 from edgectl.atomic import write_text_atomic

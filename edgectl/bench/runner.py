@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.bench import fidelity as fid
-from edgectl.contract import fidelity as scoring
-from edgectl.contract.fidelity import PromptSet
 from edgectl.bench import measure, soak
 from edgectl.bench.arms import BenchContext, Crashed, PreparedArm, WorkerArm
-from edgectl.client import Client, HttpFailed
-from edgectl.contract.procmem import TreeMem
 from edgectl.bench.prompts import ids_digest, prefill_token_ids
 from edgectl.bench.server import ServerProcess, free_port
+from edgectl.client import Client, HttpFailed
+from edgectl.contract import fidelity as scoring
+from edgectl.contract.fidelity import PromptSet
+from edgectl.contract.procmem import TreeMem
 
 OK, INVALID, CRASHED = "ok", "invalid", "crashed"
 Progress = Callable[[str], None]

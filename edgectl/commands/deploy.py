@@ -7,7 +7,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from edgectl.commands.plan import Compilation, Format, GroupSize, KvDtype, MaxModelLen, MaxNumSeqs, Threads
+from edgectl.commands.plan import (
+    Compilation,
+    Format,
+    GroupSize,
+    KvDtype,
+    MaxModelLen,
+    MaxNumSeqs,
+    Threads,
+)
 from edgectl.contract.plan import DEFAULT_HOST, DEFAULT_NAME, DEFAULT_PORT, Request
 from edgectl.output import emit, progress
 

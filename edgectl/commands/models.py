@@ -47,8 +47,8 @@ def models_inspect(
     """Show a model's shape, context, weight bytes and tokenizer, without loading it."""
     from pathlib import Path
 
-    from edgectl.models import CATALOG, inspect_model, resolve_model
     from edgectl.contract.gguf_header import is_gguf
+    from edgectl.models import CATALOG, inspect_model, resolve_model
     from edgectl.models.gguf_inspect import inspect_gguf
 
     if model not in CATALOG and is_gguf(Path(model).expanduser()):

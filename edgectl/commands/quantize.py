@@ -20,7 +20,11 @@ import typer
 
 from edgectl import launch
 from edgectl.contract import environment
-from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE, PORTABLE_FORMAT
+from edgectl.contract.int4_layout import (
+    ALLOWED_GROUP_SIZES,
+    DEFAULT_GROUP_SIZE,
+    PORTABLE_FORMAT,
+)
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
 from edgectl.output import emit, progress
 

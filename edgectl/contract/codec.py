@@ -96,7 +96,7 @@ def _read(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
         except ValueError:
             allowed = ", ".join(str(m.value) for m in tp)
             return _fail(problems, path, f"{value!r} is not one of {allowed}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _read_dataclass(tp, value, path, problems)
     if origin in (list, tuple):
         return _read_sequence(tp, value, path, problems)

@@ -51,7 +51,7 @@ SCHEMA = "edgectl.effective/1"
 
 def is_int4(fmt: str | None) -> bool:
     """Whether a read-back layer format is 4-bit (edgectl's cpu_int4, or a w4a* kernel)."""
-    return bool(fmt) and (fmt.startswith("cpu_int4") or fmt.startswith("w4a"))
+    return fmt is not None and fmt.startswith(("cpu_int4", "w4a"))
 
 
 def head_family(fmt: str | None) -> str:

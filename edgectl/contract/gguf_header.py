@@ -159,10 +159,10 @@ class _Reader:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
     def u32(self) -> int:
-        return self.scalar("<I")
+        return int(self.scalar("<I"))
 
     def u64(self) -> int:
-        return self.scalar("<Q")
+        return int(self.scalar("<Q"))
 
     def string(self, what: str) -> str:
         n = self.u64()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -139,7 +140,7 @@ def _nonempty(text: str) -> str | None:
     return None if text else "expected a non-empty string"
 
 
-def _at_least(minimum: float):
+def _at_least(minimum: float) -> Callable[[float], str | None]:
     def rule(value: float) -> str | None:
         return None if value >= minimum else f"expected a number >= {minimum}, got {value!r}"
     return rule
@@ -198,7 +199,8 @@ class Request:
     watchdog_s: int | None = None  # WatchdogSec; default: from the predicted longest engine step
 
     def to_dict(self) -> dict[str, Any]:
-        return codec.to_json(self)
+        data: dict[str, Any] = codec.to_json(self)
+        return data
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,8 @@ class Reason:
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
-        return codec.to_json(self)
+        data: dict[str, Any] = codec.to_json(self)
+        return data
 
 
 @dataclass(frozen=True)
@@ -260,7 +263,7 @@ class Memory:
     limit_bytes: int = field(metadata=check(_at_least(1)))
 
     @classmethod
-    def _cross_check(cls, v: dict[str, Any]):
+    def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
         if "high_bytes" in v and "limit_bytes" in v and v["high_bytes"] > v["limit_bytes"]:
             yield "high_bytes", f"{v['high_bytes']} is above limit_bytes {v['limit_bytes']}"
 
@@ -320,7 +323,7 @@ class Plan:
     request: Request
 
     @classmethod
-    def _cross_check(cls, v: dict[str, Any]):
+    def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
         if "levers" in v and "topology" in v and v["levers"].topology != v["topology"]:
             yield "levers.topology", f"{v['levers'].topology} differs from topology {v['topology']}"
 
@@ -379,7 +382,7 @@ class Plan:
             problems.append(f"plan.kv_cache_bytes: {kv!r} differs from memory.kv_cache_bytes {ledger_kv}")
         if problems:
             raise EdgectlError(where + problems[0], details=[where + p for p in problems[1:]])
-        assert plan is not None
+        assert isinstance(plan, Plan)
         return plan
 
     @classmethod

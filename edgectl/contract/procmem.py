@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 KiB = 1024
 
@@ -49,7 +50,7 @@ class TreeMem:
     def pss_file_bytes(self) -> int:
         return sum(p.pss_file_bytes for p in self.processes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"pss_bytes": self.pss_bytes, "pss_anon_bytes": self.pss_anon_bytes,
                 "pss_file_bytes": self.pss_file_bytes, "processes": [p.to_dict() for p in self.processes],
                 "unreadable_pids": list(self.unreadable)}

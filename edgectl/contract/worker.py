@@ -29,7 +29,7 @@ def systemd_unit(proc_self_cgroup: str) -> str | None:
 
 def is_deployment_unit(unit: str | None) -> bool:
     """Whether ``unit`` is named as the units edgectl writes are."""
-    return bool(unit) and unit.startswith(UNIT_PREFIX) and unit.endswith(".service")
+    return unit is not None and unit.startswith(UNIT_PREFIX) and unit.endswith(".service")
 
 
 # -- exit codes ---------------------------------------------------------------------------------

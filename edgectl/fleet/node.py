@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from edgectl.contract import environment
 from edgectl.atomic import write_text_atomic
+from edgectl.contract import environment
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.fleet.labels import (
     EXPIRY,

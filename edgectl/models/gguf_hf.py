@@ -10,7 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from edgectl.contract.gguf_header import GGUFHeader
-from edgectl.models.gguf_metadata import ARCHITECTURES, layer_types, positive, vocab_size
+from edgectl.models.gguf_metadata import (
+    ARCHITECTURES,
+    layer_types,
+    positive,
+    vocab_size,
+)
 
 
 def hf_config(header: GGUFHeader) -> dict[str, Any]:

@@ -21,7 +21,13 @@ from edgectl.contract.gguf_names import LINEAR_NAMES
 from edgectl.contract.gguf_types import NATIVE_BITS, SERVED_TYPES
 from edgectl.models import architectures
 from edgectl.models.facts import LinearLayer, ModelFacts, ParamBytes, natural_key
-from edgectl.models.gguf_metadata import ARCHITECTURES, bad, layer_types, positive, vocab_size
+from edgectl.models.gguf_metadata import (
+    ARCHITECTURES,
+    bad,
+    layer_types,
+    positive,
+    vocab_size,
+)
 
 # The layers vLLM merges (its packed_modules_mapping: qkv_proj, gate_up_proj).
 _MERGED = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "ffn_gate": "gate_up", "ffn_up": "gate_up"}

@@ -19,7 +19,12 @@ from edgectl.models import config_json
 from edgectl.models.facts import ModelFacts
 from edgectl.models.gguf_inspect import inspect_gguf
 from edgectl.models.safetensors_header import TensorInfo, read_model_tensors
-from edgectl.models.tokenizer_files import TOKENIZER_FILES, has_chat_template, has_tokenizer, tokenizer_cost
+from edgectl.models.tokenizer_files import (
+    TOKENIZER_FILES,
+    has_chat_template,
+    has_tokenizer,
+    tokenizer_cost,
+)
 from edgectl.models.weights import (
     CONFIG_LAYOUTS,
     ModelShape,

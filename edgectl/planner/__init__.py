@@ -26,7 +26,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from edgectl.contract.plan import Levers, ModelRef, Plan, ProfileRef, Request, Serve, WeightFormat
+from edgectl.contract.plan import (
+    Levers,
+    ModelRef,
+    Plan,
+    ProfileRef,
+    Request,
+    Serve,
+    WeightFormat,
+)
 from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Reasons
@@ -39,7 +47,11 @@ from edgectl.planner.engine import (
     choose_topology,
 )
 from edgectl.planner.fit import fit_weights_and_context
-from edgectl.planner.formats import checkpoint_format, choose_group_size, runnable_formats
+from edgectl.planner.formats import (
+    checkpoint_format,
+    choose_group_size,
+    runnable_formats,
+)
 from edgectl.planner.kv_dtype import kv_dtype_candidates
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request

@@ -9,8 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edgectl.contract.plan import (Compilation, EmbeddingPack, OptionalImports, Reason, Request, Source, TokenizerLever, Topology,
-                                   WeightFormat)
+from edgectl.contract.plan import (
+    Compilation,
+    EmbeddingPack,
+    OptionalImports,
+    Reason,
+    Request,
+    Source,
+    TokenizerLever,
+    Topology,
+    WeightFormat,
+)
 from edgectl.planner.decided import Decided
 from edgectl.planner.ledger import MAX_BATCHED_TOKENS, batched_tokens
 
@@ -42,8 +51,9 @@ def choose_compilation(request: Request, profile: Profile) -> Decided[Compilatio
     """
     measured_in = profile.compilation or Compilation.EAGER  # the mode the profile's format figures are for
     compared = _compare_modes(profile)
+    compiled_fmt = profile.compiled.weight_format if profile.compiled is not None else None
     asked_other = (compared is not None and request.weight_format is not None
-                   and request.weight_format != profile.compiled.weight_format)
+                   and request.weight_format != compiled_fmt)
     if request.compilation:
         mode, source = Compilation(request.compilation), Source.FLAG
         detail = "asked with --compilation" + (f" ({compared[1]})" if compared else "")
@@ -51,7 +61,7 @@ def choose_compilation(request: Request, profile: Profile) -> Decided[Compilatio
         # compiled mode was measured for one format only; another one asked for runs as measured
         mode, source = measured_in, Source.FLAG
         detail = (f"{measured_in}: --format {request.weight_format} was measured in {measured_in} mode only "
-                  f"on {profile.name} (compiled mode was measured for {profile.compiled.weight_format})")
+                  f"on {profile.name} (compiled mode was measured for {compiled_fmt})")
     elif compared is not None:
         faster, evidence = compared
         mode, source = (Compilation.DEFAULT if faster else Compilation.EAGER), profile.reason_source

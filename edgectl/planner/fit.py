@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edgectl.contract.plan import KvCacheDtype, Memory, Reason, Request, Source, WeightFormat
+from edgectl.contract.plan import (
+    KvCacheDtype,
+    Memory,
+    Reason,
+    Request,
+    Source,
+    WeightFormat,
+)
 from edgectl.errors import EdgectlError
 from edgectl.output import mib
 from edgectl.planner.decided import Decided
@@ -156,7 +163,9 @@ def _context_bounds(model: ModelFacts, request: Request) -> tuple[int, int, int]
         raise EdgectlError(f"{model.path}/config.json gives no max_position_embeddings: cannot size the context; "
                            "pass --max-model-len")
     # without it in config.json, the user's --max-model-len is the only maximum there is
-    model_max = int(model.max_position_embeddings or request.max_model_len)
+    model_max = model.max_position_embeddings or request.max_model_len
+    assert model_max is not None  # one of them, checked above
+    model_max = int(model_max)
     if request.max_model_len is not None:
         if request.max_model_len < MIN_ASKED_CONTEXT:
             raise EdgectlError(f"--max-model-len {request.max_model_len} is too small "

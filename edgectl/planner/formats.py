@@ -114,7 +114,7 @@ class _MeasuredDecode:
                              if self.compiled and self.compiled.decode_tok_s is not None else None)
 
     def __call__(self, fmt: WeightFormat) -> Figure | None:
-        if fmt == self.compiled_fmt:
+        if self.compiled is not None and fmt == self.compiled_fmt:
             return self.compiled.decode_tok_s
         figures = self.profile.formats.get(fmt)
         return figures.decode_tok_s if figures else None
@@ -145,7 +145,8 @@ def _rank_reason(fmt: WeightFormat, ranked: list[WeightFormat], measured: _Measu
                       f"not measured on {profile.name}; 4-bit reads the fewest bytes per token "
                       f"({runnable[fmt]})" if fmt.is_int4 else
                       f"not measured on {profile.name}; {runnable[fmt]}")
-    others = [f"{measured.named(f)} {measured(f).median:g}" for f in ranked if f != fmt and measured(f) is not None]
+    others = [f"{measured.named(f)} {other.median:g}" for f in ranked
+              if f != fmt and (other := measured(f)) is not None]
     detail = (f"measured decode on {profile.name}: {fig.describe('tok/s')}"
               + (" in compiled mode" if fmt == measured.compiled_fmt else ""))
     if fmt == ranked[0]:

@@ -21,9 +21,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgectl.contract import int4_layout
-from edgectl.contract.plan import Compilation, KvCacheDtype, Memory, Reason, Source, Topology, WeightFormat
-from edgectl.output import MiB
+from edgectl.contract.plan import (
+    Compilation,
+    KvCacheDtype,
+    Memory,
+    Reason,
+    Source,
+    Topology,
+    WeightFormat,
+)
 from edgectl.models.facts import ParamBytes
+from edgectl.output import MiB
 from edgectl.planner.decided import Decided
 
 if TYPE_CHECKING:
@@ -158,6 +166,7 @@ def weights_bytes_for(model: ModelFacts, weight_format: WeightFormat | str, grou
         ok, _ = int4_layout.quantizable(n, k, group_size)
         if ok:
             g = int4_layout.choose_group_size(k, group_size)
+            assert g is not None  # quantizable: a group fits
             total += int4_layout.packed_bytes(n, k, g)
             quantized += 1
         else:
@@ -204,7 +213,7 @@ def fixed_costs(model: ModelFacts, profile: Profile, topology: Topology,
                 compilation: Compilation = Compilation.EAGER) -> Decided[Costs]:
     """The runtime's memory per process, the processes of the topology, the load peak, the workspace;
     in compiled mode, plus what the profile measured it to add over eager (the compiled graph)."""
-    processes = profile.processes.get(str(topology), 1 if topology is Topology.SINGLE_PROCESS else 4)
+    processes = profile.processes.get(topology, 1 if topology is Topology.SINGLE_PROCESS else 4)
     if profile.process_bytes is not None:
         per_process = int(profile.process_bytes.median)
         source, detail = profile.reason_source, f"{profile.process_bytes.describe('bytes')} per process"

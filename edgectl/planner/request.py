@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from edgectl.contract import int4_layout
-from edgectl.contract.plan import (Compilation, EmbeddingPack, KvCacheDtype, OptionalImports, Request, TokenizerLever, Topology,
-                                   WeightFormat)
+from edgectl.contract.plan import (
+    Compilation,
+    EmbeddingPack,
+    KvCacheDtype,
+    OptionalImports,
+    Request,
+    TokenizerLever,
+    Topology,
+    WeightFormat,
+)
 from edgectl.errors import EdgectlError
 from edgectl.planner.service import MIN_WATCHDOG_S
 
@@ -31,6 +41,6 @@ def check_request(request: Request) -> None:
         raise EdgectlError(f"--watchdog-sec {request.watchdog_s} is too short (at least {MIN_WATCHDOG_S} s)")
 
 
-def _one_of(what: str, value: str | None, kind: type) -> None:
+def _one_of(what: str, value: str | None, kind: type[StrEnum]) -> None:
     if value and value not in set(kind):
         raise EdgectlError(f"{what} {value!r}: use one of {', '.join(kind)}")

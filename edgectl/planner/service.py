@@ -6,7 +6,16 @@ import math
 from typing import TYPE_CHECKING
 
 from edgectl.contract import environment
-from edgectl.contract.plan import Compilation, Predicted, Reason, Request, Source, Timeouts, Topology, WeightFormat
+from edgectl.contract.plan import (
+    Compilation,
+    Predicted,
+    Reason,
+    Request,
+    Source,
+    Timeouts,
+    Topology,
+    WeightFormat,
+)
 from edgectl.planner.decided import Decided
 from edgectl.probe.formats import format_cpu_list
 

@@ -11,7 +11,9 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
-from edgectl.contract.plan import DeviceClass  # the classes a plan is for (the probe decides which)
+from edgectl.contract.plan import (
+    DeviceClass,  # the classes a plan is for (the probe decides which)
+)
 from edgectl.errors import EdgectlError
 
 SCHEMA = "edgectl.probe/1"

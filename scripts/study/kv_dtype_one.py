@@ -1,5 +1,10 @@
 """One process: load the default-plan engine with a KV dtype, measure, dump JSON (fp8 study)."""
-import json, os, sys, time, random
+import json
+import os
+import random
+import sys
+import time
+
 WT = str(__import__("pathlib").Path(__file__).resolve().parents[2]); sys.path[:0] = [WT, WT + "/runtime"]
 kv_dtype, order, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 model = os.environ.get("MODEL_DIR", "/var/lib/edgectl/models/smollm2-135m")
@@ -10,6 +15,7 @@ if os.environ.get("STUDY_INIT_AMX") == "1":  # request the AMX tile permission u
     torch._C._cpu._init_amx()
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
+
 llm = LLM(model=model, quantization=os.environ.get("QUANT", "cpu_int4") or None, enforce_eager=True, dtype="bfloat16",
           max_model_len=mml, max_num_seqs=1, max_num_batched_tokens=512, kv_cache_memory_bytes=kv_bytes,
           block_size=128, seed=0, kv_cache_dtype=kv_dtype, distributed_executor_backend="uni")

@@ -1,6 +1,8 @@
 """Summarise a KV-dtype study directory (kv_dtype_study.sh): speed medians and fidelity of each
 fp8 KV dtype against bf16 KV ("auto") of the same pass, teacher-forced over the shipped prompts."""
-import json, statistics, sys
+import json
+import statistics
+import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
@@ -18,7 +20,7 @@ ref = {r["order"] // 3: r for r in runs.get("auto", [])}
 print("| KV dtype | passes | decode tok/s | prefill tok/s | KV tensor dtype (read back) | attention ISA | top-1 vs bf16 KV | mean KL | next-token top-1 | perplexity | positions |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for dt, rs in runs.items():
-    med = lambda k: f"{statistics.median(r[k] for r in rs):.1f} [{min(r[k] for r in rs):.1f}–{max(r[k] for r in rs):.1f}]"
+    med = lambda k, rs=rs: f"{statistics.median(r[k] for r in rs):.1f} [{min(r[k] for r in rs):.1f}–{max(r[k] for r in rs):.1f}]"
     cmp = [compare(ref[r["order"] // 3]["fidelity_raw"], r["fidelity_raw"]) for r in rs if r["order"] // 3 in ref]
     t1 = statistics.median(c["top1_agreement"] for c in cmp) if cmp else None
     kl = statistics.median(c["mean_kl"] for c in cmp) if cmp else None

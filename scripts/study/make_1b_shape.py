@@ -1,8 +1,12 @@
 """A Llama-3.2-1B-shaped model with seeded random weights (normal, sigma 0.02), SmolLM2's tokenizer."""
-import json, shutil, sys
+import json
+import shutil
+import sys
 from pathlib import Path
+
 import torch
 from safetensors.torch import save_file
+
 out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
 src = Path("/var/lib/edgectl/models/smollm2-135m")
 H, I, L, NH, NKV, HD, V = 2048, 8192, 16, 32, 8, 64, 49152

@@ -2,15 +2,22 @@
 
 usage: ab.py OUT.json PASSES arm=ENV1=V1,ENV2=V2 ...   (arm 'planned' with no env is the control)
 """
-import json, os, sys, time, statistics, subprocess, datetime, socket
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
+
 WT = str(__import__("pathlib").Path(__file__).resolve().parents[2])  # this checkout
 sys.path[:0] = [WT, WT + "/runtime"]
 from edgectl.bench import measure
 from edgectl.bench.client import Client, HttpFailed
-from edgectl.bench.prompts import prompt_set, prefill_token_ids, ids_digest
+from edgectl.bench.prompts import ids_digest, prefill_token_ids, prompt_set
 from edgectl.bench.server import ServerProcess, free_port
-from edgectl.procmem import tree_mem
 
 out, passes = Path(sys.argv[1]), int(sys.argv[2])
 arms = {}
@@ -80,7 +87,7 @@ for i in range(passes):
         out.write_text(json.dumps(art, indent=1))
 for name, a in art["arms"].items():
     ok = [r for r in a["passes"] if r["status"] == "ok"]
-    def med(k): 
+    def med(k, ok=ok):
         v = [r[k] for r in ok if r.get(k) is not None]; return (statistics.median(v), min(v), max(v)) if v else None
     a["median"] = {k: med(k) for k in ("decode_tok_s", "decode2_tok_s", "prefill_tok_s", "pss_steady_bytes", "pss_anon_steady_bytes", "pss_file_steady_bytes", "ready_s", "pss_peak_bytes")}
     m = a["median"]

@@ -1,4 +1,7 @@
-import json, sys, statistics
+import json
+import statistics
+import sys
+
 a = json.load(open(sys.argv[1]))
 def fmt(vals, f):
     if not vals: return "–"
@@ -9,7 +12,7 @@ print("| arm | env | passes ok | decode tok/s | prefill tok/s | PSS steady GB | 
 print("|---|---|---|---|---|---|---|---|---|---|")
 for name, arm in a["arms"].items():
     ok = [r for r in arm["passes"] if r["status"] == "ok"]
-    g = lambda k: [r[k] for r in ok if r.get(k) is not None]
+    g = lambda k, ok=ok: [r[k] for r in ok if r.get(k) is not None]
     # anonymous PSS of the tree (read before the attribution call) + file-backed resident bytes
     alone = [(r["pss_anon_steady_bytes"] + r["attribution"]["file_rss_bytes"]) for r in ok]
     frss = [r["attribution"]["file_rss_bytes"] for r in ok]

@@ -33,7 +33,12 @@ import torch
 
 # The types, their block sizes and the bits each becomes are the contract's (read by the control
 # plane too). NATIVE_BITS is also read here by cpu_int4/method.py.
-from edgectl.contract.gguf_types import BLOCK_SIZES, FLOAT_TYPES, NATIVE_BITS, SUPER_BLOCK  # noqa: F401
+from edgectl.contract.gguf_types import (  # noqa: F401
+    BLOCK_SIZES,
+    FLOAT_TYPES,
+    NATIVE_BITS,
+    SUPER_BLOCK,
+)
 from edgectl_runtime.formats import blocks
 
 # The types whose blocks are edgectl's W4 / W8 blocks as they are, with those bits.

@@ -55,7 +55,10 @@ def _short(dtype_name: str) -> str:
 
 def _layer_entry(name: str, module: torch.nn.Module, embed_weight: torch.Tensor | None) -> dict[str, Any] | None:
     from vllm.model_executor.layers.linear import LinearBase
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
 
     from edgectl_runtime.kernels.cpu_int4 import INFO_ATTR, CpuInt4LinearMethod
 
@@ -161,7 +164,10 @@ def _resident(model: torch.nn.Module, layers: list[dict[str, Any]]) -> dict[str,
 
 def describe_model(model: torch.nn.Module) -> dict[str, Any]:
     """The read-back of a loaded vLLM model (see the module docstring for the shape)."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
 
     from edgectl.contract import environment
 

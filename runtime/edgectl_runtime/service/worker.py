@@ -98,8 +98,11 @@ def refused_test_faults(environ, proc_self_cgroup: str | None = None) -> list[st
 
 async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
     """The settings the running engine actually has, read from the process that holds the model."""
+    from edgectl_runtime.service.readback import (
+        collect_worker_facts,
+        process_tree_facts,
+    )
     from edgectl_runtime.vllm_plugin.lean import optional_imports_state, tokenizer_state
-    from edgectl_runtime.service.readback import collect_worker_facts, process_tree_facts
 
     if plan.topology is Topology.SINGLE_PROCESS:
         results = await engine_client.collective_rpc(collect_worker_facts)
@@ -130,7 +133,10 @@ async def serve(plan: Plan, service: Service) -> None:
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.cli_args import (
+        make_arg_parser,
+        validate_parsed_serve_args,
+    )
     from vllm.entrypoints.launchers.launcher import serve_http
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 

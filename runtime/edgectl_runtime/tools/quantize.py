@@ -46,7 +46,6 @@ from edgectl.contract.int4_layout import (
 )
 from edgectl_runtime.formats.groups import pack_nibbles, quantize_int4
 
-
 # ---------------------------------------------------------------------------------------------
 # Which tensors are quantized
 

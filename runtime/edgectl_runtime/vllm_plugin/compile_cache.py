@@ -263,7 +263,9 @@ def install_load_fix() -> bool:
     Returns whether anything was installed.
     """
     try:
-        from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
+        from torch._dynamo.aot_compile_types import (
+            BundledAOTAutogradSerializableCallable as Bundled,
+        )
     except ImportError:  # a torch without AOT compile: vLLM does not use the path at all
         return False
     if "finalize_loading" in vars(Bundled):

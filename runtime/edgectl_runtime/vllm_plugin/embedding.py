@@ -55,7 +55,10 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 def install(environ: Mapping[str, str]) -> str:
     """Wrap vLLM's method once per process; the mode read from ``environ``."""
     mode = runtime_env.read("EDGECTL_EMBEDDING_PACK", environ)
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        UnquantizedEmbeddingMethod,
+    )
     from vllm.platforms import current_platform
 
     if not _ORIGINAL:

@@ -28,14 +28,13 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-from edgectl.contract.vllm_args import GGUF_LOAD_FORMAT
 from edgectl.contract import gguf_names
 from edgectl.contract.gguf_header import GGUFHeader, GGUFTensor, read_gguf
 from edgectl.contract.gguf_names import DIRECT_GGUF
+from edgectl.contract.vllm_args import GGUF_LOAD_FORMAT
 from edgectl_runtime.formats import ggml
 
 logger = logging.getLogger("edgectl.gguf_loader")

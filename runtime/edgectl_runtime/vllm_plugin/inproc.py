@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edgectl.contract import environment
-
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.engine.core_client import EngineCoreClient
+
+from edgectl.contract import environment
 
 log = logging.getLogger("edgectl.runtime.engine")
 

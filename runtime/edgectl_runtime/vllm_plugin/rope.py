@@ -32,9 +32,15 @@ _ORIGINALS: dict[type, object] = {}
 
 def _classes():
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
-    from vllm.model_executor.layers.rotary_embedding.linear_scaling_rope import LinearScalingRotaryEmbedding
-    from vllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3RotaryEmbedding
-    from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
+    from vllm.model_executor.layers.rotary_embedding.linear_scaling_rope import (
+        LinearScalingRotaryEmbedding,
+    )
+    from vllm.model_executor.layers.rotary_embedding.llama3_rope import (
+        Llama3RotaryEmbedding,
+    )
+    from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import (
+        YaRNScalingRotaryEmbedding,
+    )
 
     return RotaryEmbedding, Llama3RotaryEmbedding, LinearScalingRotaryEmbedding, YaRNScalingRotaryEmbedding
 

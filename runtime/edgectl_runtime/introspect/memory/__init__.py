@@ -45,4 +45,9 @@ from edgectl.contract.memory import SCHEMA, render_text  # noqa: F401  (the sche
 from edgectl_runtime.introspect.memory.attribution import attribute  # noqa: F401
 from edgectl_runtime.introspect.memory.collect import collect, collect_in_worker  # noqa: F401
 from edgectl_runtime.introspect.memory.mapped_files import package_of  # noqa: F401
-from edgectl_runtime.introspect.memory.proc import Mapping, Pagemap, parse_smaps, read_smaps  # noqa: F401
+from edgectl_runtime.introspect.memory.proc import (  # noqa: F401
+    Mapping,
+    Pagemap,
+    parse_smaps,
+    read_smaps,
+)

@@ -8,7 +8,10 @@ import os
 from typing import Any
 
 from edgectl.contract.memory import SCHEMA
-from edgectl_runtime.introspect.memory.mapped_files import installed_site_dirs, package_of
+from edgectl_runtime.introspect.memory.mapped_files import (
+    installed_site_dirs,
+    package_of,
+)
 from edgectl_runtime.introspect.memory.proc import PAGE, Mapping, Pagemap
 
 TENSOR_ROLES = ("KV cache", "weights", "RoPE", "other tensors")  # the order pages are claimed in

@@ -12,9 +12,16 @@ from edgectl_runtime.introspect.memory.malloc import (
     mallinfo2,
     other_allocator_stats,
 )
+from edgectl_runtime.introspect.memory.proc import (
+    Pagemap,
+    read_smaps,
+    thread_stack_pointers,
+)
 from edgectl_runtime.introspect.memory.process import process_settings
-from edgectl_runtime.introspect.memory.proc import Pagemap, read_smaps, thread_stack_pointers
-from edgectl_runtime.introspect.memory.python_heap import pymalloc_stats, python_heap_by_package
+from edgectl_runtime.introspect.memory.python_heap import (
+    pymalloc_stats,
+    python_heap_by_package,
+)
 from edgectl_runtime.introspect.memory.tensors import tensor_ranges
 from edgectl_runtime.introspect.memory.tokenizers import tokenizer_facts
 

@@ -8,7 +8,10 @@ import re
 import sys
 from typing import Any
 
-from edgectl_runtime.introspect.memory.mapped_files import installed_site_dirs, package_of
+from edgectl_runtime.introspect.memory.mapped_files import (
+    installed_site_dirs,
+    package_of,
+)
 
 
 def pymalloc_stats() -> dict[str, int] | None:

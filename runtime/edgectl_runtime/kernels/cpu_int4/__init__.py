@@ -20,7 +20,11 @@ ops), the arithmetic of the formats in :mod:`edgectl_runtime.formats`, the diagn
 
 from edgectl_runtime.kernels.cpu_int4.config import LM_HEAD_FORMATS  # noqa: F401
 from edgectl_runtime.kernels.cpu_int4.kernel_choice import KERNELS, format_name  # noqa: F401
-from edgectl_runtime.kernels.cpu_int4.method import CpuInt4LinearMethod, dequantized_weight, unpack_layer  # noqa: F401
+from edgectl_runtime.kernels.cpu_int4.method import (  # noqa: F401
+    CpuInt4LinearMethod,
+    dequantized_weight,
+    unpack_layer,
+)
 from edgectl_runtime.kernels.cpu_int4.names import (  # noqa: F401
     INFO_ATTR,
     LAYOUT_ATTR,

@@ -40,14 +40,17 @@ import os
 from typing import Any
 
 import torch
-
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
-from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, PORTABLE_FORMAT
 from edgectl.contract import environment as runtime_env
+from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, PORTABLE_FORMAT
 from edgectl_runtime.kernels.cpu_int4.checkpoint import Int4Checkpoint
 from edgectl_runtime.kernels.cpu_int4.kernel import Int4Kernel
-from edgectl_runtime.kernels.cpu_int4.kernel_choice import KERNELS, head_kernel, kernel_class
+from edgectl_runtime.kernels.cpu_int4.kernel_choice import (
+    KERNELS,
+    head_kernel,
+    kernel_class,
+)
 from edgectl_runtime.kernels.cpu_int4.names import NAME
 
 LM_HEAD_FORMATS = ("dense", "int4", "int8")

@@ -44,7 +44,7 @@ class Int4Kernel(ABC):
 
     # --- the class: what this machine has, what a layer can be, chosen once
 
-    @classmethod
+    @classmethod  # noqa: B027 (a no-op by default: a kernel every machine runs needs no check)
     def require(cls) -> None:
         """Raise ``ValueError``, with the fix, where this machine cannot run the kernel."""
 

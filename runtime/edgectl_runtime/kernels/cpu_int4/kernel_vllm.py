@@ -10,7 +10,12 @@ from edgectl_runtime.formats.groups import quantize_int4
 from edgectl_runtime.kernels.cpu_int4.kernel import Int4Kernel
 from edgectl_runtime.kernels.cpu_int4.kernel_torch import TorchInt4Kernel
 from edgectl_runtime.kernels.cpu_int4.names import NAME, S_ATTR, W_ATTR, Z_ATTR
-from edgectl_runtime.kernels.ops.wna16 import wna16_available, wna16_matmul, wna16_pack, wna16_unpack
+from edgectl_runtime.kernels.ops.wna16 import (
+    wna16_available,
+    wna16_matmul,
+    wna16_pack,
+    wna16_unpack,
+)
 
 
 class VllmWna16Kernel(Int4Kernel):

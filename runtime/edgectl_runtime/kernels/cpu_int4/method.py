@@ -30,19 +30,31 @@ import dataclasses
 import logging
 
 import torch
-
 from vllm.model_executor.layers.linear import LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
-from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info, initialize_online_processing
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    UnquantizedEmbeddingMethod,
+)
+from vllm.model_executor.model_loader.reload.layerwise import (
+    get_layerwise_info,
+    initialize_online_processing,
+)
 from vllm.model_executor.utils import set_weight_attrs
 
 from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, choose_group_size
 from edgectl_runtime.formats import ggml
 from edgectl_runtime.kernels.cpu_int4.checkpoint import Int4Checkpoint, ParamSpec
-from edgectl_runtime.kernels.cpu_int4.config import CpuInt4Settings, gguf_load_format, tied_embeddings
+from edgectl_runtime.kernels.cpu_int4.config import (
+    CpuInt4Settings,
+    gguf_load_format,
+    tied_embeddings,
+)
 from edgectl_runtime.kernels.cpu_int4.kernel import Int4Kernel, Int4Layer
-from edgectl_runtime.kernels.cpu_int4.kernel_choice import fit_kernel, head_kernel, kernel_class
+from edgectl_runtime.kernels.cpu_int4.kernel_choice import (
+    fit_kernel,
+    head_kernel,
+    kernel_class,
+)
 from edgectl_runtime.kernels.cpu_int4.names import INFO_ATTR, W_ATTR
 
 logger = logging.getLogger("edgectl.cpu_int4")

@@ -4,11 +4,13 @@ each layer gets (``method.py``). This module depends on both; neither depends on
 from __future__ import annotations
 
 import torch
-
 from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
 
 from edgectl_runtime.kernels.cpu_int4.config import CpuInt4Settings, tied_embeddings
 from edgectl_runtime.kernels.cpu_int4.method import CpuInt4LinearMethod

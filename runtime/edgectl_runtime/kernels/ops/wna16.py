@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+
 def wna16_available() -> bool:
     """Whether vLLM's loaded C library registers ``cpu_gemm_wna16`` (its AVX-512 builds only)."""
     import vllm._custom_ops  # noqa: F401  (loads the library vLLM picked for this CPU)
@@ -16,7 +17,9 @@ def wna16_pack(q: torch.Tensor) -> torch.Tensor:
     """``q`` (``[N, K]``, 0..15) in ``cpu_gemm_wna16``'s layout: int32 ``[N/16, 2K]``, eight output
     channels per int32 and blocks of 16 channels contiguous over K (the layout vLLM's
     CPUWNA16LinearKernel builds from GPTQ, mixed_precision/cpu.py ``_process_gptq_weights_w4a16``)."""
-    from vllm.model_executor.layers.quantization.utils.quant_utils import pack_quantized_values_into_int32
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        pack_quantized_values_into_int32,
+    )
     from vllm.scalar_type import scalar_types
 
     n, k = q.shape
@@ -25,7 +28,9 @@ def wna16_pack(q: torch.Tensor) -> torch.Tensor:
 
 
 def wna16_unpack(w: torch.Tensor, n: int) -> torch.Tensor:
-    from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_quantized_values_into_int32
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        unpack_quantized_values_into_int32,
+    )
     from vllm.scalar_type import scalar_types
 
     k = w.shape[1] // 2

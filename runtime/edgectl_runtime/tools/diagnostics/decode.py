@@ -20,7 +20,11 @@ import statistics
 import sys
 import time
 
-from edgectl_runtime.tools.diagnostics.arms import ARMS, engine_kwargs, run_in_own_process
+from edgectl_runtime.tools.diagnostics.arms import (
+    ARMS,
+    engine_kwargs,
+    run_in_own_process,
+)
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 

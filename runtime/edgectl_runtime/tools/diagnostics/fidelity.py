@@ -17,8 +17,18 @@ import json
 import os
 import sys
 
-from edgectl.contract.fidelity import METHOD, TOP_K, compare, perplexity, read_prompt_set
-from edgectl_runtime.tools.diagnostics.arms import ARMS, engine_kwargs, run_in_own_process
+from edgectl.contract.fidelity import (
+    METHOD,
+    TOP_K,
+    compare,
+    perplexity,
+    read_prompt_set,
+)
+from edgectl_runtime.tools.diagnostics.arms import (
+    ARMS,
+    engine_kwargs,
+    run_in_own_process,
+)
 
 
 def _collect(model: str, arm: str, group: int, dtype: str) -> dict:

@@ -80,7 +80,6 @@ def _copies(make, bytes_each: int, footprint: int) -> list:
 
 
 def _arms(n: int, k: int, levels: list[str], footprint: int, include: set[str]) -> list[Arm]:
-    from edgectl_runtime.kernels import ops
     from edgectl_runtime.formats import blocks, groups
     from edgectl_runtime.kernels.ops import tinygemm
 

@@ -21,7 +21,11 @@ from pathlib import Path
 
 import torch
 
-from edgectl_runtime.kernels.ops.tinygemm import int4_matmul, kernel_pack, scales_and_zeros
+from edgectl_runtime.kernels.ops.tinygemm import (
+    int4_matmul,
+    kernel_pack,
+    scales_and_zeros,
+)
 
 # vLLM C ops that matter to a weight format (torch.ops._C.<name>).
 VLLM_OPS = (

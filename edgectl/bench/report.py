@@ -20,6 +20,7 @@ from typing import Any
 from edgectl.atomic import write_text_atomic
 from edgectl.bench import stats
 from edgectl.bench.arms import CONTROL
+from edgectl.bench.prediction import check_label
 
 SCHEMA = "edgectl.bench/1"
 # Per-pass numbers summarised per arm (median, min, max) and divided by the control's.
@@ -238,8 +239,8 @@ def _memory_prediction_lines(a: dict[str, Any]) -> list[str]:
     if not mp.get("arms"):
         return []
     return ["memory, the plan's steady prediction vs the measured PSS (median): " + ", ".join(
-        f"{n} {v['predicted_bytes'] / 1e9:.2f} vs {v['measured_bytes'] / 1e9:.2f} GB ({v['error']:+.1%}"
-        + {True: ", held out", False: ", calibration run", None: ""}[v.get("held_out")] + ")"
+        f"{n} {v['predicted_bytes'] / 1e9:.2f} vs {v['measured_bytes'] / 1e9:.2f} GB ({v['error']:+.1%}, "
+        f"{check_label(v)})"
         for n, v in mp["arms"].items() if v.get("measured_bytes"))]
 
 

@@ -171,6 +171,9 @@ def test_the_calibration_run_is_not_held_out_nor_is_a_repeat_of_its_configuratio
     entry = memory_prediction(longer, other, roots=[tmp_path])["arms"]["planned"]
     assert entry["check"] == "held_out"
     assert entry["differs"] == {"runtime.process_bytes": {"max_model_len": {"calibration": 4096, "here": 8192}}}
+    # another configuration in the calibration run itself: no figure was solved from it, held out too
+    entry = memory_prediction({**arms, **longer}, artifact, roots=[tmp_path])["arms"]["planned"]
+    assert entry["check"] == "held_out" and entry["held_out"] is False  # the old field: "the calibration run"
     # the calibration's artifact cannot be read (not under the roots): unknown, never held out
     entry = memory_prediction(longer, other, roots=[tmp_path / "elsewhere"])["arms"]["planned"]
     assert entry["check"] == "unknown" and "differs" not in entry

@@ -8,7 +8,7 @@ the prediction, the measured median, the error (measured / predicted − 1), whi
 the prediction leaned on (``calibration``: their sources' artifact, arm, command, model), and
 ``check``, what kind of check the error is:
 
-- ``calibration``: this run is the one the figures were solved from;
+- ``calibration``: this run and configuration are the ones a figure was solved from;
 - ``repeat``: another run of the configuration of an arm a figure was solved from (the settings
   in CONFIGURATION all equal);
 - ``held_out``: a configuration that differs from every such arm in at least one of them
@@ -108,8 +108,9 @@ def memory_prediction(arms: dict[str, dict[str, Any]], artifact_path: Path, root
             "predicted_bytes": predicted, "measured_bytes": measured,
             "error": stats.ratio(measured, predicted) - 1 if measured and predicted else None,
             "configuration": conf, "calibration": cal, "check": kind,
+            # the field before ``check``: not the run a figure was solved from (whatever its configuration);
             # None: no measured figure to have been fitted to (published figures, or an unreadable profile)
-            "held_out": kind != CALIBRATION if _measured(cal["sources"]) else None,
+            "held_out": not _is_source(cal["sources"], this, roots) if _measured(cal["sources"]) else None,
         }
         if differs:
             entry["differs"] = differs
@@ -119,17 +120,23 @@ def memory_prediction(arms: dict[str, dict[str, Any]], artifact_path: Path, root
 
 def check(conf: dict[str, Any], sources: list[dict[str, Any]], this: Path,
           roots: list[Path]) -> tuple[str, dict[str, dict[str, Any]]]:
-    """What kind of check predicting ``conf`` from figures solved from ``sources`` is, and, per
-    figure whose artifact can be read, the settings in which ``conf`` differs from its arm's."""
+    """What kind of check predicting ``conf`` (an arm of the run at ``this``) from figures solved
+    from ``sources`` is, and, per figure whose artifact can be read, the settings in which ``conf``
+    differs from the arm it was solved from. Another arm of the calibration run, in a configuration
+    no figure was solved from, is held out like any other run's."""
     measured = _measured(sources)
-    if any(s.get("artifact") and _same_file(s["artifact"], this, roots) for s in measured):
-        return CALIBRATION, {}
     differs: dict[str, dict[str, Any]] = {}
+    same_configuration_here = False
     for s in measured:
         other = calibration_configuration(s.get("artifact"), s.get("arm"), roots)
-        if other is not None:
-            differs[s["figure"]] = {k: {"calibration": other.get(k), "here": conf.get(k)}
-                                    for k in conf if other.get(k) != conf.get(k)}
+        if other is None:
+            continue
+        differs[s["figure"]] = {k: {"calibration": other.get(k), "here": conf.get(k)}
+                                for k in conf if other.get(k) != conf.get(k)}
+        if not differs[s["figure"]] and _same_file(s["artifact"], this, roots):
+            same_configuration_here = True
+    if same_configuration_here:
+        return CALIBRATION, {}
     if any(not d for d in differs.values()):
         return REPEAT, differs  # equal to an arm a figure was solved from in every setting
     if measured and len(differs) == len(measured):
@@ -148,6 +155,11 @@ def check_label(entry: dict[str, Any]) -> str:
         return f"held out, differs in {', '.join(settings)}"
     return {CALIBRATION: "calibration run", REPEAT: "repeat of the calibration's configuration",
             UNKNOWN: "calibration unknown"}[kind]
+
+
+def _is_source(sources: list[dict[str, Any]], this: Path, roots: list[Path]) -> bool:
+    """Was a figure solved from the run at ``this``?"""
+    return any(s.get("artifact") and _same_file(s["artifact"], this, roots) for s in _measured(sources))
 
 
 def _measured(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -201,8 +201,8 @@ def _noise_lines(a: dict[str, Any]) -> list[str]:
     gate = a.get("noise") or {}
     if not gate.get("arms"):
         return []
-    lines = [f"noise gate: max/min of the passes; an arm whose decode spread exceeds {gate['max_decode_spread']} "
-             "is noisy, not quotable"]
+    bound = gate["max_decode_spread"]
+    lines = [f"noise gate: max/min of the passes; an arm whose decode spread exceeds {bound} is noisy, not quotable"]
     for name, v in gate["arms"].items():
         parts = [f"decode {_spread(v.get('decode_tok_s'))}"]
         if v.get("aggregate_decode_tok_s") is not None:

@@ -90,7 +90,7 @@ def memory_prediction(arms: dict[str, dict[str, Any]], artifact_path: Path, root
     out: dict[str, Any] = {"method": (
         "predicted: the plan's steady memory (plan.memory.total_bytes, planner/ledger.py); measured: the median "
         "steady PSS of the server's whole process tree; error = measured / predicted − 1. check: calibration (the "
-        "run the profile's memory figures were solved from), repeat (another run of a configuration they were "
+        "run and configuration a memory figure was solved from), repeat (another run of a configuration one was "
         "solved from), held_out (a configuration that differs from those in a setting listed in differs), unknown "
         "(no measured figure, or its artifact could not be read). held_out: the run is not one the figures were "
         "solved from (repeats included; kept for older readers)"), "arms": {}}

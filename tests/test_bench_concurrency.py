@@ -16,6 +16,7 @@ from bench_helpers import HOST, bench, tiny_model
 
 from edgectl.bench.measure import MIN_OVERLAP
 from edgectl.bench.prediction import memory_prediction
+from edgectl.bench.report import render_text
 from edgectl.errors import EdgectlError
 from edgectl.probe import probe
 
@@ -132,15 +133,18 @@ def test_the_prediction_is_checked_on_a_run_the_calibration_did_not_see(tmp_path
     assert planned["predicted_bytes"] == plan["memory"]["total_bytes"]
     assert planned["measured_bytes"] == second["arms"]["planned"]["median"]["pss_steady_bytes"]
     assert planned["error"] == pytest.approx(planned["measured_bytes"] / planned["predicted_bytes"] - 1)
-    assert planned["held_out"] is True
+    assert planned["check"] == "held_out" and planned["held_out"] is True
     (src,) = [s for s in planned["calibration"]["sources"] if s["figure"] == "runtime.process_bytes"]
     assert src["artifact"] == first.path.name and src["arm"] == "planned"
     # what differs from the configuration the figure was solved from
     assert planned["differs"]["runtime.process_bytes"]["max_num_seqs"] == {"calibration": 1, "here": 2}
     assert "stock" in mp  # unmodified vLLM's plan is a prediction too
+    # the text report says which kind of check each error is, and what differs
+    (line,) = [ln for ln in render_text(second, None, []).splitlines() if ln.startswith("memory, ")]
+    assert "GB (" in line and "held out, differs in " in line and "max_num_seqs" in line
 
 
-def test_the_calibration_run_itself_is_not_held_out(tmp_path) -> None:
+def test_the_calibration_run_is_not_held_out_nor_is_a_repeat_of_its_configuration(tmp_path) -> None:
     profile = tmp_path / "p.yaml"
     artifact = tmp_path / "run.json"
     shipped = Path(__file__).resolve().parents[1] / "profiles" / "x86_64-amx-measured.yaml"
@@ -148,19 +152,32 @@ def test_the_calibration_run_itself_is_not_held_out(tmp_path) -> None:
     recorded = "results/2026-12-01-x86_64-amx-smollm2-135m-w4a8-compiled.json"
     assert recorded in text
     profile.write_text(text.replace(recorded, artifact.name))
-    arms = {"planned": {"launcher": "worker", "median": {"pss_steady_bytes": 1100},
-                        "plan": {"model": {"name": "m"}, "profile": {"file": str(profile)}, "compilation": "eager",
-                                 "max_model_len": 4096, "max_num_seqs": 1, "memory": {"total_bytes": 1000}}},
+    plan = {"model": {"name": "m"}, "profile": {"file": str(profile)}, "compilation": "eager",
+            "max_model_len": 4096, "max_num_seqs": 1, "memory": {"total_bytes": 1000}}
+    arms = {"planned": {"launcher": "worker", "median": {"pss_steady_bytes": 1100}, "plan": plan},
             "llama.cpp": {"launcher": "llama.cpp", "median": {"pss_steady_bytes": 10}, "plan": None}}
     artifact.write_text(json.dumps({"arms": arms}))
     mp = memory_prediction(arms, artifact, roots=[tmp_path])
     assert set(mp["arms"]) == {"planned"}  # llama.cpp has no plan to check
     entry = mp["arms"]["planned"]
-    assert entry["held_out"] is False and entry["error"] == pytest.approx(0.1)
-    # the same figures, checked on another run: held out
+    assert entry["check"] == "calibration" and entry["held_out"] is False and entry["error"] == pytest.approx(0.1)
+    # the same configuration, another run: a repeat (the old field says only "not the calibration run")
     other = tmp_path / "other.json"
     other.write_text("{}")
-    assert memory_prediction(arms, other, roots=[tmp_path])["arms"]["planned"]["held_out"] is True
+    entry = memory_prediction(arms, other, roots=[tmp_path])["arms"]["planned"]
+    assert entry["check"] == "repeat" and entry["held_out"] is True
+    assert entry["differs"] == {"runtime.process_bytes": {}}
+    # another context: held out, saying in what it differs
+    longer = {"planned": {**arms["planned"], "plan": {**plan, "max_model_len": 8192}}}
+    entry = memory_prediction(longer, other, roots=[tmp_path])["arms"]["planned"]
+    assert entry["check"] == "held_out"
+    assert entry["differs"] == {"runtime.process_bytes": {"max_model_len": {"calibration": 4096, "here": 8192}}}
+    # another configuration in the calibration run itself: no figure was solved from it, held out too
+    entry = memory_prediction({**arms, **longer}, artifact, roots=[tmp_path])["arms"]["planned"]
+    assert entry["check"] == "held_out" and entry["held_out"] is False  # the old field: "the calibration run"
+    # the calibration's artifact cannot be read (not under the roots): unknown, never held out
+    entry = memory_prediction(longer, other, roots=[tmp_path / "elsewhere"])["arms"]["planned"]
+    assert entry["check"] == "unknown" and "differs" not in entry
 
 
 def test_the_check_runs_on_an_artifact_from_before_the_bench_made_it(tmp_path, capsys) -> None:

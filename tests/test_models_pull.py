@@ -27,7 +27,7 @@ from edgectl import launch
 from edgectl.bench import agreement
 from edgectl.errors import EdgectlError
 from edgectl.models import CATALOG, inspect_model, list_models, resolve_model
-from edgectl.models.cache import MANIFEST_NAME, check_model_dir
+from edgectl.models.cache import MANIFEST_NAME, check_model_dir, gguf_path
 from edgectl.models.pull import ensure_pulled, pull_entry
 
 ENTRY = CATALOG["smollm2-135m"]
@@ -356,3 +356,21 @@ def test_a_model_under_terms_is_not_downloaded_until_they_are_accepted(tmp_path:
     assert "is not the word" in done.stderr
     listed = run_cli(["models", "list"], env=env)
     assert "pull with: edgectl models pull gemma3-270m --accept-terms gemma" in listed.stdout
+
+
+@pytest.mark.parametrize("cache", ["absent", "empty", "damaged gguf"])
+def test_a_refusal_leaves_nothing_in_the_cache(tmp_path: Path, cache: str) -> None:
+    """Refused for its terms, a pull writes nothing: not the cache directory, not its lock."""
+    root = tmp_path / "models"
+    env = {"EDGECTL_MODEL_CACHE": str(root)}
+    if cache != "absent":
+        root.mkdir()
+    if cache == "damaged gguf":  # a download would replace it, so the terms are asked for
+        kept = gguf_path(CATALOG["gemma3-270m"], env)
+        kept.parent.mkdir()
+        kept.write_bytes(b"not the model")
+    before = {p: p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    done = run_cli(["models", "pull", "gemma3-270m"], env=env)
+    assert done.returncode == 2 and "--accept-terms gemma" in done.stderr, done.stderr
+    after = {p: p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    assert after == before  # no new file or directory at all, nothing changed

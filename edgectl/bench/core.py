@@ -28,6 +28,7 @@ from edgectl.bench.arms import (
     parse_arm_names,
     prepare_arms,
 )
+from edgectl.bench.noise import noise_gate
 from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
 from edgectl.bench.runner import attach_fidelity, interleaved, run_grid, utc_now
@@ -244,6 +245,7 @@ def _new_artifact(opts: BenchOptions, ctx: BenchContext, arms: list[PreparedArm]
         "arms": {a.name: {**a.describe(), "passes": []} for a in arms},
         "skipped": skipped, "incomplete_reasons": [], "ratios": None, "fidelity": {},
         "versus_llama_cpp": None, "bandwidth_ceiling": None, "memory_prediction": None,
+        "noise": None,
     }
 
 
@@ -302,7 +304,8 @@ def finish(artifact: dict[str, Any], records: dict[str, list[dict[str, Any]]], p
     reasons = report.incomplete_reasons(records, passes)
     artifact["finished"] = True
     artifact["complete"] = not reasons and bool(records)
-    artifact["quotable"] = artifact["complete"] and passes >= QUOTABLE_PASSES
+    artifact["noise"] = noise_gate(artifact["arms"])
+    artifact["quotable"] = artifact["complete"] and passes >= QUOTABLE_PASSES and artifact["noise"]["quiet"]
     artifact["incomplete_reasons"] = reasons
     complete = artifact["complete"]
     artifact["ratios"] = report.ratios(records, summaries) if complete and CONTROL in records else None

@@ -2,14 +2,22 @@
 
 The planner's ledger (planner/ledger.py) adds weights, KV, RoPE, workspace and a fixed runtime
 cost per process, the last solved by ``--record-profile`` from one bench run (profile_record.py),
-so that run's planned configuration is predicted exactly by construction. Every other run is
-data the calibration did not see. For each arm with a plan this records the prediction, the
-measured median, the error (measured / predicted − 1), which profile figures the prediction
-leaned on (``calibration``: their sources' artifact, command, model), and whether this run is
-one of them (``held_out`` is False only for the run the figures were solved from, None when the
-profile has no measured figure for it). Where the
-calibration's artifact can be read, the settings in which this configuration differs from it
-are listed (``differs``: model, context, sequences, format, compilation, KV dtype, topology).
+so that run's planned configuration is predicted exactly by construction, and another run of the
+same configuration tests only how well that run repeats. For each arm with a plan this records
+the prediction, the measured median, the error (measured / predicted − 1), which profile figures
+the prediction leaned on (``calibration``: their sources' artifact, arm, command, model), and
+``check``, what kind of check the error is:
+
+- ``calibration``: this run and configuration are the ones a figure was solved from;
+- ``repeat``: another run of the configuration of an arm a figure was solved from (the settings
+  in CONFIGURATION all equal);
+- ``held_out``: a configuration that differs from every such arm in at least one of them
+  (``differs`` lists which, per figure);
+- ``unknown``: the profile has no measured figure, or a source's artifact cannot be read, so
+  whether the configuration was seen cannot be told (never counted as held out).
+
+``held_out`` (true whenever this run is not the calibration run, repeats included) is kept for
+readers of older artifacts; quote ``check``.
 """
 
 from __future__ import annotations
@@ -22,8 +30,12 @@ from typing import Any
 
 from edgectl.bench import stats
 
-# The settings that shape a configuration's memory, as a plan (to_dict) names them.
-CONFIGURATION = ("max_model_len", "max_num_seqs", "weight_format", "compilation", "kv_cache_dtype", "topology")
+# The settings the ledger models a configuration's memory from, as a plan (to_dict) names them
+# (with the model's name): two runs equal in all of them are the same configuration.
+CONFIGURATION = ("max_model_len", "max_num_seqs", "weight_format", "compilation", "kv_cache_dtype", "topology",
+                 "device_class")
+# What kind of check an error is (the module's docstring).
+CALIBRATION, REPEAT, HELD_OUT, UNKNOWN = "calibration", "repeat", "held_out", "unknown"
 # Launchers whose plan is what the server holds; vLLM given only the model sizes its own KV.
 PREDICTED_LAUNCHERS = ("worker", "vllm")
 
@@ -77,8 +89,11 @@ def memory_prediction(arms: dict[str, dict[str, Any]], artifact_path: Path, root
     """``arms``: the artifact's arms, summarised (launcher, plan, median)."""
     out: dict[str, Any] = {"method": (
         "predicted: the plan's steady memory (plan.memory.total_bytes, planner/ledger.py); measured: the median "
-        "steady PSS of the server's whole process tree; error = measured / predicted − 1. held_out: the run is not "
-        "one the profile's memory figures were solved from"), "arms": {}}
+        "steady PSS of the server's whole process tree; error = measured / predicted − 1. check: calibration (the "
+        "run and configuration a memory figure was solved from), repeat (another run of a configuration one was "
+        "solved from), held_out (a configuration that differs from those in a setting listed in differs), unknown "
+        "(no measured figure, or its artifact could not be read). held_out: the run is not one the figures were "
+        "solved from (repeats included; kept for older readers)"), "arms": {}}
     this = artifact_path.resolve()
     for name, arm in arms.items():
         plan = arm.get("plan")
@@ -87,25 +102,69 @@ def memory_prediction(arms: dict[str, dict[str, Any]], artifact_path: Path, root
         predicted = int((plan.get("memory") or {}).get("total_bytes") or 0) or None
         measured = (arm.get("median") or {}).get("pss_steady_bytes")
         cal = calibration((plan.get("profile") or {}).get("file"), plan.get("compilation") != "eager")
-        seen = [s for s in cal["sources"] if s.get("artifact") and _same_file(s["artifact"], this, roots)]
         conf = configuration(plan)
+        kind, differs = check(conf, cal["sources"], this, roots)
         entry: dict[str, Any] = {
             "predicted_bytes": predicted, "measured_bytes": measured,
             "error": stats.ratio(measured, predicted) - 1 if measured and predicted else None,
-            "configuration": conf, "calibration": cal,
+            "configuration": conf, "calibration": cal, "check": kind,
+            # the field before ``check``: not the run a figure was solved from (whatever its configuration);
             # None: no measured figure to have been fitted to (published figures, or an unreadable profile)
-            "held_out": (not seen) if any(x.get("source") for x in cal["sources"]) else None,
+            "held_out": not _is_source(cal["sources"], this, roots) if _measured(cal["sources"]) else None,
         }
-        differs = {}
-        for s in cal["sources"]:
-            other = calibration_configuration(s.get("artifact"), s.get("arm"), roots)
-            if other is not None:
-                differs[s["figure"]] = {k: {"calibration": other[k], "here": conf[k]}
-                                        for k in conf if other.get(k) != conf[k]}
         if differs:
             entry["differs"] = differs
         out["arms"][name] = entry
     return out
+
+
+def check(conf: dict[str, Any], sources: list[dict[str, Any]], this: Path,
+          roots: list[Path]) -> tuple[str, dict[str, dict[str, Any]]]:
+    """What kind of check predicting ``conf`` (an arm of the run at ``this``) from figures solved
+    from ``sources`` is, and, per figure whose artifact can be read, the settings in which ``conf``
+    differs from the arm it was solved from. Another arm of the calibration run, in a configuration
+    no figure was solved from, is held out like any other run's."""
+    measured = _measured(sources)
+    differs: dict[str, dict[str, Any]] = {}
+    same_configuration_here = False
+    for s in measured:
+        other = calibration_configuration(s.get("artifact"), s.get("arm"), roots)
+        if other is None:
+            continue
+        differs[s["figure"]] = {k: {"calibration": other.get(k), "here": conf.get(k)}
+                                for k in conf if other.get(k) != conf.get(k)}
+        if not differs[s["figure"]] and _same_file(s["artifact"], this, roots):
+            same_configuration_here = True
+    if same_configuration_here:
+        return CALIBRATION, {}
+    if any(not d for d in differs.values()):
+        return REPEAT, differs  # equal to an arm a figure was solved from in every setting
+    if measured and len(differs) == len(measured):
+        return HELD_OUT, differs
+    return UNKNOWN, differs
+
+
+def check_label(entry: dict[str, Any]) -> str:
+    """How an entry's error reads in a report: its check, and for a held-out one what differs."""
+    kind = entry.get("check")
+    if kind is None:  # written before ``check``: only whether this was the calibration run is known
+        return {True: "not the calibration run; repeat or held out not recorded", False: "calibration run",
+                None: "calibration unknown"}[entry.get("held_out")]
+    if kind == HELD_OUT:
+        settings = sorted({k for per_figure in (entry.get("differs") or {}).values() for k in per_figure})
+        return f"held out, differs in {', '.join(settings)}"
+    return {CALIBRATION: "calibration run", REPEAT: "repeat of the calibration's configuration",
+            UNKNOWN: "calibration unknown"}[kind]
+
+
+def _is_source(sources: list[dict[str, Any]], this: Path, roots: list[Path]) -> bool:
+    """Was a figure solved from the run at ``this``?"""
+    return any(s.get("artifact") and _same_file(s["artifact"], this, roots) for s in _measured(sources))
+
+
+def _measured(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sources of figures measured by a run (not published or default figures)."""
+    return [s for s in sources if s.get("source")]
 
 
 @lru_cache(maxsize=8)
@@ -148,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path.name} {name}: {c['model']} {c['max_model_len']} tok × {c['max_num_seqs']} seq, "
                   f"{c['weight_format']}, {c['compilation']}, {c['topology']}: predicted {e['predicted_bytes'] / 2**20:.0f} "
                   f"MiB, measured {e['measured_bytes'] / 2**20:.0f} MiB, {e['error']:+.1%}"
-                  + {True: " (held out)", False: " (calibration run)", None: " (calibration unknown)"}[e["held_out"]])
+                  + f" ({check_label(e)})")
     return 0
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from edgectl.atomic import write_text_atomic
 from edgectl.bench import stats
 from edgectl.bench.arms import CONTROL
+from edgectl.bench.prediction import check_label
 
 SCHEMA = "edgectl.bench/1"
 # Per-pass numbers summarised per arm (median, min, max) and divided by the control's.
@@ -134,7 +135,7 @@ class BenchResult:
 
 
 def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> str:
-    lines = [*_heading(a), *_arm_table(a), *_ratio_lines(a), *_concurrency_and_llama_lines(a), *_soak_lines(a),
+    lines = [*_heading(a), *_arm_table(a), *_noise_lines(a), *_ratio_lines(a), *_concurrency_and_llama_lines(a), *_soak_lines(a),
              *_memory_prediction_lines(a), *_bandwidth_lines(a)]
     if path:
         lines.append(f"artifact: {path}")
@@ -149,7 +150,9 @@ def _heading(a: dict[str, Any]) -> list[str]:
     head = (f"edgectl bench {prov['model']}: {n_arms} arm(s) × {prov['passes']} pass(es), interleaved, "
             f"{prov['max_model_len']} tokens context — " + ("complete" if a["complete"] else "INCOMPLETE"))
     if a["complete"] and not a.get("quotable"):
-        head += " (fewer than 3 passes per arm: indicative only, not a figure to quote)"
+        noisy = [n for n, v in ((a.get("noise") or {}).get("arms") or {}).items() if v["noisy"]]
+        head += (f" (noisy: {', '.join(noisy)}: not a figure to quote, see the noise gate below)" if noisy else
+                 " (fewer than 3 passes per arm: indicative only, not a figure to quote)")
     lines = [head]
     isa = prov.get("runtime_isa") or {}
     if isa.get("ATEN_CPU_CAPABILITY") or isa.get("ONEDNN_MAX_CPU_ISA"):
@@ -191,6 +194,27 @@ def _arm_table(a: dict[str, Any]) -> list[str]:
     for name, why in a.get("skipped", {}).items():
         lines.append(f"  skipped {name}: {why}")
     return lines
+
+
+def _noise_lines(a: dict[str, Any]) -> list[str]:
+    """Per arm, the spread of its passes and whether the noise gate (bench/noise.py) passed it."""
+    gate = a.get("noise") or {}
+    if not gate.get("arms"):
+        return []
+    bound = gate["max_decode_spread"]
+    lines = [f"noise gate: max/min of the passes; an arm whose decode spread exceeds {bound} is noisy, not quotable"]
+    for name, v in gate["arms"].items():
+        parts = [f"decode {_spread(v.get('decode_tok_s'))}"]
+        if v.get("aggregate_decode_tok_s") is not None:
+            parts.append(f"aggregate decode {_spread(v['aggregate_decode_tok_s'])}")
+        parts.append(f"prefill {_spread(v.get('prefill_tok_s'))}")
+        control = " (control)" if name == gate.get("control") else ""
+        lines.append(f"  {name}{control}: {', '.join(parts)} — " + ("noisy, not quotable" if v["noisy"] else "quiet"))
+    return lines
+
+
+def _spread(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}×"
 
 
 def _ratio_lines(a: dict[str, Any]) -> list[str]:
@@ -238,8 +262,8 @@ def _memory_prediction_lines(a: dict[str, Any]) -> list[str]:
     if not mp.get("arms"):
         return []
     return ["memory, the plan's steady prediction vs the measured PSS (median): " + ", ".join(
-        f"{n} {v['predicted_bytes'] / 1e9:.2f} vs {v['measured_bytes'] / 1e9:.2f} GB ({v['error']:+.1%}"
-        + {True: ", held out", False: ", calibration run", None: ""}[v.get("held_out")] + ")"
+        f"{n} {v['predicted_bytes'] / 1e9:.2f} vs {v['measured_bytes'] / 1e9:.2f} GB ({v['error']:+.1%}, "
+        f"{check_label(v)})"
         for n, v in mp["arms"].items() if v.get("measured_bytes"))]
 
 

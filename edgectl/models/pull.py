@@ -134,10 +134,14 @@ def pull_file(path: Path, environ: Mapping[str, str], progress: Progress = quiet
     return PullResult(name, final, gguf, "pulled", manifest)
 
 
+def terms_accepted(entry: CatalogEntry, accept_terms: str | None) -> bool:
+    return entry.terms is None or accept_terms == entry.terms.accept
+
+
 def check_terms(entry: CatalogEntry, accept_terms: str | None) -> None:
     """Refuse, before anything is downloaded, a model whose terms of use were not accepted."""
     terms = entry.terms
-    if terms is None or accept_terms == terms.accept:
+    if terms is None or terms_accepted(entry, accept_terms):
         return
     given = f" (--accept-terms {accept_terms} is not the word)" if accept_terms else ""
     raise EdgectlError(f"{entry.name} is distributed under the {terms.name} ({terms.url}){given}: read them, then "
@@ -164,8 +168,13 @@ def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progre
     if entry.synthetic is not None:
         return pull_synthetic(entry, environ, progress)
     cache = cache_dir(environ)
-    make_dirs(cache)
     final, gguf = model_dir(entry, environ), gguf_path(entry, environ)
+    if not terms_accepted(entry, accept_terms) and _downloads(check_model_dir(final, entry, full=False),
+                                                              check_gguf(gguf, entry, full=True)):
+        # refused before anything is written, the cache directory and the pull's lock included (the
+        # same check under the lock below stays, for a cache another pull changed meanwhile)
+        check_terms(entry, accept_terms)
+    make_dirs(cache)
     with pull_lock(cache, entry.name, progress):
         remove_leftovers(cache, entry)
         dir_problem = check_model_dir(final, entry, full=True)
@@ -175,8 +184,7 @@ def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progre
             progress(f"done: {entry.name} is already pulled")
             return PullResult(entry.name, final, gguf, "already pulled", read_manifest(final) or {})
 
-        if dir_problem == "not pulled" or gguf_problem is not None:
-            # A repair from the kept (accepted) file needs no new acceptance; a download does.
+        if _downloads(dir_problem, gguf_problem):
             check_terms(entry, accept_terms)
         if dir_problem not in (None, "not pulled"):
             progress(f"verify: {final}: {dir_problem}; it will be converted again")
@@ -201,6 +209,13 @@ def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progre
                                extra=extra)
     progress(f"done: {entry.name} is at {final}")
     return PullResult(entry.name, final, gguf, action, manifest)
+
+
+def _downloads(dir_problem: str | None, gguf_problem: str | None) -> bool:
+    """Whether a pull downloads the GGUF: the model was never pulled, or its kept GGUF is not intact.
+    A repair of the converted directory from the kept (accepted) GGUF downloads nothing, so needs
+    no new acceptance of its terms."""
+    return dir_problem == "not pulled" or gguf_problem is not None
 
 
 def _terms_path(gguf: Path) -> Path:

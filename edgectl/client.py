@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgectl.contract import worker
+from edgectl.contract.effective import Effective
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Serve
@@ -95,13 +96,14 @@ class Client:
         except (KeyError, IndexError, TypeError):
             raise HttpFailed(f"POST /v1/completions: the answer has no text: {str(data)[:200]}") from None
 
-    def worker_state(self, timeout: float = 3.0) -> dict[str, Any] | None:
-        """The worker's own report (its phase, the settings read back, the load peak), or None."""
+    def worker_state(self, timeout: float = 3.0) -> Effective | None:
+        """The worker's own report (its phase, the settings read back, the load peak), or None when
+        no worker answers; EdgectlError naming every bad field if the report does not fit its schema."""
         try:
             state = self.get_json(worker.EFFECTIVE_ROUTE, timeout=timeout)
         except HttpFailed:
             return None
-        return state if isinstance(state, dict) else None
+        return Effective.from_dict(state) if isinstance(state, dict) else None
 
     def metrics(self, timeout: float = 3.0) -> str | None:
         """The server's Prometheus page, or None if it does not answer."""

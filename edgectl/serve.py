@@ -28,7 +28,7 @@ def wait_serving(client: Client, proc: subprocess.Popen, timeout_s: float) -> bo
         if proc.poll() is not None:
             return False
         state = client.worker_state(timeout=2)
-        if state and state.get("phase") == worker.SERVING:
+        if state is not None and state.phase == worker.SERVING:
             return True
         time.sleep(0.5)
     return False

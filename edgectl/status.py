@@ -266,8 +266,8 @@ def status_of(name: str, environ: Mapping[str, str], memory_attribution: bool = 
         last_failure = failure_from_properties(state.props)
     return DeploymentStatus(name, layout.unit, state.active or "unknown", state.sub, state.status_text,
                             state.restarts, uptime, worker.endpoint(plan.serve) if plan else None, plan, memory, metrics,
-                            (report or {}).get("load_peak") or None, (report or {}).get("warmup"),
-                            (report or {}).get("compile") or None, attribution, unavailable,
+                            report.load_peak or None if report else None, report.warmup if report else None,
+                            report.compile or None if report else None, attribution, unavailable,
                             watchdog_s=state.watchdog_s, last_failure=last_failure,
                             restarts_by_oom=restarts_by_oom(failures, state.restarts),
                             memory_max_bytes=state.int_prop("MemoryMax"))

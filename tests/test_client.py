@@ -11,6 +11,7 @@ import pytest
 
 from edgectl.client import Client, HttpFailed
 from edgectl.contract import worker
+from edgectl.contract.effective import Effective
 from edgectl.contract.plan import Serve
 from edgectl.status import parse_metrics
 
@@ -72,7 +73,7 @@ def test_chat_state_and_metrics_from_a_served_model(server):
     assert (method, path) == ("POST", "/v1/chat/completions")
     assert body == {"model": "m", "temperature": 0, "max_tokens": 32,
                     "messages": [{"role": "user", "content": "What is the capital of France?"}]}
-    assert client.worker_state() == {"phase": "serving"}
+    assert client.worker_state() == Effective(phase="serving")
     assert parse_metrics(client.metrics()) == {"requests": 5.0, "prompt_tokens": 120.0, "generated_tokens": 64.0}
 
 

@@ -8,12 +8,14 @@ down_proj K = 1536), written out here so each field can be made wrong on its own
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
-from edgectl.contract.effective import group_size_of, mismatches
-from edgectl.contract.plan import Plan
+from edgectl.contract.effective import Effective, group_size_of, mismatches
+from edgectl.contract.plan import Plan, WeightFormat
+from edgectl.errors import EdgectlError
 
 PLANS = Path(__file__).parent / "fixtures" / "plans"
 WIDTHS = {"self_attn.qkv_proj": 576, "self_attn.o_proj": 576, "mlp.gate_up_proj": 576, "mlp.down_proj": 1536}
@@ -146,3 +148,53 @@ def test_a_gguf_must_be_loaded_by_edgectls_loader():
     assert mismatches(p, {**read_back(p), "load_format": "edgectl_gguf"}) == []
     assert mismatches(p, {**read_back(p), "load_format": "auto"}) == [
         "the model was loaded with 'auto', a GGUF is served by 'edgectl_gguf'"]
+
+
+# -- the read-back's type ----------------------------------------------------------------------------
+
+RESULTS = Path(__file__).parent.parent / "results"
+
+
+def _read_backs(artifact: object):
+    """Every pass's ``effective`` in a bench artifact (passes sit at several depths)."""
+    if isinstance(artifact, dict):
+        if isinstance(artifact.get("effective"), dict):
+            yield artifact["effective"]
+        for value in artifact.values():
+            yield from _read_backs(value)
+    elif isinstance(artifact, list):
+        for value in artifact:
+            yield from _read_backs(value)
+
+
+@pytest.mark.parametrize("artifact", sorted(RESULTS.glob("*.json"))[::4], ids=lambda p: p.name)
+def test_the_type_reads_real_read_backs(artifact):
+    # Read-backs the bench kept, from the edgectl worker, unmodified vLLM and llama.cpp, written by
+    # the edgectl of their day: each one fits the type, field for field.
+    read_backs = list(_read_backs(json.loads(artifact.read_text())))
+    for data in read_backs:
+        got, problems = Effective.read(data)
+        assert problems == [] and got is not None
+        assert got.reported == set(data)
+        assert got.max_model_len == data["max_model_len"]
+
+
+def test_a_read_back_that_does_not_fit_names_every_bad_field():
+    p = plan()
+    got = {**read_back(p), "threads": "2", "tokenizer": {"lean": 1}, "surprise": True}
+    assert mismatches(p, got) == [
+        "effective.surprise: unknown field (known: " + ", ".join(sorted(
+            f.name for f in dataclasses.fields(Effective) if f.init)) + ")",
+        "effective.threads: expected an integer, got a string '2'",
+        "effective.tokenizer.lean: expected a boolean, got an integer 1",
+    ]
+    with pytest.raises(EdgectlError, match=r"^the engine's read-back does not fit edgectl.effective/1: effective.surprise"):
+        Effective.from_dict(got)
+
+
+def test_a_field_not_read_back_is_not_checked_and_a_null_one_is():
+    # kernel_isa None: the kernel library is not loaded; absent: an engine that does not report it
+    p = dataclasses.replace(plan(), weight_format=WeightFormat.W4A8)
+    assert mismatches(p, read_back(p)) == []
+    assert mismatches(p, {**read_back(p), "kernel_isa": None}) == [
+        "edgectl's kernel library is not loaded, the plan's w4a8 runs on it"]

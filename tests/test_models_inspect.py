@@ -268,6 +268,11 @@ def test_from_dict_refuses_another_schema() -> None:
         ModelFacts.from_dict({**data, "schema": "edgectl.model/0"})
     with pytest.raises(EdgectlError, match="param_bytes.total"):
         ModelFacts.from_dict({**data, "param_bytes": {**data["param_bytes"], "total": 1}})
+    with pytest.raises(EdgectlError, match=r"malformed: model.num_layers: expected an integer, got a string '36'$"):
+        ModelFacts.from_dict({**data, "num_layers": "36"})
+    # facts written before weights_dtype and num_params still load
+    older = {k: v for k, v in data.items() if k not in ("weights_dtype", "num_params")}
+    assert ModelFacts.from_dict(older).num_params is None
 
 
 def test_render_text_shows_the_key_numbers() -> None:

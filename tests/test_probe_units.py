@@ -204,6 +204,9 @@ def test_json_keys_are_the_published_schema():
     (lambda d: d["cpu"]["isa"].update(avx2="yes"), "cpu.isa.avx2"),
     (lambda d: d["cpu"].update(amx_permission="maybe"), "cpu.amx_permission"),
     (lambda d: d.update(bandwidth_gbps="fast"), "bandwidth_gbps"),
+    (lambda d: d["cpu"]["isa"].pop("sve"), "cpu.isa.sve: missing"),
+    (lambda d: d["topology"].update(usable_cpus=[0, -1]), "topology.usable_cpus: expected a non-negative number, got -1"),
+    (lambda d: d["software"].update(libc="glibc"), "software.libc: unknown field"),
 ])
 def test_from_dict_names_the_bad_field(mutate, message):
     d = copy.deepcopy(probe(host("container-cgroup2")).to_dict())

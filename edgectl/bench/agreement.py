@@ -27,6 +27,7 @@ from edgectl.bench.prompts import prompt_set
 from edgectl.client import Client, HttpFailed
 from edgectl.contract import fidelity as scoring
 from edgectl.contract import worker
+from edgectl.contract.effective import Effective
 from edgectl.contract.fidelity import PromptSet
 from edgectl.contract.plan import Request
 from edgectl.errors import EdgectlError
@@ -53,7 +54,7 @@ def _wait(ready: Callable[[], bool], server, what: str, deadline: float) -> None
 
 def _worker_ready(client: Client) -> bool:
     try:
-        return client.get_json(worker.EFFECTIVE_ROUTE, timeout=5).get("phase") == worker.SERVING
+        return Effective.from_dict(client.get_json(worker.EFFECTIVE_ROUTE, timeout=5)).phase == worker.SERVING
     except (HttpFailed, OSError, ValueError):
         return False
 

@@ -35,7 +35,7 @@ from edgectl.bench.server import ServerProcess
 from edgectl.client import Client, HttpFailed
 from edgectl.contract import worker
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
-from edgectl.contract.effective import is_int4, mismatches
+from edgectl.contract.effective import Effective, is_int4, mismatches
 from edgectl.contract.plan import Compilation, Plan, Topology
 from edgectl.contract.vllm_args import READBACK_EXTENSION, server_args
 from edgectl.errors import EdgectlError
@@ -206,15 +206,15 @@ class PreparedArm:
     def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
         raise NotImplementedError
 
-    def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+    def check(self, effective: Effective, processes: int) -> list[str]:
         raise NotImplementedError
 
-    def weights_bytes(self, effective: Mapping[str, Any]) -> int | None:
+    def weights_bytes(self, effective: Effective) -> int | None:
         """Bytes read per decoded token, approximately: the resident weights as read back (the
         parameters, plus weights vLLM moved outside them), else the plan's."""
-        resident = effective.get("resident") or {}
-        if resident.get("parameters_bytes") is not None:
-            return int(resident["parameters_bytes"]) + int(resident.get("outside_parameters_bytes") or 0)
+        resident = effective.resident
+        if resident is not None and resident.parameters_bytes is not None:
+            return resident.parameters_bytes + (resident.outside_parameters_bytes or 0)
         return self.plan.memory.weights_bytes if self.plan else None
 
     def describe(self) -> dict[str, Any]:
@@ -294,7 +294,7 @@ class WorkerArm(PreparedArm):
                     raise Crashed("the worker refused to serve: " + " | ".join(differs or tail), invalid=True)
                 raise Crashed(f"the worker exited with code {code} before it was ready: {crash_reason(server)}")
             try:
-                if client.get_json(worker.EFFECTIVE_ROUTE, timeout=5).get("phase") == worker.SERVING:
+                if Effective.from_dict(client.get_json(worker.EFFECTIVE_ROUTE, timeout=5)).phase == worker.SERVING:
                     return
             except HttpFailed:
                 pass
@@ -306,14 +306,14 @@ class WorkerArm(PreparedArm):
         eff["readback_via"] = f"GET {worker.EFFECTIVE_ROUTE} (edgectl worker)"
         return eff
 
-    def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+    def check(self, effective: Effective, processes: int) -> list[str]:
         assert self.plan is not None
         problems = mismatches(self.plan, effective)
         if self.plan.topology is Topology.SINGLE_PROCESS and processes != 1:
             problems.append(f"the bench counts {processes} processes in the server's tree, "
                             "the plan's single-process topology has 1")
-        if effective.get("phase") not in (None, worker.SERVING):
-            problems.append(f"the worker is in phase {effective.get('phase')!r}, not serving")
+        if effective.phase not in (None, worker.SERVING):
+            problems.append(f"the worker is in phase {effective.phase!r}, not serving")
         return problems
 
 
@@ -393,7 +393,7 @@ class VllmArm(PreparedArm):
             })
         return eff
 
-    def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+    def check(self, effective: Effective, processes: int) -> list[str]:
         out: list[str] = []
         plan = self.plan
 
@@ -401,24 +401,24 @@ class VllmArm(PreparedArm):
             if got != want:
                 out.append(f"{what} is {got!r}, the arm asks for {want!r}")
 
-        differ("max_model_len", plan.max_model_len, effective.get("max_model_len"))
-        differ("KV cache bytes", plan.kv_cache_bytes, effective.get("kv_cache_bytes"))
+        differ("max_model_len", plan.max_model_len, effective.max_model_len)
+        differ("KV cache bytes", plan.kv_cache_bytes, effective.kv_cache_bytes)
         if "reserve_frontend_core" in self.spec.overrides:
-            differ("threads", plan.threads, effective.get("threads"))
+            differ("threads", plan.threads, effective.threads)
         out += self._check_model(effective)
         return out
 
-    def _check_model(self, effective: Mapping[str, Any]) -> list[str]:
+    def _check_model(self, effective: Effective) -> list[str]:
         out = []
-        formats = effective.get("linear_formats")
-        if not isinstance(formats, Mapping) or not formats:
+        formats = effective.linear_formats
+        if not formats:
             out.append("linear layer formats could not be read back")
         else:
             int4 = [n for n, f in formats.items() if is_int4(f)]
             if int4:
                 out.append(f"{len(int4)} layers are 4-bit in an unmodified bf16 arm (e.g. {int4[0]})")
-        rope = effective.get("rope_rows")
-        if not isinstance(rope, Mapping) or not rope:
+        rope = effective.rope_rows
+        if not rope:
             out.append("RoPE table rows could not be read back")
         else:
             capped = {k: v for k, v in rope.items() if v != self.plan.rope_rows}
@@ -440,10 +440,10 @@ class VllmDefaultsArm(VllmArm):
                 "--served-model-name", self.plan.model.name, "--host", "127.0.0.1", "--port", str(port),
                 "--worker-extension-cls", READBACK_EXTENSION]
 
-    def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+    def check(self, effective: Effective, processes: int) -> list[str]:
         out = []
-        if effective.get("max_model_len") != self.plan.max_model_len:
-            out.append(f"max_model_len is {effective.get('max_model_len')!r}, the arm asks for {self.plan.max_model_len}")
+        if effective.max_model_len != self.plan.max_model_len:
+            out.append(f"max_model_len is {effective.max_model_len!r}, the arm asks for {self.plan.max_model_len}")
         return out + self._check_model(effective)
 
 
@@ -501,17 +501,19 @@ class LlamaCppArm(PreparedArm):
                 "max_model_len": n_ctx, "max_num_seqs": slots, "threads": threads,
                 "model_path": props.get("model_path"), "build_info": props.get("build_info")}
 
-    def check(self, effective: Mapping[str, Any], processes: int) -> list[str]:
+    def check(self, effective: Effective, processes: int) -> list[str]:
         out = []
-        for key in ("max_model_len", "max_num_seqs", "threads"):
-            if effective.get(key) != self.expected[key]:
-                out.append(f"{key} is {effective.get(key)!r}, the arm asks for {self.expected[key]!r}")
-        path = effective.get("model_path")
+        got = {"max_model_len": effective.max_model_len, "max_num_seqs": effective.max_num_seqs,
+               "threads": effective.threads}
+        for key, value in got.items():
+            if value != self.expected[key]:
+                out.append(f"{key} is {value!r}, the arm asks for {self.expected[key]!r}")
+        path = effective.model_path
         if path and Path(path).resolve() != Path(str(self.expected["model"])).resolve():
             out.append(f"llama-server loaded {path}, not {self.expected['model']}")
         return out
 
-    def weights_bytes(self, effective: Mapping[str, Any]) -> int | None:
+    def weights_bytes(self, effective: Effective) -> int | None:
         try:
             return Path(str(self.ctx.gguf_path)).stat().st_size
         except OSError:

@@ -40,6 +40,7 @@ from edgectl.bench.prompts import ids_digest, prefill_token_ids
 from edgectl.bench.server import ServerProcess, free_port
 from edgectl.client import Client, HttpFailed
 from edgectl.contract import fidelity as scoring
+from edgectl.contract.effective import Effective
 from edgectl.contract.fidelity import PromptSet
 from edgectl.contract.procmem import TreeMem
 
@@ -156,10 +157,11 @@ def _one_start(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext,
     fidelity_raw = None
     try:
         ready_mem = _until_ready(arm, client, server, ctx, rec)
-        effective = arm.readback(client, server)
-        rec["effective"] = effective
-        problems = arm.check(effective, len(ready_mem.processes))
-        if problems:
+        rec["effective"] = arm.readback(client, server)  # the artifact keeps the read-back as it came
+        effective, problems = Effective.read(rec["effective"])
+        if effective is not None:
+            problems = arm.check(effective, len(ready_mem.processes))
+        if problems or effective is None:
             rec.update(status=INVALID, problems=problems)
             return rec, None
         _measure_speeds(client, ctx, prompts, seed, order, rec)
@@ -259,7 +261,7 @@ def _soak(client: Client, server: ServerProcess, ctx: BenchContext, prompts: Pro
 
 
 def _read_steady(arm: PreparedArm, client: Client, server: ServerProcess, ctx: BenchContext,
-                 effective: dict[str, Any], rec: dict[str, Any]) -> None:
+                 effective: Effective, rec: dict[str, Any]) -> None:
     """The steady memory after the measurements (the server still alive), into ``rec``."""
     # The steady state is a server at rest: read after QUIET_S without requests, in every arm
     # alike (an edgectl worker gives freed memory back after 1 s of quiet: levers.idle_trim).

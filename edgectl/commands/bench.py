@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from edgectl.bench.arms import ARMS, DEFAULT_ARMS
+from edgectl.commands.options import ArmsMaxModelLen
 from edgectl.errors import EdgectlError
 from edgectl.output import emit, progress
 
@@ -25,7 +26,7 @@ def register(app: typer.Typer) -> None:
         arms: Annotated[Optional[str], typer.Option("--arms", help=ARMS_HELP)] = None,
         passes: Annotated[int, typer.Option("--passes", help="Passes per arm, interleaved A B C A B C …; each a fresh server (3 or more to quote).")] = 3,
         out: Annotated[Path, typer.Option("--out", help="Directory for the artifact <date>-<host>-<model>.json and the servers' logs.")] = Path("results"),
-        max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Context for every arm (default: the plan's).")] = None,
+        max_model_len: ArmsMaxModelLen = None,
         concurrency: Annotated[int, typer.Option("--concurrency", help="Also decode N streams at once per pass (aggregate tok/s); every arm is planned for N sequences, llama-server runs -np N.")] = 1,
         soak: Annotated[float, typer.Option("--soak", help="End every pass with SECONDS of mixed requests from several clients (chat, completions, streams, fresh prompts, dropped streams), the tree's PSS sampled: its drift (600 s to quote).")] = 0,
         record_profile: Annotated[bool, typer.Option("--record-profile", help="Write this device class's profile from the medians (needs `planned` and ≥ 3 passes).")] = False,

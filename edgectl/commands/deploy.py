@@ -7,22 +7,23 @@ from typing import Annotated, Optional
 
 import typer
 
-from edgectl.commands.plan import (
+from edgectl.commands.options import (
     Compilation,
     Format,
     GroupSize,
+    Host,
+    JsonResult,
     KvDtype,
     MaxModelLen,
     MaxNumSeqs,
+    Model,
+    Port,
     Threads,
 )
 from edgectl.contract.plan import DEFAULT_HOST, DEFAULT_NAME, DEFAULT_PORT, Request
 from edgectl.output import emit, progress
 
 Name = Annotated[str, typer.Option("--name", help="Deployment name: unit edgectl-NAME.service, config /etc/edgectl/NAME/.")]
-Host = Annotated[str, typer.Option("--host", help="Address the OpenAI API binds to (localhost unless told otherwise).")]
-Port = Annotated[int, typer.Option("--port", help="TCP port of the OpenAI API.")]
-Model = Annotated[str, typer.Argument(help="A catalog name (`edgectl models list`) or a Hugging Face model directory.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +42,7 @@ def register(app: typer.Typer) -> None:
         kv_cache_dtype: KvDtype = None,
         watchdog_sec: Annotated[Optional[int], typer.Option("--watchdog-sec", help="WatchdogSec (default: 3 × the longest predicted engine step, at least 30 s).")] = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the unit; write nothing.")] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+        as_json: JsonResult = False,
     ) -> None:
         """Run MODEL as a supervised systemd service (Type=notify, watchdog, MemoryMax from the plan)."""
         from edgectl.deploy import deploy
@@ -77,7 +78,7 @@ def register(app: typer.Typer) -> None:
     @app.command("undeploy")
     def undeploy_cmd(
         name: Annotated[str, typer.Argument(help="The deployment's name.")],
-        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+        as_json: JsonResult = False,
     ) -> None:
         """Stop and remove a deployment (unit and configuration); pulled models are kept."""
         from edgectl.deploy import undeploy

@@ -8,29 +8,27 @@ from typing import Annotated, Optional
 
 import typer
 
-from edgectl.contract.plan import DEFAULT_NAME, Request, WeightFormat
+from edgectl.commands.options import (
+    Compilation,
+    Format,
+    GroupSize,
+    KvDtype,
+    MaxModelLen,
+    MaxNumSeqs,
+    Model,
+    Threads,
+)
+from edgectl.contract.plan import DEFAULT_NAME, Request
 from edgectl.errors import EdgectlError
 from edgectl.output import emit
 
 OUTPUTS = ("text", "json", "k8s")
 
 
-# Options shared with deploy, serve and bench.
-MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Context length in tokens (default: the largest that fits, up to 4096 or the model's maximum).")]
-MaxNumSeqs = Annotated[int, typer.Option("--max-num-seqs", help="Sequences served at once; KV is sized for each at full context.")]
-# the formats edgectl serves, from the contract's list (what the planner accepts)
-_FORMATS = ", ".join(list(WeightFormat)[:-1]) + f" or {list(WeightFormat)[-1]}"
-Format = Annotated[Optional[str], typer.Option("--format", help=f"Weight format: {_FORMATS} (default: the fastest measured that runs here).")]
-GroupSize = Annotated[Optional[int], typer.Option("--group-size", help="Preferred int4 group size (32, 64, 128, 256; default: what suits the model, else 128); chosen per layer where K is not a multiple.")]
-Threads = Annotated[Optional[int], typer.Option("--threads", help="OpenMP threads (default: one per usable physical core).")]
-KvDtype = Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache dtype: auto (bf16) or fp8_e4m3 (half the bytes per token, AVX-512/AMX only; top-1 0.930 against bf16 KV, docs/memory.md). Default: bf16, fp8_e4m3 where the context fits only with it.")]
-Compilation = Annotated[Optional[str], typer.Option("--compilation", help="eager, or default (vLLM's torch.compile mode: faster decode, more memory, a slower start); default: the profile's.")]
-
-
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
-        model: Annotated[str, typer.Argument(help="A catalog name (`edgectl models list`) or a Hugging Face model directory.")],
+        model: Model,
         max_model_len: MaxModelLen = None,
         max_num_seqs: MaxNumSeqs = 1,
         weight_format: Format = None,

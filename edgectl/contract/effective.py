@@ -38,15 +38,167 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edgectl.contract import int4_layout
+from edgectl.contract import codec, int4_layout
+from edgectl.contract.codec import check
 from edgectl.contract.vllm_args import GGUF_LOAD_FORMAT
+from edgectl.errors import EdgectlError
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Plan
 
 SCHEMA = "edgectl.effective/1"
+
+
+# -- the read-back's type --------------------------------------------------------------------------
+#
+# Every field is optional: which ones a read-back holds depends on who read it (the edgectl worker
+# reports all of them; the bench's unmodified-vLLM arm what vLLM's routes and the read-back extension
+# give, ``edgectl/bench/arms.py``; its llama.cpp arm what ``/props`` gives) and on the edgectl that
+# wrote it (bench artifacts keep older read-backs). A field left at its default was not read back;
+# :attr:`Effective.reported` names the ones that were, where absent and null differ.
+
+
+@dataclass(frozen=True)
+class ConstructionInputs:
+    """The tokenizer's construction inputs it still holds, and those its class reads after ``__init__``."""
+
+    held: tuple[str, ...] = ()
+    read_after_init: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenizerState:
+    """The served tokenizer (``runtime/edgectl_runtime/vllm_plugin/lean.py`` ``tokenizer_state``)."""
+
+    lean: bool = False
+    processor_loaded: bool | None = None  # None: not known (read again after the warm-up)
+    construction_inputs: ConstructionInputs | None = None
+
+
+@dataclass(frozen=True)
+class IdleTrim:
+    """The idle trimmer's running figures (``runtime/edgectl_runtime/service/idle_trim.py`` ``state``)."""
+
+    enabled: bool = False
+    available: bool | None = None  # glibc's malloc_trim found
+    idle_s: float | None = None
+    trims: int | None = None
+    released_bytes: int | None = None
+    last_ms: float | None = None
+    max_ms: float | None = None
+    in_flight: int | None = None
+
+
+@dataclass(frozen=True)
+class EmbeddingPackState:
+    """One dense embedding table's packed copy: "packed" | "not packed" | "no packed kernel"."""
+
+    state: str | None = None
+    lm_head: bool = False
+
+
+@dataclass(frozen=True)
+class Resident:
+    """Resident bytes of the model's parameters and buffers, by dtype (``describe_model``)."""
+
+    by_dtype: dict[str, int] | None = None
+    parameters_bytes: int | None = None
+    buffers_bytes: int | None = None
+    total_bytes: int | None = None
+    outside_parameters_bytes: int | None = None  # weights vLLM moved out of the parameters
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """The kernels' view of this CPU in the model's process."""
+
+    cpu_capability: str | None = None  # torch's
+    int4_block_rows: int | None = None
+    edgectl_isa: str | None = None  # edgectl's kernel library: avx512vnni | avx2 | scalar, None when not loaded
+    torch_threads: int | None = None
+
+
+def _is_this_schema(schema: Any) -> str | None:
+    return None if schema == SCHEMA else f"{schema!r} is not {SCHEMA!r}"
+
+
+@dataclass(frozen=True)
+class Effective:
+    """What a running engine reports of its settings (schema ``edgectl.effective/1``; the
+    fields compared with the plan are described in this module's docstring)."""
+
+    schema: str = field(default=SCHEMA, metadata=check(_is_this_schema))
+    readback_via: str | None = None  # added by the bench: which routes it was read from
+    # the engine's configuration, as vLLM holds it
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes_config: int | None = None
+    quantization: str | None = None
+    load_format: str | None = None
+    enforce_eager: bool | None = None
+    # read in the process that holds the model
+    worker_pid: int | None = None
+    kv_cache_bytes: int | None = None
+    kv_cache_dtype: tuple[str, ...] | None = None
+    kv_tensor_dtypes: tuple[str, ...] | None = None
+    attention_isa: tuple[str, ...] | None = None
+    embedding_pack: dict[str, EmbeddingPackState] | None = None
+    rope_rows: dict[str, int] | None = None
+    linear_formats: dict[str, str] | None = None
+    linear_in_features: dict[str, int] | None = None
+    linear_format_counts: dict[str, int] | None = None
+    lm_head_format: str | None = None
+    resident: Resident | None = None
+    quantization_readback: dict[str, Any] | None = None  # the quantization method's own description
+    levers: dict[str, str | None] | None = None  # the runtime's levers as its environment has them
+    kernel: KernelFacts | None = None
+    compile: dict[str, Any] | None = None  # the compiled graph's provenance (compile_cache.facts)
+    kernel_isa: str | None = None
+    threads: int | None = None
+    omp_cpus: tuple[int, ...] | None = None
+    # the server's process tree and its own process
+    server_pid: int | None = None
+    processes: int | None = None
+    process_names: tuple[str, ...] | None = None
+    python_optimize: int | None = None
+    optional_imports: dict[str, str] | None = None
+    tokenizer: TokenizerState | None = None
+    idle_trim: IdleTrim | None = None
+    # the edgectl worker's own report (GET /edgectl/effective)
+    phase: str | None = None
+    ready_s: float | None = None
+    load_peak: dict[str, int] | None = None  # {} until the first sample
+    warmup: dict[str, str | None] | None = None  # {"answer", "suspect"}
+    plan_kv_cache_bytes: int | None = None
+    # what the bench reads from other servers: llama.cpp's /props, vLLM's /metrics
+    model_path: str | None = None
+    build_info: str | None = None
+    cache_config_info: dict[str, str | None] | None = None
+    unverified: tuple[str, ...] | None = None  # what the bench could not read back, and why
+    # the fields the read-back held (not a JSON field: set by read())
+    reported: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
+
+    @classmethod
+    def read(cls, data: Any) -> tuple[Effective | None, list[str]]:
+        """A read-back from its JSON, strictly: (it or None, every problem as ``effective.field: problem``)."""
+        got, problems = codec.read(cls, data, "effective")
+        if not isinstance(got, Effective):
+            return None, problems
+        object.__setattr__(got, "reported", frozenset(data))
+        return got, problems
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Effective:
+        """:meth:`read`, or EdgectlError naming every bad field."""
+        got, problems = cls.read(data)
+        if got is None:
+            raise EdgectlError(f"the engine's read-back does not fit {SCHEMA}: {problems[0]}",
+                               details=problems[1:])
+        return got
 
 
 def is_int4(fmt: str | None) -> bool:
@@ -61,32 +213,41 @@ def head_family(fmt: str | None) -> str:
     return "int8" if fmt and fmt.startswith("w8a8") else "dense"
 
 
-def mismatches(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
-    """Every way the running engine differs from the plan; empty when the plan took effect."""
+def mismatches(plan: Plan, effective: Effective | Mapping[str, Any]) -> list[str]:
+    """Every way the running engine differs from the plan; empty when the plan took effect.
+
+    ``effective`` is the read-back, or its JSON (read strictly: a read-back that does not fit the
+    schema is itself the difference, one line per bad field).
+    """
+    if not isinstance(effective, Effective):
+        got, problems = Effective.read(effective)
+        if got is None:
+            return problems
+        effective = got
     out: list[str] = []
 
     def differ(what: str, planned: Any, got: Any) -> None:
         if got != planned:
             out.append(f"{what} is {got!r}, the plan says {planned!r}")
 
-    differ("max_model_len", plan.max_model_len, effective.get("max_model_len"))
-    differ("max_num_seqs", plan.max_num_seqs, effective.get("max_num_seqs"))
-    differ("KV cache bytes", plan.kv_cache_bytes, effective.get("kv_cache_bytes"))
-    differ("threads", plan.threads, effective.get("threads"))
+    differ("max_model_len", plan.max_model_len, effective.max_model_len)
+    differ("max_num_seqs", plan.max_num_seqs, effective.max_num_seqs)
+    differ("KV cache bytes", plan.kv_cache_bytes, effective.kv_cache_bytes)
+    differ("threads", plan.threads, effective.threads)
     out += _rope_rows(plan, effective)
     out += _linear_formats(plan, effective)
-    if (plan.model.checkpoint_format == "gguf" and "load_format" in effective
-            and effective["load_format"] != GGUF_LOAD_FORMAT):
-        out.append(f"the model was loaded with {effective['load_format']!r}, a GGUF is served by {GGUF_LOAD_FORMAT!r}")
+    if (plan.model.checkpoint_format == "gguf" and "load_format" in effective.reported
+            and effective.load_format != GGUF_LOAD_FORMAT):
+        out.append(f"the model was loaded with {effective.load_format!r}, a GGUF is served by {GGUF_LOAD_FORMAT!r}")
     out += _processes(plan, effective)
     out += _kv_dtype(plan, effective)
     out += _memory_levers(plan, effective)
     return out
 
 
-def _rope_rows(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
-    rope = effective.get("rope_rows")
-    if not isinstance(rope, Mapping) or not rope:
+def _rope_rows(plan: Plan, effective: Effective) -> list[str]:
+    rope = effective.rope_rows
+    if not rope:
         return ["RoPE table rows could not be read back"]
     wrong = {k: v for k, v in rope.items() if v != plan.rope_rows}
     if wrong:
@@ -95,11 +256,11 @@ def _rope_rows(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def _linear_formats(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
+def _linear_formats(plan: Plan, effective: Effective) -> list[str]:
     """The linear layers' formats: 4-bit where the plan quantizes, in its groups; the output head's
     format; edgectl's kernel library loaded where the plan runs on it."""
-    formats = effective.get("linear_formats")
-    if not isinstance(formats, Mapping) or not formats:
+    formats = effective.linear_formats
+    if not formats:
         return ["linear layer formats could not be read back"]
     out: list[str] = []
     int4 = [n for n, f in formats.items() if is_int4(f)]
@@ -108,23 +269,25 @@ def _linear_formats(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
             out.append(f"{len(int4)} linear layers are 4-bit, the plan says bf16 (e.g. {int4[0]})")
     else:
         out += _int4_body(plan, formats, int4, effective)
-    head = effective.get("lm_head_format", formats.get("lm_head"))
+    head = effective.lm_head_format if "lm_head_format" in effective.reported else formats.get("lm_head")
     if head_family(head) != plan.lm_head_format:
         planned = "keeps it unquantized" if plan.lm_head_format == "dense" else f"has it {plan.lm_head_format}"
         out.append(f"the output head is {head}, the plan {planned}")
     if ((plan.weight_format == "w4a8" or plan.lm_head_format == "int8")
-            and "kernel_isa" in effective and not effective["kernel_isa"]):
+            and "kernel_isa" in effective.reported and not effective.kernel_isa):
         out.append(f"edgectl's kernel library is not loaded, the plan's {plan.weight_format} runs on it")
     return out
 
 
-def _int4_body(plan: Plan, formats: Mapping[str, Any], int4: list[str], effective: Mapping[str, Any]) -> list[str]:
+def _int4_body(plan: Plan, formats: Mapping[str, str], int4: list[str], effective: Effective) -> list[str]:
     """A 4-bit plan: every layer but the output head 4-bit (``int4``: those that are), in the plan's groups."""
     out: list[str] = []
     body = {n: f for n, f in formats.items() if n != "lm_head"}
+
     # a GGUF served as it is keeps its 5-8-bit layers in edgectl's 8-bit blocks (docs/gguf.md)
-    held = (lambda f: is_int4(f) or str(f).startswith("w8a8")) if plan.model.checkpoint_format == "gguf" \
-        else is_int4
+    def held(fmt: str) -> bool:
+        return is_int4(fmt) or (plan.model.checkpoint_format == "gguf" and fmt.startswith("w8a8"))
+
     not_int4 = sorted(n for n, f in body.items() if not held(f))
     if not int4:
         out.append(f"no linear layer is 4-bit, the plan says {plan.weight_format}")
@@ -133,17 +296,17 @@ def _int4_body(plan: Plan, formats: Mapping[str, Any], int4: list[str], effectiv
                    f"(e.g. {not_int4[0]}: {formats[not_int4[0]]})")
     # quantized at load by the plan's group rule (edgectl's w4a8 blocks are 32 columns whatever it says)
     if plan.model.checkpoint_format == "bf16" and plan.weight_format != "w4a8":
-        out += _group_mismatches(plan, body, effective.get("linear_in_features"))
+        out += _group_mismatches(plan, body, effective.linear_in_features)
     return out
 
 
-def _processes(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
+def _processes(plan: Plan, effective: Effective) -> list[str]:
     """The processes serving: one in the single-process topology, several in vLLM's own."""
-    processes = effective.get("processes")
+    processes = effective.processes
     out: list[str] = []
     if plan.topology == "single-process" and processes != 1:
         out.append(f"{processes} processes serve, the plan's single-process topology has 1")
-    if plan.topology == "stock" and not (isinstance(processes, int) and processes > 1):
+    if plan.topology == "stock" and not (processes is not None and processes > 1):
         out.append(f"{processes} process(es) serve, vLLM's own topology has an API server and an engine")
     return out
 
@@ -152,10 +315,10 @@ def _processes(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
 KV_TENSOR_DTYPE = {"auto": "bfloat16", "fp8_e4m3": "uint8"}
 
 
-def _kv_dtype(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
+def _kv_dtype(plan: Plan, effective: Effective) -> list[str]:
     want = str(plan.kv_cache_dtype)
-    layers = effective.get("kv_cache_dtype")
-    tensors = effective.get("kv_tensor_dtypes")
+    layers = effective.kv_cache_dtype
+    tensors = effective.kv_tensor_dtypes
     if not layers or not tensors:
         return ["the KV cache dtype could not be read back"]
     out = []
@@ -167,66 +330,76 @@ def _kv_dtype(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _memory_levers(plan: Plan, effective: Mapping[str, Any]) -> list[str]:
+def _memory_levers(plan: Plan, effective: Effective) -> list[str]:
     out = []
-    optimize = effective.get("python_optimize")
+    optimize = effective.python_optimize
     if optimize != plan.levers.python_optimize:
         out.append(f"Python's optimization level is {optimize!r}, the plan says {plan.levers.python_optimize}")
-    imports = effective.get("optional_imports")
-    if not isinstance(imports, Mapping) or not imports:
-        out.append("the optional imports could not be read back")
-    else:
-        skip = str(plan.levers.optional_imports) == "skip"
-        wrong = sorted(n for n, state in imports.items() if state == ("loaded" if skip else "kept out"))
-        if wrong:
-            out.append(f"{', '.join(wrong)} {'loaded' if skip else 'kept out'}, the plan says "
-                       f"{plan.levers.optional_imports}")
-    tokenizer = effective.get("tokenizer")
-    lean = str(plan.levers.tokenizer) == "lean"
-    if not isinstance(tokenizer, Mapping):
-        out.append("the tokenizer's state could not be read back")
-    else:
-        if bool(tokenizer.get("lean")) != lean:
-            out.append(f"the tokenizer is {'lean' if tokenizer.get('lean') else 'as vLLM holds it'}, the plan's "
-                       f"tokenizer is {plan.levers.tokenizer}")
-        inputs = tokenizer.get("construction_inputs") or {}
-        releasable = sorted(set(inputs.get("held") or []) - set(inputs.get("read_after_init") or []))
-        if lean and releasable:
-            out.append(f"the tokenizer still holds {', '.join(releasable)}, the plan's tokenizer is lean")
-    trim = effective.get("idle_trim")
-    if not isinstance(trim, Mapping):
+    out += _optional_imports(plan, effective.optional_imports)
+    out += _tokenizer(plan, effective.tokenizer)
+    trim = effective.idle_trim
+    if trim is None:
         out.append("the idle trim's state could not be read back")
-    elif bool(trim.get("enabled")) != plan.levers.idle_trim:
-        out.append(f"the idle trim is {'on' if trim.get('enabled') else 'off'}, the plan's idle_trim is "
+    elif trim.enabled != plan.levers.idle_trim:
+        out.append(f"the idle trim is {'on' if trim.enabled else 'off'}, the plan's idle_trim is "
                    f"{'on' if plan.levers.idle_trim else 'off'}")
-    elif plan.levers.idle_trim and not trim.get("available"):
+    elif plan.levers.idle_trim and not trim.available:
         out.append("the idle trim is on but this C library has no malloc_trim (glibc's)")
-    packs = effective.get("embedding_pack")
-    if not isinstance(packs, Mapping):
-        out.append("the embedding tables' packed copies could not be read back")
-    else:  # empty when no embedding is dense (an int4 tied head)
-        lm_head_only = str(plan.levers.embedding_pack) == "lm-head"
-        # a table the plan leaves to vLLM is packed where the CPU has a packed GEMM, and only there
-        kept = ("packed", "no packed kernel")
-        wrong = sorted(n for n, layer in packs.items()
-                       if (layer.get("state") in kept) != (not lm_head_only or bool(layer.get("lm_head"))))
-        if wrong:
-            out.append(f"embedding table(s) {', '.join(wrong)}: {packs[wrong[0]].get('state')}, the plan's "
-                       f"embedding_pack is {plan.levers.embedding_pack}")
+    out += _embedding_pack(plan, effective.embedding_pack)
     return out
 
 
-def _group_mismatches(plan: Plan, formats: Mapping[str, str], in_features: Any) -> list[str]:
+def _optional_imports(plan: Plan, imports: Mapping[str, str] | None) -> list[str]:
+    if not imports:
+        return ["the optional imports could not be read back"]
+    skip = str(plan.levers.optional_imports) == "skip"
+    wrong = sorted(n for n, state in imports.items() if state == ("loaded" if skip else "kept out"))
+    if wrong:
+        return [f"{', '.join(wrong)} {'loaded' if skip else 'kept out'}, the plan says "
+                f"{plan.levers.optional_imports}"]
+    return []
+
+
+def _tokenizer(plan: Plan, tokenizer: TokenizerState | None) -> list[str]:
+    if tokenizer is None:
+        return ["the tokenizer's state could not be read back"]
+    out = []
+    lean = str(plan.levers.tokenizer) == "lean"
+    if tokenizer.lean != lean:
+        out.append(f"the tokenizer is {'lean' if tokenizer.lean else 'as vLLM holds it'}, the plan's "
+                   f"tokenizer is {plan.levers.tokenizer}")
+    inputs = tokenizer.construction_inputs or ConstructionInputs()
+    releasable = sorted(set(inputs.held) - set(inputs.read_after_init))
+    if lean and releasable:
+        out.append(f"the tokenizer still holds {', '.join(releasable)}, the plan's tokenizer is lean")
+    return out
+
+
+def _embedding_pack(plan: Plan, packs: Mapping[str, EmbeddingPackState] | None) -> list[str]:
+    if packs is None:
+        return ["the embedding tables' packed copies could not be read back"]
+    # empty when no embedding is dense (an int4 tied head)
+    lm_head_only = str(plan.levers.embedding_pack) == "lm-head"
+    # a table the plan leaves to vLLM is packed where the CPU has a packed GEMM, and only there
+    kept = ("packed", "no packed kernel")
+    wrong = sorted(n for n, layer in packs.items() if (layer.state in kept) != (not lm_head_only or layer.lm_head))
+    if wrong:
+        return [f"embedding table(s) {', '.join(wrong)}: {packs[wrong[0]].state}, the plan's "
+                f"embedding_pack is {plan.levers.embedding_pack}"]
+    return []
+
+
+def _group_mismatches(plan: Plan, formats: Mapping[str, str], in_features: Mapping[str, int] | None) -> list[str]:
     """Each int4 layer's group against the one the plan's rule gives its input width
     (``int4_layout.choose_group_size``: the plan's group where it divides K, else the nearest)."""
-    if not isinstance(in_features, Mapping):
+    if in_features is None:
         return ["the int4 layers' input widths could not be read back (their group sizes cannot be checked)"]
     wrong = []
     for name, fmt in formats.items():
         group, k = group_size_of(fmt), in_features.get(name)
         if group is None:
             continue
-        expected = int4_layout.choose_group_size(k, plan.group_size) if isinstance(k, int) else None
+        expected = int4_layout.choose_group_size(k, plan.group_size) if k is not None else None
         if group != expected:
             wrong.append(f"{name} uses groups of {group}, the plan's group size {plan.group_size} gives {expected}")
     return [f"{len(wrong)} int4 layer(s) differ in group size (e.g. {wrong[0]})"] if wrong else []

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgectl.contract import codec
 from edgectl.errors import EdgectlError
 
 SCHEMA = "edgectl.model/1"
@@ -133,52 +134,27 @@ class ModelFacts:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelFacts:
-        """Read back what :meth:`to_dict` wrote (possibly on another host)."""
+        """Read back what :meth:`to_dict` wrote (possibly on another host), strictly, through the
+        contract's codec (``edgectl/contract/codec.py``); EdgectlError naming every bad field."""
         if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
             found = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
             raise EdgectlError(f"model facts have schema {found!r}, expected {SCHEMA!r}")
-        try:
-            pb = data["param_bytes"]
-            param_bytes = ParamBytes(linear=int(pb["linear"]), embedding=int(pb["embedding"]),
-                                     lm_head=int(pb["lm_head"]), other=int(pb["other"]))
-            if int(pb["total"]) != param_bytes.total:
-                raise ValueError(f"param_bytes.total {pb['total']} is not the sum of its parts")
-            return cls(
-                name=data["name"],
-                path=data["path"],
-                architecture=data["architecture"],
-                model_type=data["model_type"],
-                num_layers=int(data["num_layers"]),
-                hidden_size=int(data["hidden_size"]),
-                intermediate_size=data["intermediate_size"],
-                num_attention_heads=int(data["num_attention_heads"]),
-                num_kv_heads=int(data["num_kv_heads"]),
-                head_dim=int(data["head_dim"]),
-                vocab_size=int(data["vocab_size"]),
-                tie_word_embeddings=bool(data["tie_word_embeddings"]),
-                max_position_embeddings=data["max_position_embeddings"],
-                rope_theta=data["rope_theta"],
-                rope_scaling=data["rope_scaling"],
-                sliding_window=data["sliding_window"],
-                layer_types=tuple(data["layer_types"]),
-                dtype=data["dtype"],
-                weights_dtype=data.get("weights_dtype"),
-                param_bytes=param_bytes,
-                param_source=data["param_source"],
-                num_params=data.get("num_params"),
-                linear_layers=tuple(
-                    LinearLayer(name=d["name"], out_features=int(d["out_features"]), gguf_bits=d.get("gguf_bits"),
-                                in_features=int(d["in_features"]))
-                    for d in data["linear_layers"]
-                ),
-                quantization_config=data["quantization_config"],
-                tokenizer=bool(data["tokenizer"]),
-                chat_template=bool(data["chat_template"]),
-                unknown=tuple(data.get("unknown", ())),
-                tokenizer_bytes=data.get("tokenizer_bytes"),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise EdgectlError(f"model facts ({SCHEMA}) are malformed: {exc.__class__.__name__}: {exc}") from None
+        # written by to_dict but not fields: the schema, and param_bytes.total (checked against its parts);
+        # weights_dtype and num_params may be absent (facts written before them): read as None
+        body = {"weights_dtype": None, "num_params": None, **data}
+        del body["schema"]
+        pb = body.get("param_bytes")
+        total = pb.get("total") if isinstance(pb, dict) else None
+        if isinstance(pb, dict):
+            body["param_bytes"] = {k: v for k, v in pb.items() if k != "total"}
+        facts, problems = codec.read(cls, body, "model")
+        if isinstance(facts, ModelFacts) and total != facts.param_bytes.total:
+            problems.append(f"model.param_bytes.total: {total!r} is not the sum of its parts "
+                            f"({facts.param_bytes.total})")
+        if problems:
+            raise EdgectlError(f"model facts ({SCHEMA}) are malformed: {problems[0]}", details=problems[1:])
+        assert isinstance(facts, ModelFacts)
+        return facts
 
     def render_text(self) -> str:
         pb = self.param_bytes

@@ -471,11 +471,12 @@ def test_vllm_server_answers_under_the_unit(systemd_sandbox, probe_root):
                    capture_output=True, timeout=300)
     for path in systemd_sandbox.host_path(model).iterdir():
         path.chmod(0o644)  # save_pretrained writes 0600; the service's user must read the model
-    # The probe's worker shadows edgectl_runtime.service.worker only: the installed package stays on the
-    # package path, so vLLM still loads edgectl's plugin (which, on an AMX CPU, asks Linux for
+    # The probe's worker shadows edgectl_runtime.service.worker only: the installed packages stay on the
+    # package path (both levels extend it), so vLLM still loads edgectl's plugin (which, on an AMX CPU, asks Linux for
     # AMX tile data; without it vLLM's AMX attention dies of SIGILL, tests/test_plugin_amx.py).
-    systemd_sandbox.write_file(f"{probe_root}/server/edgectl_runtime/__init__.py",
-                               "import pkgutil\n__path__ = pkgutil.extend_path(__path__, __name__)\n")
+    for package in ("edgectl_runtime", "edgectl_runtime/service"):
+        systemd_sandbox.write_file(f"{probe_root}/server/{package}/__init__.py",
+                                   "import pkgutil\n__path__ = pkgutil.extend_path(__path__, __name__)\n")
     systemd_sandbox.write_file(f"{probe_root}/server/edgectl_runtime/service/worker.py", SERVER)
     plan = probe_plan(probe_root, unique_name("v"), "server", cpus=sorted(os.sched_getaffinity(0)))
     plan["model"]["path"] = model

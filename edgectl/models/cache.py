@@ -150,7 +150,7 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     return manifest
 
 
-# The manifest's "layout" of a directory that serves its GGUF as it is (edgectl/models/pull.py).
+# The manifest's "layout" of a directory that serves its GGUF as it is (edgectl/models/convert.py).
 # An older edgectl wrote a bf16 copy and no layout: such a directory is converted again.
 LAYOUT = "gguf-direct"
 

@@ -36,7 +36,7 @@ def has_chat_template(path: Path) -> bool:
 
 
 # The measured cost of a model's tokenizer in the worker: in a pulled directory, its manifest's
-# "tokenizer_cost" (edgectl/models/pull.py); in the catalog's shipped copy, this file.
+# "tokenizer_cost" (edgectl/models/convert.py); in the catalog's shipped copy, this file.
 TOKENIZER_COST_JSON = "tokenizer-cost.json"
 
 

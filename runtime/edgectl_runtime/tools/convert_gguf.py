@@ -9,7 +9,7 @@ GGUF metadata (CONFIG_JSON: ``model_type`` and the keyword arguments the control
 ``edgectl/models/gguf_hf.py``, completed by transformers' config class of that model type), the
 tokenizer and chat template made from the GGUF's, and the GGUF itself as ``model.gguf`` (a hard
 link; a copy across file systems), which edgectl's load format ``edgectl_gguf`` reads
-(``gguf_loader.py``). Without it (``edgectl.models.pull.bf16_copy``: for stock vLLM, which cannot
+(``gguf_loader.py``). Without it (``edgectl.models.convert.bf16_copy``: for stock vLLM, which cannot
 read a GGUF) the weights are dequantized to bfloat16 by transformers (a GGUF Q4_1 file becomes a
 plain bf16 checkpoint), and the tokenizer and chat template embedded in the GGUF are written
 beside them. ``OUT_DIR`` must not exist or be empty; the caller

@@ -2,7 +2,7 @@
 
 vLLM 0.32 has no GGUF loader (``vllm/model_executor/model_loader/`` holds none), so the plugin
 registers this one (``register_model_loader``, ``model_loader/__init__.py``). The model
-directory is what ``edgectl models pull`` writes for a GGUF (``edgectl/models/pull.py``):
+directory is what ``edgectl models pull`` writes for a GGUF (``edgectl/models/convert.py``):
 ``config.json`` made from the GGUF metadata, the tokenizer made from the GGUF's, and the GGUF
 itself as :data:`GGUF_FILE`. Nothing is downloaded.
 

@@ -240,11 +240,13 @@ def _memory(model: ModelFacts, sizes: SpeechSizes, seqs: int, dtype: str, max_au
     blocks = sizes.blocks_per_seq * seqs + 1  # vLLM keeps one null block
     kv = blocks * sizes.kv_bytes_per_block
     runtime = FALLBACK_SPEECH_PROCESS_BYTES
+    # The decoded samples of the longest uploads, one per transcription at once: held only while
+    # such uploads run, so they are room under the limits, not part of the steady total.
     audio = seqs * max_audio_s * speech.sample_rate * SAMPLE_BYTES
-    workspace = sizes.encoder_work_bytes + audio
+    workspace = sizes.encoder_work_bytes
     total = weights + kv + runtime + workspace
-    limit = ledger.round_mib(total * FALLBACK_SPEECH_PEAK_RATIO * ledger.MAX_HEADROOM)
-    high = ledger.round_mib(total * FALLBACK_SPEECH_PEAK_RATIO * ledger.HIGH_HEADROOM)
+    limit = ledger.round_mib((total * FALLBACK_SPEECH_PEAK_RATIO + audio) * ledger.MAX_HEADROOM)
+    high = ledger.round_mib((total * FALLBACK_SPEECH_PEAK_RATIO + audio) * ledger.HIGH_HEADROOM)
     memory = Memory(weights_bytes=weights, kv_cache_bytes=kv, rope_bytes=0, runtime_bytes=runtime,
                     workspace_bytes=workspace, total_bytes=total, high_bytes=high, limit_bytes=limit)
     if budget is not None and limit > budget:
@@ -254,9 +256,10 @@ def _memory(model: ModelFacts, sizes: SpeechSizes, seqs: int, dtype: str, max_au
     detail = (f"weights {weights / MiB:.0f} MiB ({params / 1e6:.1f} M parameters in {dtype}); KV {kv / MiB:.0f} MiB "
               f"({blocks} blocks of {sizes.kv_bytes_per_block / MiB:.2f} MiB: {sizes.blocks_per_seq} per transcription "
               f"for {sizes.decoder_tokens} decoder tokens and {sizes.encoder_positions} cross-attention rows, plus vLLM's "
-              f"null block); encoder work {sizes.encoder_work_bytes / MiB:.0f} MiB for one window and "
-              f"{audio / MiB:.0f} MiB of decoded audio; runtime {runtime / MiB:.0f} MiB (a fallback, not measured here); "
-              f"MemoryMax = total × load peak {FALLBACK_SPEECH_PEAK_RATIO} (fallback) × {ledger.MAX_HEADROOM}")
+              f"null block); encoder work {sizes.encoder_work_bytes / MiB:.0f} MiB for one window; "
+              f"runtime {runtime / MiB:.0f} MiB (a fallback, not measured here); MemoryMax = (total × load peak "
+              f"{FALLBACK_SPEECH_PEAK_RATIO} (fallback) + {audio / MiB:.0f} MiB of decoded audio for the longest uploads) "
+              f"× {ledger.MAX_HEADROOM}")
     return Decided(memory, Reason("memory", total, Source.FALLBACK, detail))
 
 

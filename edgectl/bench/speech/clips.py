@@ -33,6 +33,7 @@ import wave
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgectl.contract.speech_clips import (
     SAMPLE_RATE,
@@ -82,7 +83,7 @@ def read_recipe(path: Path = RECIPE_JSON) -> tuple[tuple[ClipRecipe, ...], ClipR
     return clips, warmup
 
 
-def _recipe(d: dict, sentences: dict[str, str]) -> ClipRecipe:
+def _recipe(d: dict[str, Any], sentences: dict[str, str]) -> ClipRecipe:
     noise, use = noise_and_use(d)
     text = " ".join(sentences[s] for s in d["sentences"])
     return ClipRecipe(str(d["id"]), text, str(d["voice"]), int(d["speed"]), noise, use)
@@ -118,7 +119,7 @@ def _run(cmd: list[str]) -> str:
 # -- audio arithmetic (stdlib only: the control plane has no numpy) ---------------------------------
 
 
-def read_pcm16(path: Path) -> tuple[array, int]:
+def read_pcm16(path: Path) -> tuple[array[int], int]:
     """The samples of a 16-bit mono WAV and its sample rate."""
     with wave.open(str(path), "rb") as w:
         if w.getsampwidth() != 2 or w.getnchannels() != 1:
@@ -127,7 +128,7 @@ def read_pcm16(path: Path) -> tuple[array, int]:
         return samples, w.getframerate()
 
 
-def rms(samples: array) -> float:
+def rms(samples: array[int]) -> float:
     """Root mean square, in full-scale units (1.0 = 32768)."""
     if not samples:
         return 0.0

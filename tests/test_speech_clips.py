@@ -13,6 +13,7 @@ import re
 import shutil
 import wave
 from array import array
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from edgectl.bench.speech import clips as clipmaker
 from edgectl.bench.speech.clips import (
     HEADROOM,
     WINDOW_S,
+    check_voices,
     make_clip,
     make_clip_set,
     make_warmup,
@@ -104,7 +106,7 @@ def test_the_clip_set_is_made_16k_mono_indexed_and_the_same_bytes_twice(tmp_path
 @needs_tools
 def test_a_noisy_clip_has_the_stated_snr(tmp_path: Path) -> None:
     recipe = next(c for c in read_recipe()[0] if c.noise and c.noise.snr_db == 10.0)
-    clean_recipe = type(recipe)(recipe.id + "-x", recipe.text, recipe.voice, recipe.speed_wpm, None, recipe.use)
+    clean_recipe = replace(recipe, id=recipe.id + "-x", noise=None)
     noisy = make_clip(recipe, tmp_path / "noisy.wav", tmp_path)
     make_clip(clean_recipe, tmp_path / "clean.wav", tmp_path)
     mix, _ = read_pcm16(tmp_path / "noisy.wav")
@@ -114,6 +116,15 @@ def test_a_noisy_clip_has_the_stated_snr(tmp_path: Path) -> None:
     snr = 20 * math.log10(rms(speech) / rms(noise))
     assert snr == pytest.approx(noisy.noise.snr_db, abs=0.2)
     assert max(abs(s) for s in mix) < 32767  # nothing clipped
+
+
+@needs_tools
+def test_a_voice_espeak_ng_lacks_is_refused_not_replaced() -> None:
+    recipes, _ = read_recipe()
+    check_voices(recipes)
+    for voice in ("en-xx", "en-us+nope"):
+        with pytest.raises(EdgectlError, match=f"has no voice {re.escape(voice)}"):
+            check_voices((replace(recipes[0], voice=voice),))
 
 
 @needs_tools

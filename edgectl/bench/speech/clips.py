@@ -111,9 +111,23 @@ def tool_versions() -> dict[str, str]:
 def _run(cmd: list[str]) -> str:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
-        raise EdgectlError(f"{Path(cmd[0]).name} failed (exit {done.returncode}): "
-                           f"{(done.stderr or done.stdout).strip().splitlines()[-1:] or ''}")
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise EdgectlError(f"{Path(cmd[0]).name} failed (exit {done.returncode}): {last[0]}")
     return done.stdout
+
+
+def check_voices(recipes: tuple[ClipRecipe, ...]) -> None:
+    """Refuse a voice espeak-ng does not have: given one, it speaks with its default voice and
+    exits 0 (checked with espeak-ng 1.51), which would make a different clip silently."""
+    espeak = _program("espeak-ng")
+    languages = {line.split()[1] for line in _run([espeak, "--voices"]).splitlines()[1:] if line.split()}
+    variants = {line.split()[4].rsplit("/", 1)[-1] for line in _run([espeak, "--voices=variant"]).splitlines()[1:]
+                if len(line.split()) > 4}
+    for r in recipes:
+        language, _, variant = r.voice.partition("+")
+        if language not in languages or (variant and variant not in variants):
+            raise EdgectlError(f"espeak-ng {tool_versions()['espeak-ng']} has no voice {r.voice} (clip {r.id}; "
+                               f"espeak-ng --voices and --voices=variant list them): the recipe was written for 1.51")
 
 
 # -- audio arithmetic (stdlib only: the control plane has no numpy) ---------------------------------
@@ -168,6 +182,7 @@ def make_clip_set(directory: Path, recipe_path: Path = RECIPE_JSON) -> ClipSet:
     """Make every clip of the recipe into ``directory`` (created) and write its ``clips.json``."""
     recipes, _warmup = read_recipe(recipe_path)
     tools = tool_versions()
+    check_voices(recipes)
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgectl-clips-") as tmp:
         clips = tuple(make_clip(r, directory / f"{r.id}.wav", Path(tmp)) for r in recipes)
@@ -183,6 +198,7 @@ def make_clip_set(directory: Path, recipe_path: Path = RECIPE_JSON) -> ClipSet:
 def make_warmup(wav: Path = WARMUP_WAV, entry: Path = WARMUP_JSON, recipe_path: Path = RECIPE_JSON) -> Clip:
     """Make the warm-up clip the package ships (run once by hand; the result is committed)."""
     _recipes, recipe = read_recipe(recipe_path)
+    check_voices((recipe,))
     with tempfile.TemporaryDirectory(prefix="edgectl-clips-") as tmp:
         clip = make_clip(recipe, wav, Path(tmp))
     entry.write_text(json.dumps({**clip.to_dict(), "tools": tool_versions()}, indent=1) + "\n", encoding="utf-8")

@@ -22,6 +22,7 @@ from edgectl_runtime.service.audio_guard import (
     AudioGuard,
     find_file_part,
 )
+from edgectl_runtime.service.http_app import DrainGuard
 from edgectl_runtime.service.state import Service
 
 pytest.importorskip("av")
@@ -210,6 +211,9 @@ def test_the_file_part_is_a_view_into_the_body(wav):
     assert part.data.obj is body and part.data.tobytes() == wav
     assert find_file_part("application/json", body) is None
     assert find_file_part(HEADERS["content-type"], form(None)) is None
+    assert find_file_part(HEADERS["content-type"], b"no boundary here\r\n" + wav[:100]) is None
+    field_named_file = form(None).replace(b"name=\"model\"", b"name=\"file\"")  # a plain field, no filename
+    assert find_file_part(HEADERS["content-type"], field_named_file) is None
 
 
 def test_the_workers_report_carries_the_counts(served, wav):
@@ -223,3 +227,15 @@ def test_the_workers_report_carries_the_counts(served, wav):
     with TestClient(app) as worker:
         report = Effective.from_dict(worker.get("/edgectl/effective").json())
     assert report.transcriptions == 1 and report.audio_seconds == pytest.approx(2.78, abs=0.05)
+
+
+def test_inside_the_drain_guard_as_the_worker_wraps_it(wav):
+    """DrainGuard(AudioGuard(app, …), service): uvicorn still sees the app's attributes through both."""
+    service = Service(make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2)), Notes())
+    app = StandIn().app()
+    outer = DrainGuard(AudioGuard(app, service, max_audio_s=LIMIT_S, max_upload_bytes=MAX_BYTES), service)
+    assert outer.state is app.state and outer.routes is app.routes
+    with TestClient(outer) as client:
+        assert client.post(TRANSCRIBE, content=form(wav), headers=HEADERS).status_code == 200
+        assert client.post(TRANSCRIBE, content=form(wav[:100]), headers=HEADERS).status_code == 400
+    assert service.transcriptions == 1

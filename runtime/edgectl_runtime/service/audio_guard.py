@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from edgectl_runtime.service.audio_upload import (
@@ -24,6 +27,8 @@ from edgectl_runtime.service.audio_upload import (
     check_upload,
 )
 from edgectl_runtime.service.state import Service
+
+log = logging.getLogger("edgectl.runtime")
 
 AUDIO_ROUTES = ("/v1/audio/transcriptions", "/v1/audio/translations")
 # The form's other fields (model, language, prompt, …) and each part's headers: far under this.
@@ -48,44 +53,57 @@ def find_file_part(content_type: str, body: bytes) -> FilePart | None:
     boundary = params.get(b"boundary")
     if kind != b"multipart/form-data" or not boundary:
         return None
-    parts: list[dict] = []
-    header: dict[str, bytes] = {"field": b"", "value": b""}
-
-    def on_part_begin() -> None:
-        parts.append({"headers": {}, "spans": []})
-
-    def on_header_field(data: bytes, start: int, end: int) -> None:
-        header["field"] += data[start:end]
-
-    def on_header_value(data: bytes, start: int, end: int) -> None:
-        header["value"] += data[start:end]
-
-    def on_header_end() -> None:
-        parts[-1]["headers"][header["field"].lower()] = header["value"]
-        header["field"] = header["value"] = b""
-
-    def on_part_data(data: bytes, start: int, end: int) -> None:
-        # Fed the whole body in one write, the parser hands back spans of that same object.
-        parts[-1]["spans"].append((data, start, end))
-
-    parser = MultipartParser(boundary, {"on_part_begin": on_part_begin, "on_header_field": on_header_field,
-                                        "on_header_value": on_header_value, "on_header_end": on_header_end,
-                                        "on_part_data": on_part_data})
+    form = _FormParts()
     try:
-        parser.write(body)
+        parser = MultipartParser(boundary, form.callbacks())
+        parser.write(body)  # at once: the parts' spans are then spans of ``body`` itself
         parser.finalize()
-    except Exception:  # python_multipart's errors: a malformed form is vLLM's to refuse
-        return None
-    found = None
-    for part in parts:
-        _, options = parse_options_header(part["headers"].get(b"content-disposition", b""))
-        if options.get(b"name") == b"file":
-            found = part
-    if found is None or b"filename" not in parse_options_header(found["headers"][b"content-disposition"])[1]:
+    except FormParserError:
+        return None  # a malformed form is vLLM's to refuse
+    files = [part for part in form.parts if part.disposition().get(b"name") == b"file"]
+    if not files or b"filename" not in files[-1].disposition():
         return None  # no file, or a plain field named file: vLLM's form validation answers
-    options = parse_options_header(found["headers"][b"content-disposition"])[1]
-    return FilePart(_joined(body, found["spans"]), options[b"filename"].decode("utf-8", "replace"),
-                    found["headers"].get(b"content-type", b"").decode("latin-1") or None)
+    part = files[-1]
+    return FilePart(_joined(body, part.spans), part.disposition()[b"filename"].decode("utf-8", "replace"),
+                    part.headers.get(b"content-type", b"").decode("latin-1") or None)
+
+
+@dataclass
+class _Part:
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    spans: list[tuple[bytes, int, int]] = field(default_factory=list)  # (buffer, start, end)
+
+    def disposition(self) -> dict[bytes, bytes]:
+        return parse_options_header(self.headers.get(b"content-disposition", b""))[1]
+
+
+class _FormParts:
+    """python_multipart's callbacks, collecting each part's headers and where its data lies."""
+
+    def __init__(self) -> None:
+        self.parts: list[_Part] = []
+        self._field = self._value = b""
+
+    def callbacks(self) -> dict[str, Callable[..., None]]:
+        return {"on_part_begin": self._part_begin, "on_header_field": self._header_field,
+                "on_header_value": self._header_value, "on_header_end": self._header_end,
+                "on_part_data": self._part_data}
+
+    def _part_begin(self) -> None:
+        self.parts.append(_Part())
+
+    def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self._field += data[start:end]
+
+    def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self._value += data[start:end]
+
+    def _header_end(self) -> None:
+        self.parts[-1].headers[self._field.lower()] = self._value
+        self._field = self._value = b""
+
+    def _part_data(self, data: bytes, start: int, end: int) -> None:
+        self.parts[-1].spans.append((data, start, end))
 
 
 def _joined(body: bytes, spans: list[tuple[bytes, int, int]]) -> memoryview:
@@ -194,6 +212,7 @@ async def _replay(app, scope, receive, send, pending: list[bytes]) -> int | None
 
 
 async def _refuse(send, refusal: Refusal, close: bool) -> None:
+    log.info("audio upload refused, %d (%s): %s", refusal.status, refusal.reason, refusal.message)
     headers = [(b"content-type", b"application/json")]
     if close:  # the body was not read to its end: the connection cannot carry another request
         headers.append((b"connection", b"close"))

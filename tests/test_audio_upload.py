@@ -187,3 +187,18 @@ def test_what_cannot_be_seen_a_tagless_mp3_cut_between_frames_is_a_shorter_mp3(b
     ends = frame_ends(bare_mp3)
     got = check(bare_mp3[: ends[len(ends) // 2]])
     assert isinstance(got, AudioUpload) and got.seconds < 2.0
+
+
+def test_a_wav_streamed_to_a_pipe_has_no_sizes_and_is_read_to_its_end(wav):
+    """FFmpeg and libsndfile writing to a pipe leave the RIFF and data sizes at 0xFFFFFFFF."""
+    data_at = wav.index(b"data")
+    streamed = (wav[:4] + b"\xff\xff\xff\xff" + wav[8:data_at + 4] + b"\xff\xff\xff\xff" + wav[data_at + 8:])
+    got = check(streamed)
+    assert isinstance(got, AudioUpload) and got.seconds == pytest.approx(2.78, abs=0.05)
+
+
+def test_an_mp3_with_junk_between_its_frames_is_damaged(mp3):
+    """FFmpeg stops at the junk with an error; vLLM's PyAV loader refuses such a file too
+    (vllm/multimodal/media/audio.py, load_audio_pyav: an FFmpegError while decoding is a ValueError)."""
+    end = frame_ends(mp3)[50]
+    refused(mp3[:end] + b"\0" * 37 + b"junk" + mp3[end:], 400, "damaged", "stops decoding after 1.3 s")

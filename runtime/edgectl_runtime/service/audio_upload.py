@@ -169,7 +169,7 @@ def _decode_ffmpeg(view: memoryview, what: str, content_type: str | None, max_au
     try:
         container = av.open(_ViewReader(view), mode="r")
     except av.error.FFmpegError as exc:
-        raise _Refused(_not_audio(what, content_type, f"FFmpeg could not open it ({exc})")) from None
+        raise _Refused(_not_audio(what, content_type, f"FFmpeg could not open it ({_said(exc)})")) from None
     with container:
         if not container.streams.audio:
             raise _Refused(_not_audio(what, content_type, "it holds no audio stream"))
@@ -185,7 +185,7 @@ def _decode_ffmpeg(view: memoryview, what: str, content_type: str | None, max_au
                 if rate:
                     _check_length(samples / rate, what, max_audio_s)
         except av.error.FFmpegError as exc:
-            raise _Refused(_damaged(what, samples / rate if rate else 0.0, declared_s, str(exc))) from None
+            raise _Refused(_damaged(what, samples / rate if rate else 0.0, declared_s, _said(exc))) from None
         if not rate:
             raise _Refused(_not_audio(what, content_type, "its audio stream has no sample rate"))
         seconds = samples / rate
@@ -197,6 +197,11 @@ def _decode_ffmpeg(view: memoryview, what: str, content_type: str | None, max_au
             raise _Refused(_damaged(what, seconds, declared_s, "the data ends early"))
         return _decoded(seconds, rate, stream.codec_context.channels, container.format.name,
                         stream.codec_context.name, what)
+
+
+def _said(exc: Exception) -> str:
+    """FFmpeg's words for an error, without its errno and function name."""
+    return getattr(exc, "strerror", None) or str(exc)
 
 
 def _mp3_start(view: memoryview) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 from audio_clips import speech_wav, tone_wav
@@ -48,8 +49,10 @@ class StandIn:
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
+        self.loop_threads: list[int] = []  # the thread each request was answered on (the event loop's)
 
     async def audio(self, request) -> JSONResponse:
+        self.loop_threads.append(threading.get_ident())
         self.bodies.append(await request.body())
         form = await request.form()
         if form.get("model") == "nope":
@@ -239,3 +242,18 @@ def test_inside_the_drain_guard_as_the_worker_wraps_it(wav):
         assert client.post(TRANSCRIBE, content=form(wav), headers=HEADERS).status_code == 200
         assert client.post(TRANSCRIBE, content=form(wav[:100]), headers=HEADERS).status_code == 400
     assert service.transcriptions == 1
+
+
+def test_the_form_is_parsed_and_decoded_off_the_event_loop(served, wav, monkeypatch):
+    from edgectl_runtime.service import audio_guard
+
+    client, _, stand_in = served
+    parsed_on, real = [], audio_guard.find_file_part
+
+    def recorded(*args):
+        parsed_on.append(threading.get_ident())
+        return real(*args)
+
+    monkeypatch.setattr(audio_guard, "find_file_part", recorded)
+    assert client.post(TRANSCRIBE, content=form(wav), headers=HEADERS).status_code == 200
+    assert len(parsed_on) == len(stand_in.loop_threads) == 1 and parsed_on != stand_in.loop_threads

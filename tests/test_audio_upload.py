@@ -202,3 +202,13 @@ def test_an_mp3_with_junk_between_its_frames_is_damaged(mp3):
     (vllm/multimodal/media/audio.py, load_audio_pyav: an FFmpegError while decoding is a ValueError)."""
     end = frame_ends(mp3)[50]
     refused(mp3[:end] + b"\0" * 37 + b"junk" + mp3[end:], 400, "damaged", "stops decoding after 1.3 s")
+
+
+def test_ffmpeg_writes_the_info_tag_as_lame_does(mp3):
+    """The rule's premise (audio_headers._vbr_tag): the tag's frames do not count its own frame, its
+    bytes run from its own frame to the end."""
+    from edgectl_runtime.service.audio_headers import read_mp3_layout
+
+    layout = read_mp3_layout(mp3)
+    assert layout is not None and layout.tag == "Info"
+    assert layout.tag_frames == layout.frames - 1 and layout.tag_bytes == len(mp3) - id3v2_end(mp3)

@@ -1,5 +1,5 @@
-"""What a WAV or MP3 file's own headers promise, read without decoding: a truncated upload is one
-whose headers promise more bytes than arrived.
+"""What a WAV, MP3 or Ogg file's own headers promise, read without decoding: a truncated upload is
+one whose headers promise more bytes than arrived.
 
 Stock vLLM transcribes the decoded part of a truncated WAV or MP3 and answers 200
 (docs/speech-research.md, "Bad input"), and the decoders it uses say nothing: PyAV decodes an MP3
@@ -222,9 +222,9 @@ def _vbr_tag(data: bytes | memoryview, first: int) -> tuple[str | None, int | No
     Xing/Info sits after the side information (MPEG-1: 17 bytes mono, 32 otherwise; MPEG-2/2.5: 9
     and 17): flags, then frames if flag 1, bytes if flag 2. LAME writes the frames not counting the
     tag's own and "total audio stream size, including Xing/LAME Header" (libmp3lame/VbrTag.c,
-    lame_get_lametag_frame); FFmpeg's mp3 muxer writes the same (a file it made here: 183 frames
-    walked, the tag says 182, and its bytes are the file's from the tag's frame on). VBRI sits 32
-    bytes after the header: version, delay, quality, bytes, frames.
+    lame_get_lametag_frame); FFmpeg's mp3 muxer writes the same
+    (tests/test_audio_upload.py, test_ffmpeg_writes_the_info_tag_as_lame_does). VBRI sits 32 bytes
+    after the header: version, delay, quality, bytes, frames (only its frames are used).
     """
     frame = mp3_frame_at(data, first)
     if frame is None:

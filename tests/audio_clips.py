@@ -43,8 +43,9 @@ def tone_wav(target: Path, seconds: float, rate: int = 8000) -> Path:
     return target
 
 
-def encode(wav: Path, fmt: str, codec: str, **options: str) -> bytes:
-    """``wav`` encoded by PyAV into ``fmt`` (``options``: the muxer's, e.g. ``write_xing="0"``)."""
+def encode(wav: Path, fmt: str, codec: str, bit_rate: int | None = None, **options: str) -> bytes:
+    """``wav`` encoded by PyAV into ``fmt`` (``options``: the muxer's, e.g. ``write_xing="0"``;
+    ``bit_rate``: the encoder's, else PyAV's default, 32 kb/s for MP3 here, which garbles speech)."""
     import av
     import soundfile
 
@@ -53,6 +54,8 @@ def encode(wav: Path, fmt: str, codec: str, **options: str) -> bytes:
     with av.open(buf, "w", format=fmt, options=options) as out:
         layout = "mono" if pcm.shape[1] == 1 else "stereo"
         stream = out.add_stream(codec, rate=rate, layout=layout)
+        if bit_rate is not None:
+            stream.bit_rate = bit_rate
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout=layout)
         frame.rate = rate
         for packet in stream.encode(frame):

@@ -327,9 +327,10 @@ def _kv_dtype(plan: Plan, effective: Effective) -> list[str]:
     out = []
     if set(layers) != {want}:
         out.append(f"the attention layers' KV cache dtype is {', '.join(sorted(layers))}, the plan says {want}")
-    if set(tensors) != {KV_TENSOR_DTYPE[want]}:
-        out.append(f"the KV tensors are {', '.join(sorted(tensors))}, the plan's {want} KV is "
-                   f"{KV_TENSOR_DTYPE[want]}")
+    # "auto" is the model's dtype: bf16 for every text plan, a speech plan's own dtype
+    tensor = plan.dtype if want == "auto" and plan.speech is not None else KV_TENSOR_DTYPE[want]
+    if set(tensors) != {tensor}:
+        out.append(f"the KV tensors are {', '.join(sorted(tensors))}, the plan's {want} KV is {tensor}")
     return out
 
 

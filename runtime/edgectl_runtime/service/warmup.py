@@ -105,5 +105,6 @@ async def warm_then_ready(plan: Plan, service: Service, engine_client, listen_ad
     if suspect:
         log.warning("%s: the model may be broken (a wrong conversion or quantization); check its "
                     "answers before relying on it", suspect)
-    notifier.ready(f"serving {plan.model.name} on {listen_address} "
-                   f"({plan.weight_format}, {plan.max_model_len} tokens; ready in {service.ready_s:.0f} s)")
+    what = (f"speech to text, {plan.speech.dtype}, {plan.max_num_seqs} at once" if plan.speech is not None
+            else f"{plan.weight_format}, {plan.max_model_len} tokens")
+    notifier.ready(f"serving {plan.model.name} on {listen_address} ({what}; ready in {service.ready_s:.0f} s)")

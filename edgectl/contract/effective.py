@@ -234,7 +234,8 @@ def mismatches(plan: Plan, effective: Effective | Mapping[str, Any]) -> list[str
     differ("max_num_seqs", plan.max_num_seqs, effective.max_num_seqs)
     differ("KV cache bytes", plan.kv_cache_bytes, effective.kv_cache_bytes)
     differ("threads", plan.threads, effective.threads)
-    out += _rope_rows(plan, effective)
+    if plan.speech is None:  # Whisper's positions are learned tables, not RoPE
+        out += _rope_rows(plan, effective)
     out += _linear_formats(plan, effective)
     if (plan.model.checkpoint_format == "gguf" and "load_format" in effective.reported
             and effective.load_format != GGUF_LOAD_FORMAT):

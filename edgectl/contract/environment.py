@@ -239,12 +239,13 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
         "EDGECTL_ROPE_CAP": "1" if plan.levers.rope_cap else "0",
         "EDGECTL_LAYERWISE_REPACK": "1" if plan.levers.layerwise_repack else "0",
         "EDGECTL_LM_HEAD": plan.lm_head_format,
-        "EDGECTL_INT4_GROUP_SIZE": str(plan.group_size),
         # edgectl's worker always loads what an earlier start compiled (a no-op in eager mode);
         # the unmodified-vLLM comparison is the bench's stock arm, without edgectl's plugin.
         "EDGECTL_COMPILE_CACHE": "1",
         "EDGECTL_EMBEDDING_PACK": str(plan.levers.embedding_pack),
     }
+    if plan.speech is None:  # a speech plan's weights stay dense: it has no group size
+        env["EDGECTL_INT4_GROUP_SIZE"] = str(plan.group_size)
     kernel = _KERNEL.get(str(plan.weight_format))
     if kernel:
         env["EDGECTL_INT4_KERNEL"] = kernel

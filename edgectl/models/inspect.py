@@ -4,7 +4,8 @@ safetensors headers and the tokenizer files.
 ``inspect_model(path) -> ModelFacts`` (schema ``edgectl.model/1``) is what the planner sizes
 weights, KV cache and RoPE tables from. Anything vLLM would refuse later (no config, corrupt
 weights, an architecture it has no class for, no tokenizer) is refused here with one line.
-A directory that serves a GGUF as it is (``model.gguf``) is read from the GGUF's header.
+A directory that serves a GGUF as it is (``model.gguf``) is read from the GGUF's header; a Whisper
+directory (speech to text) by :mod:`edgectl.models.whisper_inspect`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from edgectl.contract.gguf_names import DIRECT_GGUF
 from edgectl.errors import EdgectlError
-from edgectl.models import config_json
+from edgectl.models import architectures, config_json
 from edgectl.models.facts import ModelFacts
 from edgectl.models.gguf_inspect import inspect_gguf
 from edgectl.models.safetensors_header import TensorInfo, read_model_tensors
@@ -34,6 +35,7 @@ from edgectl.models.weights import (
     weights_from_config,
     weights_from_tensors,
 )
+from edgectl.models.whisper_inspect import inspect_whisper
 
 
 def inspect_model(path: Path | str, name: str | None = None, *, require_tokenizer: bool = True) -> ModelFacts:
@@ -55,6 +57,8 @@ def _inspect_model(path: Path | str, name: str | None = None, *, require_tokeniz
         return _direct_gguf_facts(path, name, require_tokenizer)
     config = config_json.text_config(config_json.read_config(path))
     arch = config_json.architecture(path, config)
+    if architectures.is_speech_to_text(arch):
+        return inspect_whisper(path, config, arch, name, require_tokenizer)
     shape, max_pos, unknown = _dimensions(path, config)
     layer_types, window = config_json.layer_types(path, config, shape.num_layers)
     rope_theta, rope_scaling = config_json.rope(config)

@@ -276,8 +276,8 @@ class Ledger:
         rope = rope_bytes_for(self.model, rope_rows(self.model, max_len, self.rope_capped))
         workspace = int(self.costs.workspace_bytes_per_token * batched)
         total = self.costs.runtime_bytes + self.weights_bytes + kv + rope + workspace
-        high = _round_mib(total * self.costs.peak_ratio * HIGH_HEADROOM)
-        limit = _round_mib(total * self.costs.peak_ratio * MAX_HEADROOM)
+        high = round_mib(total * self.costs.peak_ratio * HIGH_HEADROOM)
+        limit = round_mib(total * self.costs.peak_ratio * MAX_HEADROOM)
         return Memory(self.weights_bytes, kv, rope, self.costs.runtime_bytes, workspace, total, high, limit)
 
     def largest_fitting(self, budget: int, low: int, cap: int) -> int | None:
@@ -327,5 +327,5 @@ def memory_limit(memory: Memory, costs: Costs) -> Decided[int]:
         f"MemoryMax = total × {costs.peak_what} {costs.peak_ratio:.2f} × {MAX_HEADROOM}; MemoryHigh = × {HIGH_HEADROOM}"))
 
 
-def _round_mib(n: float) -> int:
+def round_mib(n: float) -> int:
     return int(math.ceil(n / MiB) * MiB)

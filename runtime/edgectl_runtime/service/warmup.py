@@ -16,7 +16,8 @@ log = logging.getLogger("edgectl.runtime")
 
 
 async def warm_up(plan: Plan) -> str:
-    """One short generation through this server's own OpenAI API; returns the text.
+    """One short generation (a speech model: the transcription of the shipped clip) through this
+    server's own OpenAI API; returns the text.
 
     Asynchronous (it runs on the server's own event loop), so not edgectl's worker client; it
     reaches the server where every client does (``contract.base_url``).
@@ -24,7 +25,6 @@ async def warm_up(plan: Plan) -> str:
     import aiohttp
 
     base = contract.base_url(plan.serve)
-    model = plan.model.name
     timeout = aiohttp.ClientTimeout(total=float(plan.timeouts.start_s))
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for _ in range(600):
@@ -35,24 +35,48 @@ async def warm_up(plan: Plan) -> str:
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.1)
-        body = {"model": model, "max_tokens": 8, "temperature": 0,
-                "messages": [{"role": "user", "content": "Say hello."}]}
-        async with session.post(f"{base}/v1/chat/completions", json=body) as r:
-            if r.status == 400:  # no chat template: a plain completion proves generation as well
-                body = {"model": model, "max_tokens": 8, "temperature": 0, "prompt": "Hello"}
-                async with session.post(f"{base}/v1/completions", json=body) as r2:
-                    data = await r2.json()
-                    if r2.status != 200:
-                        raise RuntimeError(f"warm-up completion failed: HTTP {r2.status}: {data}")
-                    text = data["choices"][0]["text"]
-            else:
-                data = await r.json()
-                if r.status != 200:
-                    raise RuntimeError(f"warm-up chat completion failed: HTTP {r.status}: {data}")
-                text = data["choices"][0]["message"]["content"] or ""
-        if not data.get("usage", {}).get("completion_tokens"):
-            raise RuntimeError(f"warm-up generated no tokens: {data}")
-        return text
+        if plan.speech is not None:
+            return await _transcribe_clip(session, base, plan.model.name)
+        return await _generate(session, base, plan.model.name)
+
+
+async def _transcribe_clip(session, base: str, model: str) -> str:
+    """The shipped clip through ``/v1/audio/transcriptions``, as a client sends it."""
+    import aiohttp
+
+    form = aiohttp.FormData()
+    form.add_field("file", contract.WARMUP_CLIP.read_bytes(), filename=contract.WARMUP_CLIP.name,
+                   content_type="audio/wav")
+    for key, value in (("model", model), ("language", "en"), ("temperature", "0"), ("response_format", "json")):
+        form.add_field(key, value)
+    async with session.post(f"{base}/v1/audio/transcriptions", data=form) as r:
+        data = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"warm-up transcription failed: HTTP {r.status}: {data}")
+    text: str = data.get("text", "")
+    return text
+
+
+async def _generate(session, base: str, model: str) -> str:
+    """A chat completion of a few tokens (a plain completion for a model without a chat template)."""
+    body = {"model": model, "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hello."}]}
+    async with session.post(f"{base}/v1/chat/completions", json=body) as r:
+        if r.status == 400:  # no chat template: a plain completion proves generation as well
+            body = {"model": model, "max_tokens": 8, "temperature": 0, "prompt": "Hello"}
+            async with session.post(f"{base}/v1/completions", json=body) as r2:
+                data = await r2.json()
+                if r2.status != 200:
+                    raise RuntimeError(f"warm-up completion failed: HTTP {r2.status}: {data}")
+                text = data["choices"][0]["text"]
+        else:
+            data = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"warm-up chat completion failed: HTTP {r.status}: {data}")
+            text = data["choices"][0]["message"]["content"] or ""
+    if not data.get("usage", {}).get("completion_tokens"):
+        raise RuntimeError(f"warm-up generated no tokens: {data}")
+    return text
 
 
 async def warm_then_ready(plan: Plan, service: Service, engine_client, listen_address: str) -> None:
@@ -75,7 +99,8 @@ async def warm_then_ready(plan: Plan, service: Service, engine_client, listen_ad
     service.ready_s = time.monotonic() - service.started_monotonic
     service.phase = contract.SERVING
     log.info("warm-up answered %r", text)
-    suspect = contract.degenerate_answer(text)
+    suspect = (contract.wrong_transcript(text, contract.warmup_clip_text()) if plan.speech is not None
+               else contract.degenerate_answer(text))
     service.warmup = {"answer": text, "suspect": suspect}
     if suspect:
         log.warning("%s: the model may be broken (a wrong conversion or quantization); check its "

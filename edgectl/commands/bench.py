@@ -11,12 +11,14 @@ import typer
 
 from edgectl.bench.arms import ARMS, DEFAULT_ARMS
 from edgectl.bench.speech.arms import ARMS as SPEECH_ARMS
+from edgectl.bench.speech.arms import DEFAULT_ARMS as SPEECH_DEFAULT_ARMS
 from edgectl.commands.options import ArmsMaxModelLen
 from edgectl.errors import EdgectlError
 from edgectl.output import emit, progress
 
 # every arm of the table (edgectl/bench/arms.py), so the help cannot fall behind it
-ARMS_HELP = (f"Comma list of arms. A speech model's (default all of them): {', '.join(SPEECH_ARMS)}. A text model's "
+ARMS_HELP = (f"Comma list of arms. A speech model's (default {','.join(SPEECH_DEFAULT_ARMS)}): "
+             f"{', '.join(SPEECH_ARMS)}. A text model's "
              f"(default {','.join(DEFAULT_ARMS)}; `all` for every one): " + ", ".join(ARMS) + ".")
 
 

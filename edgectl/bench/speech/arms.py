@@ -5,7 +5,9 @@
 - ``stock``: vLLM as it ships, ``python -m vllm.entrypoints.openai.api_server --model DIR`` with
   its defaults; only the served name, host and port are given so the bench can reach it, and
   edgectl's plugin is left out (``VLLM_PLUGINS``). Read-back: ``/v1/models`` (the model it loaded,
-  its context), ``/metrics`` ``vllm:cache_config_info`` (the KV it allocated).
+  its context), ``/metrics`` ``vllm:cache_config_info`` (the KV it allocated). ``stock-kv`` (not
+  run unless asked): the same given the plan's KV bytes and transcriptions at once, as the text
+  bench's ``stock`` is, so its memory compares with the planned arm's.
 - ``faster-whisper-int8``, ``faster-whisper-float32``, ``whisper.cpp``: the anchors, not servers.
   One run of ``edgectl_runtime.tools.speech_anchor`` per measurement (the clip set one by one,
   then four clips at once in each of the engine's ways of doing four), on the CTranslate2 files
@@ -39,6 +41,10 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
                                        "with its defaults (the served name, host and port only; edgectl's plugin "
                                        "left out)"),
+    ArmSpec("stock-kv", "vllm-stock", {"plan_kv": True},
+            "vLLM as it ships, given the plan's KV bytes and transcriptions at once (--kv-cache-memory-bytes, "
+            "--max-num-seqs): its memory at the planned arm's KV (with its defaults vLLM takes 92% of the "
+            "host's memory for KV, and refuses to start when other work holds more than 8%)"),
     ArmSpec("faster-whisper-int8", "anchor",
             {"engine": "faster-whisper", "compute_type": "int8", "together": FASTER_WHISPER_TOGETHER},
             "faster-whisper on the CTranslate2 files the model was pulled from, int8 compute"),
@@ -48,7 +54,7 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("whisper.cpp", "anchor", {"engine": "whisper.cpp", "compute_type": None, "together": ()},
             "whisper.cpp (pywhispercpp's bundled library) on the same weights, one clip at a time"),
 ]}
-DEFAULT_ARMS = tuple(ARMS)
+DEFAULT_ARMS = ("planned", "stock", "faster-whisper-int8", "faster-whisper-float32", "whisper.cpp")
 # The Python module each anchor engine needs in the runtime interpreter.
 ENGINE_MODULES = {"faster-whisper": "faster_whisper", "whisper.cpp": "pywhispercpp"}
 
@@ -77,8 +83,17 @@ class StockSpeechArm(PreparedArm):
     launcher = "vllm-stock"
     fidelity = None
 
+    def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
+        super().__init__(spec, ctx)
+        if spec.overrides.get("plan_kv") and ctx.planned is None:
+            raise EdgectlError("it takes its KV bytes from edgectl's plan, and there is none")
+        self.kv_cache_bytes = ctx.planned.kv_cache_bytes if spec.overrides.get("plan_kv") else None
+        self.max_num_seqs = ctx.planned.max_num_seqs if spec.overrides.get("plan_kv") else None
+
     def server_args(self, port: int) -> list[str]:
-        return ["--model", self.ctx.model_path, "--served-model-name", self.ctx.model_name,
+        sized = ([] if self.kv_cache_bytes is None else
+                 ["--kv-cache-memory-bytes", str(self.kv_cache_bytes), "--max-num-seqs", str(self.max_num_seqs)])
+        return ["--model", self.ctx.model_path, "--served-model-name", self.ctx.model_name, *sized,
                 "--host", "127.0.0.1", "--port", str(port)]
 
     def default_command(self, port: int, pass_dir: Path) -> list[str]:
@@ -105,7 +120,13 @@ class StockSpeechArm(PreparedArm):
             return ["/v1/models does not say which model it loaded"]
         if Path(path).resolve() != Path(self.ctx.model_path).resolve():
             return [f"vLLM loaded {path}, not {self.ctx.model_path}"]
+        got = (effective.cache_config_info or {}).get("kv_cache_memory_bytes")
+        if self.kv_cache_bytes is not None and got not in (None, "None") and int(got) != self.kv_cache_bytes:
+            return [f"vLLM's KV is {got} bytes, the arm asks for {self.kv_cache_bytes}"]
         return []
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "kv_cache_bytes": self.kv_cache_bytes, "max_num_seqs": self.max_num_seqs}
 
 
 class AnchorArm:

@@ -57,7 +57,7 @@ def is_speech_model(model: str, environ: Mapping[str, str]) -> bool:
 
     entry = CATALOG.get(model)
     if entry is not None:
-        return getattr(entry, "modality", "text") == "speech"
+        return entry.modality == "speech"
     try:
         config = json.loads((Path(model).expanduser() / "config.json").read_text())
     except (OSError, ValueError):

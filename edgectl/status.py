@@ -9,7 +9,8 @@ ledger from the service's cgroup (PSS of every process in it, anonymous vs file-
 against the plan's prediction and limit; in compiled mode, whether the running worker loaded its
 graph from the cache or compiled it at this start (the worker's read-back,
 ``runtime/edgectl_runtime/vllm_plugin/compile_cache.py``); and the requests and tokens served, from vLLM's
-``/metrics``. With ``--memory``, the worker's own attribution of its PSS (``GET /edgectl/memory``,
+``/metrics``, and for a speech model the seconds of audio transcribed (the worker's count,
+``runtime/edgectl_runtime/service/audio_guard.py``). With ``--memory``, the worker's own attribution of its PSS (``GET /edgectl/memory``,
 edgectl/contract/memory.py).
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from edgectl.client import Client, HttpFailed
 from edgectl.contract import worker
+from edgectl.contract.effective import Effective
 from edgectl.contract.memory import SCHEMA as MEMORY_SCHEMA
 from edgectl.contract.memory import render_text as render_attribution
 from edgectl.contract.plan import Compilation, Plan
@@ -106,6 +108,8 @@ class DeploymentStatus:
     last_failure: Failure | None = None  # the last failed run: why systemd restarted (or stopped) it
     restarts_by_oom: int = 0  # of ``restarts``, those after the kernel's OOM killer ended the run
     memory_max_bytes: int | None = None  # the unit's MemoryMax= as systemd applies it (drop-ins included)
+    # the worker's count of audio transcribed, {"seconds", "requests"} (None: it serves no audio, or did not say)
+    audio_transcribed: dict[str, float] | None = None
 
     def oom_limits(self) -> str | None:
         """After an OOM kill at the unit's limit: that limit and what the plan predicted and set."""
@@ -144,6 +148,7 @@ class DeploymentStatus:
                 "endpoint": self.endpoint, "model": self.plan.model.name if self.plan else None,
                 "weight_format": str(self.plan.weight_format) if self.plan else None, "memory": mem,
                 "compiled_graph": self.compiled_graph(), "served": self.metrics, "warmup": self.warmup,
+                "audio_transcribed": self.audio_transcribed,
                 **({"attribution": self.attribution} if self.attribution is not None else {}),
                 **({"attribution_unavailable": self.attribution_unavailable}
                    if self.attribution_unavailable is not None else {})}
@@ -204,6 +209,9 @@ class DeploymentStatus:
             m = self.metrics
             lines.append(f"  served: {m['requests']:.0f} requests, {m['prompt_tokens']:.0f} prompt + "
                          f"{m['generated_tokens']:.0f} generated tokens")
+        if self.audio_transcribed is not None:
+            a = self.audio_transcribed
+            lines.append(f"  audio transcribed: {a['seconds']:.1f} s in {a['requests']:.0f} requests")
         if self.attribution is not None:
             lines.append("  where the worker's memory goes (edgectl.memory/1, docs/memory.md):")
             lines += ["    " + line for line in render_attribution(self.attribution).splitlines()]
@@ -235,6 +243,13 @@ def attribution_of(client: Client) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(att, dict) or att.get("schema") != MEMORY_SCHEMA:
         return None, f"the worker answered something else than {MEMORY_SCHEMA}"
     return att, None
+
+
+def audio_of(report: Effective | None) -> dict[str, float] | None:
+    """The worker's count of audio transcribed, when it has one (a worker serving audio routes)."""
+    if report is None or report.audio_seconds is None or report.transcriptions is None:
+        return None
+    return {"seconds": report.audio_seconds, "requests": report.transcriptions}
 
 
 def status_of(name: str, environ: Mapping[str, str], memory_attribution: bool = False) -> DeploymentStatus:
@@ -270,7 +285,7 @@ def status_of(name: str, environ: Mapping[str, str], memory_attribution: bool = 
                             report.compile or None if report else None, attribution, unavailable,
                             watchdog_s=state.watchdog_s, last_failure=last_failure,
                             restarts_by_oom=restarts_by_oom(failures, state.restarts),
-                            memory_max_bytes=state.int_prop("MemoryMax"))
+                            memory_max_bytes=state.int_prop("MemoryMax"), audio_transcribed=audio_of(report))
 
 
 def status(name: str | None, environ: Mapping[str, str], memory_attribution: bool = False) -> StatusReport:

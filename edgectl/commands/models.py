@@ -64,7 +64,8 @@ _PULL_HELP = (
     "its GGUF, served as it is, with a config and tokenizer made from it. A model under terms of use "
     "(Gemma's) is pulled only with --accept-terms. A second pull only checks the checksums; a damaged copy "
     "is repaired. A GGUF file of your own (llama, qwen2, qwen3, gemma3) is pulled the same way, into "
-    "<cache>/<its name>: deploy that directory. Progress goes to stderr."
+    "<cache>/<its name>: deploy that directory. A speech model (Whisper) comes as CTranslate2 files, kept in "
+    "<cache>/ct2/<name> and converted offline into a Hugging Face directory. Progress goes to stderr."
 )
 _INSPECT_HELP = (
     "Show a model's shape, context, weight bytes and tokenizer, without loading it.\n\n"

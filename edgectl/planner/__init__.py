@@ -17,6 +17,9 @@ the model's config, the user's flag, the probe, edgectl's default, or a stated f
     KV cache, RoPE rows, limits    ledger.py    the memory ledger
     predictions, timeouts, env     service.py
 
+A speech-to-text model (``model.speech``) is planned by :mod:`edgectl.planner.speech`, which shares
+the profile, topology, CPU and lever decisions and sizes an encoder-decoder instead of a context.
+
 A request that cannot be served raises :class:`EdgectlError` (exit 2) with need vs budget and
 the request that would fit.
 """
@@ -56,6 +59,7 @@ from edgectl.planner.kv_dtype import kv_dtype_candidates
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request
 from edgectl.planner.service import choose_timeouts, predict, worker_environment
+from edgectl.planner.speech import plan_speech
 
 if TYPE_CHECKING:
     from edgectl.models.facts import ModelFacts
@@ -67,6 +71,8 @@ __all__ = ["Plan", "Request", "plan"]
 
 def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], request: Request) -> Plan:
     """Decide everything the worker will run with, and what it will cost."""
+    if model.speech is not None:
+        return plan_speech(facts, model, profiles, request)
     why = Reasons()
     profile = why.take(choose_profile(profiles, facts))
     check_request(request)

@@ -34,11 +34,26 @@ class Service:
         self.engine_pings = 0
         self.load_peak: dict[str, int] = {}
         self.warmup: dict[str, Any] | None = None  # the warm-up's answer, and why it looks broken (or None)
+        # The audio transcribed, counted by the AudioGuard (audio_guard.py) on each 200: None when
+        # the worker serves no audio routes.
+        self.audio_seconds: float | None = None
+        self.transcriptions: int | None = None
         self.trimmer = None  # levers.idle_trim: an IdleTrimmer (runtime/edgectl_runtime/service/idle_trim.py)
         if plan.levers.idle_trim:
             from edgectl_runtime.service.idle_trim import IdleTrimmer
 
             self.trimmer = IdleTrimmer()
+
+    def count_audio(self) -> None:
+        """Start counting the audio transcribed (from zero, once)."""
+        if self.audio_seconds is None:
+            self.audio_seconds, self.transcriptions = 0.0, 0
+
+    def audio_transcribed(self, seconds: float) -> None:
+        """One upload transcribed (or translated): its seconds of audio."""
+        self.count_audio()
+        self.audio_seconds = (self.audio_seconds or 0.0) + seconds
+        self.transcriptions = (self.transcriptions or 0) + 1
 
     def idle_trim_state(self) -> dict[str, Any]:
         return self.trimmer.state() if self.trimmer is not None else {"enabled": False}

@@ -1,2 +1,3 @@
 """Offline tools the control plane starts (``edgectl/contract/launch.py``): the GGUF converter,
-the synthetic model maker, the int4 quantizer, and the kernel diagnostics."""
+the synthetic model maker, the int4 quantizer, the kernel diagnostics, and the speech bench's
+anchors (faster-whisper and whisper.cpp on a clip set, and the ggml file whisper.cpp reads)."""

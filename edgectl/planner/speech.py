@@ -1,0 +1,274 @@
+"""The planner for a speech-to-text model (Whisper: an encoder-decoder), in the order decided.
+
+Shares the text planner's decisions where they are the same question (the profile, the process
+topology, the CPUs and threads, the memory levers, the worker's environment) and sizes what an
+encoder-decoder holds instead of a context:
+
+    dtype                    the dense weights' dtype, from the probe (bf16 where the CPU has it)
+    concurrency              transcriptions decoded at once (``--max-num-seqs``)
+    encoder batch            windows the encoder takes in one step (``--max-num-batched-tokens``)
+    KV cache                 per transcription: the decoder's own tokens and one window's
+                             cross-attention rows, in vLLM's blocks
+    audio limits             the longest upload and its bytes; vLLM's own limits set the same
+    memory                   weights + KV + runtime + the encoder's work and the audio buffers
+
+The figures not measured on the profile's device class are stated fallbacks (``Source.FALLBACK``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from edgectl.contract.plan import (
+    Compilation,
+    Levers,
+    Memory,
+    ModelRef,
+    Plan,
+    Predicted,
+    ProfileRef,
+    Reason,
+    Request,
+    Serve,
+    Source,
+    SpeechServe,
+    Timeouts,
+    TokenizerLever,
+    Topology,
+    WeightFormat,
+)
+from edgectl.errors import EdgectlError
+from edgectl.planner import ledger
+from edgectl.planner.cpus import choose_cpus
+from edgectl.planner.decided import Decided, Reasons
+from edgectl.planner.engine import MemoryLevers, choose_memory_levers, choose_topology
+from edgectl.planner.profile import choose_profile
+from edgectl.planner.request import check_request
+from edgectl.planner.service import (
+    STOP_S,
+    UNMEASURED_READY_S,
+    start_for_ready,
+    watchdog_for_step,
+    worker_environment,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from edgectl.models.facts import ModelFacts, SpeechFacts
+    from edgectl.probe.facts import HostFacts
+    from edgectl.profiles import Profile
+
+MiB = 1 << 20
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+# What one process of vLLM's CPU server holds beside the weights and the KV cache when it serves
+# Whisper (torch, vLLM, the audio libraries, the processor): a stated fallback until a profile
+# measures it on its device class.
+FALLBACK_SPEECH_PROCESS_BYTES = 900 * MiB
+FALLBACK_SPEECH_PEAK_RATIO = 1.3
+# The longest upload served unless asked: vLLM's own default (VLLM_MAX_AUDIO_DECODE_DURATION_S);
+# an upload of that length decodes to 600 s × 16000 × 4 B = 38 MB of float32 samples.
+DEFAULT_MAX_AUDIO_S = 600
+# vLLM's own default upload limit (VLLM_MAX_AUDIO_CLIP_FILESIZE_MB): a 600 s 16 kHz 16-bit WAV is 19.2 MB.
+DEFAULT_MAX_UPLOAD_BYTES = 25 * 1000 * 1000
+SAMPLE_BYTES = 4  # the decoded audio: float32 samples
+# The longest step before the first measurement: one encoder window on a slow core (watchdog sizing).
+UNMEASURED_SPEECH_STEP_S = 60.0
+
+
+@dataclass(frozen=True)
+class SpeechSizes:
+    """What one transcription holds, and the engine settings that follow from the model."""
+
+    decoder_tokens: int  # the decoder's longest output (max_target_positions): vLLM's max_model_len
+    encoder_positions: int  # the encoder's output rows per window (cross-attention KV)
+    blocks_per_seq: int  # KV blocks each transcription takes, in the larger of the two pools
+    kv_bytes_per_block: int  # one block across every attention layer (self and cross)
+    encoder_work_bytes: int  # the encoder's activations for one window (attention scores included)
+
+
+def speech_sizes(speech: SpeechFacts, dtype: str) -> SpeechSizes:
+    """The encoder-decoder's sizes, from its config.
+
+    vLLM 0.32 keeps the decoder's self-attention and the cross-attention in separate KV pools of
+    equal block count (one KV cache group per attention kind; ``vllm/v1/core/kv_cache_utils.py``),
+    so a transcription takes ``max(ceil(448/B), ceil(1500/B))`` blocks of each: every attention
+    layer's block is counted once per block of the larger pool.
+    """
+    size = DTYPE_BYTES[dtype]
+    block = ledger.BLOCK_SIZE_TOKENS
+    blocks = max(math.ceil(speech.max_target_positions / block), math.ceil(speech.max_source_positions / block))
+    layers = speech.decoder_layers * 2  # each decoder layer: self-attention and cross-attention
+    per_block = block * 2 * speech.d_model * size * layers  # K and V
+    # The encoder over one window: its hidden states and FFN at a time (positions × (4 d + ffn)) and
+    # one layer's attention scores (heads × positions², float32 softmax), the conv front-end's input
+    # (mel bins × 2 × positions).
+    p = speech.max_source_positions
+    work = (p * (4 * speech.d_model + speech.encoder_ffn_dim) * size
+            + speech.encoder_attention_heads * p * p * 4
+            + speech.num_mel_bins * 2 * p * 4)
+    return SpeechSizes(speech.max_target_positions, p, blocks, per_block, work)
+
+
+def choose_dtype(facts: HostFacts, request: Request) -> Decided[str]:
+    """float16 weights as the checkpoint stores them where the CPU computes in bf16 natively, else float32."""
+    asked = request.weight_format
+    if asked in DTYPE_BYTES:
+        return Decided(asked, Reason("speech_dtype", asked, Source.FLAG, "asked with --format"))
+    flags = set(facts.cpu.flags)
+    if {"avx512_bf16", "amx_bf16"} & flags:
+        return Decided("bfloat16", Reason(
+            "speech_dtype", "bfloat16", Source.PROBE,
+            "the CPU has bf16 arithmetic (AVX512-BF16/AMX): Whisper's float16 weights are served in bf16, vLLM's "
+            "CPU kernels' fastest dense type (docs/speech.md)"))
+    return Decided("float32", Reason(
+        "speech_dtype", "float32", Source.PROBE,
+        "no bf16 arithmetic on this CPU: float32, which every x86 and Arm CPU computes natively (docs/speech.md)"))
+
+
+def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], request: Request) -> Plan:
+    """Decide how a Whisper model is served here, and what it costs."""
+    speech = model.speech
+    if speech is None:
+        raise EdgectlError(f"{model.name} is not a speech model")
+    why = Reasons()
+    profile = why.take(choose_profile(profiles, facts))
+    if request.weight_format is not None and request.weight_format not in DTYPE_BYTES:
+        raise EdgectlError(f"--format {request.weight_format}: a speech model is served dense, in "
+                           f"{', '.join(DTYPE_BYTES)} (w4a16, w4a8 and bf16 are a text model's weight formats)")
+    check_request(replace(request, weight_format=None))  # the rest as for a text model
+    topology = why.take(choose_topology(request))
+    compilation = why.take(_compilation(request))
+    memory_levers = why.take(_memory_levers(request, facts, topology))
+    cpus = why.take(choose_cpus(facts, request, profile, topology))
+    dtype = why.take(choose_dtype(facts, request))
+    sizes = speech_sizes(speech, dtype)
+    seqs = request.max_num_seqs
+    why.take(_concurrency(seqs, request))
+    max_audio_s, max_upload = DEFAULT_MAX_AUDIO_S, DEFAULT_MAX_UPLOAD_BYTES
+    why.take(_audio_limits(max_audio_s, max_upload, speech))
+    memory = why.take(_memory(model, sizes, seqs, dtype, max_audio_s, facts.memory.budget_bytes))
+    kv_per_seq = sizes.blocks_per_seq * sizes.kv_bytes_per_block
+    timeouts = why.take(_timeouts(request))
+    env = worker_environment(cpus.cpus, cpus.threads, topology, cpus.reserve_frontend_core)
+    env.update({"VLLM_MAX_AUDIO_DECODE_DURATION_S": str(max_audio_s),
+                "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": str(math.ceil(max_upload / (1 << 20)))})
+    return Plan(
+        model=ModelRef(model.name, model.path, model.architecture, "dense"),
+        device_class=facts.device_class,
+        profile=ProfileRef(profile.name, profile.file, profile.kind),
+        weight_format=WeightFormat.BF16,  # dense weights; their dtype is the speech section's
+        group_size=0,
+        quantize_lm_head=False,
+        max_model_len=sizes.decoder_tokens,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=sizes.encoder_positions,
+        kv_bytes_per_token=sizes.kv_bytes_per_block // ledger.BLOCK_SIZE_TOKENS,
+        block_size=ledger.BLOCK_SIZE_TOKENS,
+        rope_rows=0,
+        threads=cpus.threads,
+        cpus=cpus.cpus,
+        topology=topology,
+        compilation=compilation,
+        levers=Levers(rope_cap=False, kv_exact=True, layerwise_repack=False, topology=topology,
+                      reserve_frontend_core=cpus.reserve_frontend_core,
+                      embedding_pack=memory_levers.embedding_pack, optional_imports=memory_levers.optional_imports,
+                      python_optimize=memory_levers.python_optimize, tokenizer=memory_levers.tokenizer,
+                      idle_trim=memory_levers.idle_trim),
+        memory=memory,
+        predicted=Predicted(decode_tok_s=None, prefill_tok_s=None, ready_s=None),
+        serve=Serve(request.name, request.host, request.port),
+        timeouts=timeouts,
+        env=env,
+        reasons=why.items,
+        request=request,
+        speech=SpeechServe(dtype=dtype, window_s=speech.window_s, encoder_positions=sizes.encoder_positions,
+                           max_audio_s=max_audio_s, max_upload_bytes=max_upload, kv_bytes_per_seq=kv_per_seq),
+    )
+
+
+def _compilation(request: Request) -> Decided[Compilation]:
+    """Eager unless asked: the profile's compiled-mode figures are a text model's; vLLM compiles
+    Whisper's decoder only (``compile_mm_encoder`` is off), and that was not measured against eager."""
+    if request.compilation:
+        mode = Compilation(request.compilation)
+        return Decided(mode, Reason("compilation", mode, Source.FLAG, "asked with --compilation"))
+    return Decided(Compilation.EAGER, Reason(
+        "compilation", Compilation.EAGER, Source.DEFAULT,
+        "eager: the profile's compiled-mode figures are for a text model; no compile at the first start"))
+
+
+def _memory_levers(request: Request, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:
+    """The text planner's memory levers, but the tokenizer as vLLM keeps it: a Whisper model has a
+    processor (the feature extractor) beside its tokenizer, which the lean lever does not handle."""
+    levers = choose_memory_levers(request, facts, topology)
+    kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
+    optimize = 0 if request.python_optimize is None else request.python_optimize
+    value = replace(levers.value, tokenizer=TokenizerLever.VLLM, python_optimize=optimize)
+    return Decided(value, *kept, Reason("tokenizer", TokenizerLever.VLLM, Source.DEFAULT,
+                                        "as vLLM holds it: a speech model has a processor beside its tokenizer"),
+                   Reason("python_optimize", optimize, Source.FLAG if request.python_optimize is not None else Source.DEFAULT,
+                          "asked" if request.python_optimize is not None else
+                          "no python -OO: transformers builds Whisper's classes from their docstrings and fails "
+                          "without them (\"No `Args` or `Parameters` section is found in the docstring of "
+                          "`Seq2SeqModelOutput`\", transformers/utils/auto_docstring.py)"))
+
+
+def _concurrency(seqs: int, request: Request) -> Decided[int]:
+    return Decided(seqs, Reason(
+        "max_num_seqs", seqs, Source.FLAG if seqs != 1 else Source.DEFAULT,
+        f"{seqs} transcription(s) decoded at once; each holds its own KV (a longer upload is cut into 30 s "
+        "windows that queue as separate requests)"))
+
+
+def _audio_limits(max_audio_s: int, max_upload: int, speech: SpeechFacts) -> Decided[int]:
+    return Decided(max_audio_s, Reason(
+        "max_audio_s", max_audio_s, Source.DEFAULT,
+        f"uploads up to {max_audio_s} s ({math.ceil(max_audio_s / speech.window_s)} windows of {speech.window_s} s) "
+        f"and {max_upload / 1e6:.0f} MB, vLLM's own defaults: a longer one is refused with the limit named; "
+        f"its decoded samples take {max_audio_s * speech.sample_rate * SAMPLE_BYTES / MiB:.0f} MiB"))
+
+
+def _memory(model: ModelFacts, sizes: SpeechSizes, seqs: int, dtype: str, max_audio_s: int,
+            budget: int | None) -> Decided[Memory]:
+    speech = model.speech
+    assert speech is not None
+    params = model.num_params if model.num_params is not None else model.param_bytes.total // 2
+    weights = params * DTYPE_BYTES[dtype]
+    blocks = sizes.blocks_per_seq * seqs + 1  # vLLM keeps one null block
+    kv = blocks * sizes.kv_bytes_per_block
+    runtime = FALLBACK_SPEECH_PROCESS_BYTES
+    # The decoded samples of the longest uploads, one per transcription at once: held only while
+    # such uploads run, so they are room under the limits, not part of the steady total.
+    audio = seqs * max_audio_s * speech.sample_rate * SAMPLE_BYTES
+    workspace = sizes.encoder_work_bytes
+    total = weights + kv + runtime + workspace
+    limit = ledger.round_mib((total * FALLBACK_SPEECH_PEAK_RATIO + audio) * ledger.MAX_HEADROOM)
+    high = ledger.round_mib((total * FALLBACK_SPEECH_PEAK_RATIO + audio) * ledger.HIGH_HEADROOM)
+    memory = Memory(weights_bytes=weights, kv_cache_bytes=kv, rope_bytes=0, runtime_bytes=runtime,
+                    workspace_bytes=workspace, total_bytes=total, high_bytes=high, limit_bytes=limit)
+    if budget is not None and limit > budget:
+        raise EdgectlError(
+            f"{model.name} needs {limit / MiB:.0f} MiB with {seqs} transcription(s) at once, this host can give "
+            f"{budget / MiB:.0f} MiB: ask for fewer with --max-num-seqs")
+    detail = (f"weights {weights / MiB:.0f} MiB ({params / 1e6:.1f} M parameters in {dtype}); KV {kv / MiB:.0f} MiB "
+              f"({blocks} blocks of {sizes.kv_bytes_per_block / MiB:.2f} MiB: {sizes.blocks_per_seq} per transcription "
+              f"for {sizes.decoder_tokens} decoder tokens and {sizes.encoder_positions} cross-attention rows, plus vLLM's "
+              f"null block); encoder work {sizes.encoder_work_bytes / MiB:.0f} MiB for one window; "
+              f"runtime {runtime / MiB:.0f} MiB (a fallback, not measured here); MemoryMax = (total × load peak "
+              f"{FALLBACK_SPEECH_PEAK_RATIO} (fallback) + {audio / MiB:.0f} MiB of decoded audio for the longest uploads) "
+              f"× {ledger.MAX_HEADROOM}")
+    return Decided(memory, Reason("memory", total, Source.FALLBACK, detail))
+
+
+def _timeouts(request: Request) -> Decided[Timeouts]:
+    step = watchdog_for_step(UNMEASURED_SPEECH_STEP_S)
+    watchdog = request.watchdog_s or step
+    start = start_for_ready(UNMEASURED_READY_S)
+    return Decided(Timeouts(start_s=start, watchdog_s=watchdog, stop_s=STOP_S), Reason(
+        "timeouts", {"start_s": start, "watchdog_s": watchdog, "stop_s": STOP_S},
+        Source.FLAG if request.watchdog_s else Source.FALLBACK,
+        f"start within {start} s, the watchdog at {watchdog} s: the speech service's start and longest step "
+        "are not measured on this class yet"))

@@ -1,0 +1,106 @@
+"""The planner's sizes for a speech model (Whisper: an encoder-decoder), computed by hand here.
+
+whisper-base's config.json (edgectl/data/catalog/whisper-base/config.json, what the pull's
+conversion writes): d_model 512, 6 encoder and 6 decoder layers of 8 heads, encoder FFN 2048,
+80 mel bins, 1500 encoder positions (one 30 s window), 448 decoder positions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from plan_helpers import (
+    MIB,
+    frozen_profiles,
+    host_facts,
+    reasons_by_decision,
+    shape,
+    with_memory,
+)
+
+from edgectl.contract.plan import Plan, Request
+from edgectl.errors import EdgectlError
+from edgectl.models.inspect import inspect_model
+from edgectl.paths import data_dir
+from edgectl.planner import plan
+
+CATALOG_DIR = data_dir() / "catalog" / "whisper-base"
+
+
+@pytest.fixture(scope="module")
+def whisper():
+    return inspect_model(CATALOG_DIR, name="whisper-base", require_tokenizer=False)
+
+
+def speech_plan(whisper, host="xeon-spr-amx-2s", **asked) -> Plan:
+    return plan(host_facts(host), whisper, frozen_profiles(), Request(model="whisper-base", **asked))
+
+
+def test_kv_is_sized_per_transcription_in_vllms_blocks(whisper):
+    p = speech_plan(whisper, max_num_seqs=4)
+    assert p.speech is not None and p.modality == "speech"
+    # one block of 128 tokens across the 6 decoder layers' self- and cross-attention, K and V, bf16:
+    # 128 × 2 × 512 × 2 B × 12 layers = 3 MiB; a transcription takes max(ceil(448/128), ceil(1500/128))
+    # = max(4, 12) = 12 blocks of each pool; 4 transcriptions and vLLM's null block: 49 blocks.
+    assert p.speech.kv_bytes_per_seq == 12 * 3 * MIB
+    assert p.kv_cache_bytes == 49 * 3 * MIB == 154_140_672  # what vLLM 0.32 allocated for this plan (read back)
+    assert p.max_model_len == 448 and p.max_num_batched_tokens == 1500 and p.max_num_seqs == 4
+    assert p.rope_rows == 0 and p.memory.rope_bytes == 0
+
+
+def test_memory_ledger_adds_weights_kv_encoder_work_and_audio(whisper):
+    one, four = speech_plan(whisper), speech_plan(whisper, max_num_seqs=4)
+    # weights: whisper-base's parameters at 2 bytes (bf16), the same whatever the concurrency
+    assert one.memory.weights_bytes == four.memory.weights_bytes == whisper.num_params * 2
+    # each transcription more: 12 blocks of KV
+    assert four.memory.kv_cache_bytes - one.memory.kv_cache_bytes == 3 * 12 * 3 * MIB
+    # the encoder over one window: 1500 × (4 × 512 + 2048) × 2 B + 8 heads × 1500² × 4 B + 80 × 2 × 1500 × 4 B
+    encoder = 1500 * (4 * 512 + 2048) * 2 + 8 * 1500 * 1500 * 4 + 80 * 2 * 1500 * 4
+    assert one.memory.workspace_bytes == four.memory.workspace_bytes == encoder
+    m = four.memory
+    assert m.total_bytes == m.weights_bytes + m.kv_cache_bytes + m.runtime_bytes + m.workspace_bytes
+    assert m.high_bytes <= m.limit_bytes
+    # the limit holds, beyond the steady total, the decoded samples of 4 uploads of 600 s (16 kHz float32)
+    audio = 4 * 600 * 16000 * 4
+    assert m.limit_bytes >= (m.total_bytes + audio) * 1.25 - MIB
+
+
+def test_dtype_follows_the_cpu(whisper):
+    assert speech_plan(whisper).speech.dtype == "bfloat16"  # AMX
+    avx2 = speech_plan(whisper, host="kvm-epyc-avx2-2c")
+    assert avx2.speech.dtype == "float32"  # no bf16 arithmetic
+    assert avx2.memory.weights_bytes == whisper.num_params * 4
+    assert speech_plan(whisper, weight_format="float16").speech.dtype == "float16"  # asked
+
+
+def test_worker_settings_for_whisper(whisper):
+    p = speech_plan(whisper)
+    why = reasons_by_decision(p)
+    assert p.levers.python_optimize == 0, why["python_optimize"]  # transformers' Whisper needs its docstrings
+    assert p.levers.tokenizer == "vllm"
+    assert p.compilation == "eager"
+    assert p.env["VLLM_MAX_AUDIO_DECODE_DURATION_S"] == "600"
+    assert p.env["VLLM_MAX_AUDIO_CLIP_FILESIZE_MB"] == "24"  # 25 MB in MiB, rounded up
+    from edgectl.contract.vllm_args import server_args
+
+    args = server_args(p)
+    assert args[args.index("--dtype") + 1] == "bfloat16"
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(p.kv_cache_bytes)
+
+
+def test_plan_json_round_trips_and_a_text_plan_has_no_speech_key(whisper):
+    p = speech_plan(whisper, max_num_seqs=2)
+    assert Plan.from_dict(json.loads(p.to_json())) == p
+    text = plan(host_facts("xeon-spr-amx-2s"), shape("smollm2-135m"), frozen_profiles(), Request(model="smollm2-135m"))
+    assert "speech" not in text.to_dict() and text.modality == "text"
+
+
+def test_refusals_name_what_to_do(whisper):
+    with pytest.raises(EdgectlError, match="a speech model is served dense"):
+        speech_plan(whisper, weight_format="w4a8")
+    small = with_memory(host_facts("xeon-spr-amx-2s"), budget_bytes=600 * MIB)
+    with pytest.raises(EdgectlError, match="--max-num-seqs"):
+        plan(small, whisper, frozen_profiles(), Request(model="whisper-base", max_num_seqs=4))
+    assert replace(whisper, speech=None).speech is None  # a text model's facts plan as text

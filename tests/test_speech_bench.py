@@ -16,7 +16,7 @@ from edgectl.bench.speech import measure
 from edgectl.bench.speech import report as speech_report
 from edgectl.bench.speech.arms import ARMS, AnchorArm
 from edgectl.bench.speech.measure import Clip
-from edgectl.bench.speech.runner import ClipPlan, parse_driver_output, rotated, run_grid
+from edgectl.bench.speech.runner import ClipPlan, rotated, run_grid
 
 # -- the clips --------------------------------------------------------------------------------------
 
@@ -153,40 +153,35 @@ def test_one_pass_is_indicative_only() -> None:
 
 # -- the anchors' driver ----------------------------------------------------------------------------
 
-
-def test_the_drivers_result_is_found_among_its_log_lines() -> None:
-    doc = {"load_s": 1.5, "clips": [{"id": "a", "text": "hi", "wall_s": 0.2}], "total_wall_s": 0.2,
-           "pss": {"peak_bytes": 500, "steady_bytes": 400}}
-    log = "warning: something\n{not json\n" + json.dumps(doc, indent=1) + "\nexit warning {x}\n"
-    got = parse_driver_output(log)
-    assert got is not None
-    assert (got["load_s"], got["total_wall_s"], got["pss_peak_bytes"], got["pss_steady_bytes"]) == (1.5, 0.2, 500, 400)
-    assert parse_driver_output("no result here\n{\"other\": 1}\n") is None
-
-
+# A stand-in for edgectl_runtime.tools.speech_anchor: its arguments, its output's fields.
 FAKE_DRIVER = r"""
 import json, sys
 args = sys.argv[1:]
 mode = args[args.index("--mode") + 1]
-clips = json.load(open(args[-1]))["clips"]
-if "--fail" in sys.argv[0]:
-    sys.exit(3)
+clips = json.load(open(args[args.index("--clips") + 1]))["clips"]
+if sys.argv[0].endswith("fail.py"):
+    print("error: the engine broke", file=sys.stderr)
+    sys.exit(1)
 print("a warning on the way", file=sys.stderr)
-print(json.dumps({"load_s": 0.5, "total_wall_s": 2.0 if mode != "sequential" else 1.0 * len(clips),
-                  "pss_steady_bytes": 300_000_000,
-                  "clips": [{"id": c["id"], "text": c["text"], "wall_s": c["seconds"] / 20} for c in clips]}))
+print(json.dumps({"schema": "edgectl.speech-anchor/1", "load_s": 0.5,
+                  "total_wall_s": 2.0 if mode != "sequential" else 1.0 * len(clips),
+                  "memory": {"pss_peak_bytes": 400_000_000, "pss_steady_bytes": 300_000_000,
+                             "pss_end_bytes": 310_000_000},
+                  "clips": [{"id": c["id"], "text": c["text"], "wall_s": c["seconds"] / 20, "worker": 0}
+                            for c in clips]}, indent=1))
 """
 
 
 def test_an_anchor_pass_runs_the_driver_once_per_measurement(tmp_path: Path) -> None:
-    driver = tmp_path / "driver.py"
+    driver, failing = tmp_path / "driver.py", tmp_path / "fail.py"
     driver.write_text(FAKE_DRIVER)
+    failing.write_text(FAKE_DRIVER)
     clips_json = clip_set(tmp_path)
     ctx = BenchContext(model_name="whisper-base", model_path=str(tmp_path), vocab_size=0, kv_bytes_per_token=0,
                        planned=None, planner=lambda o: None, runtime_python=sys.executable,  # type: ignore[arg-type]
                        child_env={"PATH": "/usr/bin:/bin"}, logs_dir=tmp_path / "logs", usable_cpus=2,
                        stock_plugins="", launchers={"anchor": lambda arm, port, d: [sys.executable, str(driver)]})
-    arm = AnchorArm(ARMS["faster-whisper-int8"], ctx, tmp_path / "ct2", 2)
+    arm = AnchorArm(ARMS["faster-whisper-int8"], ctx, tmp_path / "ct2")
     plan = ClipPlan(measure.read_clips(clips_json), clips_json, ctx.logs_dir, exact_score)
     records = run_grid([arm], 1, ctx, plan, progress=lambda line: None)
     (r,) = records["faster-whisper-int8"]
@@ -194,13 +189,20 @@ def test_an_anchor_pass_runs_the_driver_once_per_measurement(tmp_path: Path) -> 
     assert r["wer"] == 0 and r["ready_s"] == 0.5 and r["rtf_30s"] == pytest.approx(1 / 20)
     assert set(r["together"]) == {"workers", "batched"}
     assert r["aggregate_audio_s_per_s"] == pytest.approx(4 * 28.8 / 2.0)
-    assert r["pss_steady_bytes"] == 300_000_000 and r["pss_peak_bytes"] > 0  # the tree, sampled by the bench
+    assert (r["pss_peak_bytes"], r["pss_steady_bytes"]) == (400_000_000, 310_000_000)  # steady: after the clip set
     cmd = r["runs"]["sequential"]["command"]
-    assert cmd[cmd.index("--compute-type") + 1] == "int8" and cmd[-1] == str(clips_json)
+    assert cmd[cmd.index("--compute-type") + 1] == "int8" and cmd[cmd.index("--clips") + 1] == str(clips_json)
+    assert cmd[cmd.index("--threads") + 1] == "2"
+    workers = r["runs"]["workers"]["command"]
+    assert workers[workers.index("--threads") + 1] == "1" and workers[workers.index("--concurrency") + 1] == "4"
+    together = json.loads(Path(workers[workers.index("--clips") + 1]).read_text())
+    assert [c["id"] for c in together["clips"]] == [f"rtf-30s#{i}" for i in range(1, 5)]
+    assert {c["file"] for c in together["clips"]} == {str(tmp_path / "rtf-30s.wav")}
 
-    ctx.launchers["anchor"] = lambda arm, port, d: [sys.executable, str(driver) + "--fail"]
+    ctx.launchers["anchor"] = lambda arm, port, d: [sys.executable, str(failing)]
     (failed,) = run_grid([arm], 1, ctx, plan, progress=lambda line: None)["faster-whisper-int8"]
     assert failed["status"] == "crashed" and "wer" not in failed
+    assert "exited with code 1: error: the engine broke" in failed["error"]
 
 
 # -- the command line -------------------------------------------------------------------------------

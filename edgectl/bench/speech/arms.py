@@ -10,9 +10,9 @@
   bench's ``stock`` is, so its memory compares with the planned arm's.
 - ``faster-whisper-int8``, ``faster-whisper-float32``, ``whisper.cpp``: the anchors, not servers.
   One run of ``edgectl_runtime.tools.speech_anchor`` per measurement (the clip set one by one,
-  then four clips at once in each of the engine's ways of doing four), on the CTranslate2 files
-  the model was pulled from (faster-whisper reads them as they are; the driver makes what
-  whisper.cpp reads from them).
+  then four clips at once in each of the engine's ways of doing four), faster-whisper on the
+  CTranslate2 files the model was pulled from, whisper.cpp on a ggml file made from the same
+  weights (``edgectl_runtime.tools.whisper_ggml``, float16 as whisper.cpp's own models).
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA
 from edgectl.contract.effective import Effective
 from edgectl.errors import EdgectlError
 
-# The anchors' ways of doing four clips at once (the driver's --mode): faster-whisper's
-# WhisperModel(num_workers=4) with four threads, and its BatchedInferencePipeline; the better one
-# is quoted. whisper.cpp (pywhispercpp) is run one clip at a time only: a context per worker
-# would hold the model once per worker, and at 17-32 s per 28 s clip here (docs/speech-research.md,
-# "Rough speed") four at once would take minutes per pass.
+# The anchors' ways of doing four clips at once (the driver's --mode): faster-whisper's four worker
+# processes, each with its own model, and its BatchedInferencePipeline, one model decoding the four
+# together; whisper.cpp has no batched pipeline, only the workers. The better one is quoted.
 FASTER_WHISPER_TOGETHER = ("workers", "batched")
+WHISPER_CPP_TOGETHER = ("workers",)
 
 ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("planned", "worker", {}, "edgectl's worker on edgectl's plan for the model"),
@@ -51,12 +50,13 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("faster-whisper-float32", "anchor",
             {"engine": "faster-whisper", "compute_type": "float32", "together": FASTER_WHISPER_TOGETHER},
             "faster-whisper on the CTranslate2 files the model was pulled from, float32 compute"),
-    ArmSpec("whisper.cpp", "anchor", {"engine": "whisper.cpp", "compute_type": None, "together": ()},
-            "whisper.cpp (pywhispercpp's bundled library) on the same weights, one clip at a time"),
+    ArmSpec("whisper.cpp", "anchor", {"engine": "whisper.cpp", "compute_type": "float16", "together": WHISPER_CPP_TOGETHER},
+            "whisper.cpp (pywhispercpp's bundled library) on a ggml file of the same weights, float16"),
 ]}
 DEFAULT_ARMS = ("planned", "stock", "faster-whisper-int8", "faster-whisper-float32", "whisper.cpp")
-# The Python module each anchor engine needs in the runtime interpreter.
+# The Python module each anchor engine needs in the runtime interpreter, and the package that has it.
 ENGINE_MODULES = {"faster-whisper": "faster_whisper", "whisper.cpp": "pywhispercpp"}
+PACKAGES = {"faster-whisper": "faster-whisper", "whisper.cpp": "pywhispercpp"}
 
 
 def parse_arm_names(text: str | None) -> list[str]:
@@ -134,26 +134,29 @@ class AnchorArm:
 
     launcher = "anchor"
 
-    def __init__(self, spec: ArmSpec, ctx: BenchContext, anchor_model: Path, threads: int) -> None:
+    def __init__(self, spec: ArmSpec, ctx: BenchContext, model: Path) -> None:
         self.spec = spec
         self.name = spec.name
         self.ctx = ctx
         self.engine: str = spec.overrides["engine"]
-        self.compute_type: str | None = spec.overrides["compute_type"]
+        self.compute_type: str = spec.overrides["compute_type"]
         self.together_modes: tuple[str, ...] = tuple(spec.overrides["together"])
-        self.model = anchor_model
-        self.threads = threads
+        self.model = model  # faster-whisper: the CTranslate2 directory; whisper.cpp: the ggml file
+
+    def threads(self, mode: str, concurrency: int) -> int:
+        """Threads of one model instance: every usable CPU, shared out among ``workers``."""
+        return max(1, self.ctx.usable_cpus // concurrency) if mode == "workers" else self.ctx.usable_cpus
 
     def args(self, mode: str, concurrency: int, clips_json: Path) -> list[str]:
-        compute = ["--compute-type", self.compute_type] if self.compute_type else []
-        return ["--engine", self.engine, "--model", str(self.model), *compute, "--threads", str(self.threads),
-                "--mode", mode, "--concurrency", str(concurrency), str(clips_json)]
+        return ["--engine", self.engine, "--model", str(self.model), "--clips", str(clips_json),
+                "--compute-type", self.compute_type, "--threads", str(self.threads(mode, concurrency)),
+                "--mode", mode, "--concurrency", str(concurrency)]
 
     def command(self, mode: str, concurrency: int, clips_json: Path) -> list[str]:
-        custom = self.ctx.launchers.get(self.launcher)
         args = self.args(mode, concurrency, clips_json)
-        if custom is not None:  # a stand-in driver (tests): given the driver's arguments in place of a port
-            return [*custom(self, 0, Path(".")), *args]  # type: ignore[arg-type]
+        custom = self.ctx.launchers.get(self.launcher)
+        if custom is not None:  # a stand-in for the driver (tests): its command, then the driver's arguments
+            return [*custom(self, 0, clips_json), *args]  # type: ignore[arg-type]
         return launch.command(self.ctx.runtime_python, launch.SPEECH_ANCHOR, args)
 
     def env(self) -> dict[str, str]:
@@ -161,31 +164,27 @@ class AnchorArm:
 
     def describe(self) -> dict[str, Any]:
         return {"launcher": self.launcher, "description": self.spec.description, "engine": self.engine,
-                "compute_type": self.compute_type, "threads": self.threads, "model": str(self.model),
+                "compute_type": self.compute_type, "model": str(self.model),
                 "together_modes": list(self.together_modes), "plan": None}
 
 
 SpeechArm = PreparedArm | AnchorArm
 
 
-def prepare_arms(names: list[str], ctx: BenchContext, *, anchor_model: Path | None, anchor_missing: str | None,
-                 missing_modules: Mapping[str, str]) -> tuple[list[SpeechArm], dict[str, str]]:
-    """The arms to run, and the arms skipped with the reason.
-
-    ``anchor_model``: the CTranslate2 directory the anchors read (None: ``anchor_missing`` says
-    why there is none); ``missing_modules``: engine -> why the runtime interpreter cannot run it."""
+def prepare_arms(names: list[str], ctx: BenchContext, *,
+                 anchor_models: Mapping[str, Path | str]) -> tuple[list[SpeechArm], dict[str, str]]:
+    """The arms to run, and the arms skipped with the reason. ``anchor_models``: per engine, the
+    file or directory it reads, or (a string) why it cannot run here."""
     arms: list[SpeechArm] = []
     skipped: dict[str, str] = {}
     for name in names:
         spec = ARMS[name]
         if spec.launcher == "anchor":
-            engine = spec.overrides["engine"]
-            if anchor_model is None:
-                skipped[name] = anchor_missing or "no CTranslate2 files"
-            elif engine in missing_modules and "anchor" not in ctx.launchers:
-                skipped[name] = missing_modules[engine]
+            model = anchor_models.get(spec.overrides["engine"], "not prepared")
+            if isinstance(model, str):
+                skipped[name] = model
             else:
-                arms.append(AnchorArm(spec, ctx, anchor_model, ctx.usable_cpus))
+                arms.append(AnchorArm(spec, ctx, model))
             continue
         try:
             arms.append(WorkerArm(spec, ctx) if spec.launcher == "worker" else StockSpeechArm(spec, ctx))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import socket
 import subprocess
 from collections.abc import Callable, Collection, Mapping
@@ -19,15 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgectl import launch
 from edgectl.bench import provenance as prov
 from edgectl.bench import report as text_report
 from edgectl.bench.arms import QUIET_S, BenchContext, Launcher
 from edgectl.bench.core import _check_writable, _repo_root
 from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.runner import utc_now
-from edgectl.bench.speech import measure
+from edgectl.bench.speech import clips, measure, wer
 from edgectl.bench.speech import report as speech_report
-from edgectl.bench.speech.arms import ARMS, ENGINE_MODULES, SpeechArm, parse_arm_names, prepare_arms
+from edgectl.bench.speech.arms import ARMS, ENGINE_MODULES, PACKAGES, SpeechArm, parse_arm_names, prepare_arms
 from edgectl.bench.speech.runner import ClipPlan, rotated, run_grid
 from edgectl.contract import environment
 from edgectl.errors import EdgectlError
@@ -100,16 +102,12 @@ def run_speech_bench(opts: SpeechBenchOptions, environ: Mapping[str, str], progr
         planner=_no_other_plans, runtime_python=python, child_env=child_env, logs_dir=path.with_suffix(".logs"),
         usable_cpus=len(facts.topology.usable_cpus or []) or 1, stock_plugins=stock_plugins,
         start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}), quiet_s=opts.quiet_s)
-    anchor_model, anchor_missing = _anchor_model(opts.model, environ)
-    missing = _missing_engines(names, python, child_env) if not (launchers or {}).get("anchor") else {}
-    arms, skipped = prepare_arms(names, ctx, anchor_model=anchor_model, anchor_missing=anchor_missing,
-                                 missing_modules=missing)
+    anchor_models = _anchor_models(names, opts.model, model_path, ctx, environ, progress)
+    arms, skipped = prepare_arms(names, ctx, anchor_models=anchor_models)
     for name, why in skipped.items():
         progress(f"skipping arm {name}: {why}")
     if not arms:
         raise EdgectlError("no arm can run here: " + "; ".join(f"{n}: {w}" for n, w in skipped.items()))
-
-    from edgectl.bench.speech import wer
 
     clip_plan = ClipPlan(measure.read_clips(clips_json), clips_json, ctx.logs_dir,
                          score=lambda triples: wer.corpus_wer(triples).to_dict())
@@ -160,7 +158,6 @@ def _clip_set(opts: SpeechBenchOptions, environ: Mapping[str, str], progress: Pr
     """The clips.json of the set to run: ``--clips``, else the shipped set made once into the model cache."""
     if opts.clips is not None:
         return (opts.clips / "clips.json").resolve()
-    from edgectl.bench.speech import clips
     from edgectl.models.cache import cache_dir
 
     directory = cache_dir(environ) / "speech-clips"
@@ -170,25 +167,56 @@ def _clip_set(opts: SpeechBenchOptions, environ: Mapping[str, str], progress: Pr
     return directory / "clips.json"
 
 
-def _anchor_model(model: str, environ: Mapping[str, str]) -> tuple[Path | None, str | None]:
-    """The CTranslate2 directory the anchors read (the pull keeps it), or why there is none."""
-    from edgectl.models.cache import cache_dir
-    from edgectl.models.catalog import CATALOG
-
-    entry = CATALOG.get(model)
-    if entry is None:
-        return None, "a model directory has no CTranslate2 original: only a pulled catalog model keeps one"
-    directory = cache_dir(environ) / "ct2" / entry.name
-    if not (directory / "model.bin").is_file():
-        return None, f"no CTranslate2 model.bin in {directory}: `edgectl models pull {model}` keeps it"
-    return directory, None
-
-
-def _missing_engines(names: Collection[str], python: str, env: Mapping[str, str]) -> dict[str, str]:
-    """Engine -> why the runtime interpreter cannot run it (its module is not installed)."""
+def _anchor_models(names: Collection[str], model: str, model_path: Path, ctx: BenchContext,
+                   environ: Mapping[str, str], progress: Progress) -> dict[str, Path | str]:
+    """Per engine an anchor arm asks for, what it reads (faster-whisper: the CTranslate2 directory the
+    pull keeps; whisper.cpp: a ggml file made once from the converted directory), or why it cannot run."""
     engines = {ARMS[n].overrides["engine"] for n in names if ARMS[n].launcher == "anchor"}
     if not engines:
         return {}
+    out: dict[str, Path | str] = {}
+    if "anchor" not in ctx.launchers:  # a stand-in driver needs no engine
+        out.update(_missing_engines(engines, ctx.runtime_python, ctx.child_env))
+    from edgectl.models.cache import cache_dir, ct2_originals_dir
+    from edgectl.models.catalog import CATALOG
+
+    entry = CATALOG.get(model)
+    if "faster-whisper" in engines and "faster-whisper" not in out:
+        originals = ct2_originals_dir(entry, environ) if entry is not None and entry.ct2 else None
+        if originals is None:
+            out["faster-whisper"] = "a model directory has no CTranslate2 original: only a pulled catalog model keeps one"
+        elif not (originals / "model.bin").is_file():
+            out["faster-whisper"] = f"no CTranslate2 model.bin in {originals}: `edgectl models pull {model}` keeps it"
+        else:
+            out["faster-whisper"] = originals
+    if "whisper.cpp" in engines and "whisper.cpp" not in out:
+        # a catalog model's file is kept in the model cache; a directory's made for this run
+        ggml = (cache_dir(environ) / "whisper.cpp" / f"{entry.name}-f16.bin" if entry is not None
+                else ctx.logs_dir / "whisper.cpp" / "ggml-model-f16.bin")
+        out["whisper.cpp"] = ggml if ggml.is_file() else _make_ggml(model_path, ggml, ctx, progress)
+    return out
+
+
+def _make_ggml(model_path: Path, ggml: Path, ctx: BenchContext, progress: Progress) -> Path | str:
+    """whisper.cpp's ggml file of the converted directory, written whole or not at all; else why not."""
+    progress(f"making whisper.cpp's ggml file of {model_path} (float16) into {ggml}")
+    ggml.parent.mkdir(parents=True, exist_ok=True)
+    partial = ggml.with_name(f".{ggml.name}.tmp-{os.getpid()}")
+    argv = launch.command(ctx.runtime_python, launch.WHISPER_GGML, [str(model_path), str(partial), "--ftype", "f16"])
+    try:
+        done = subprocess.run(argv, env=ctx.child_env, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        partial.unlink(missing_ok=True)
+        return f"its ggml file could not be made: {exc}"
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        return f"its ggml file could not be made: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+    partial.replace(ggml)
+    return ggml
+
+
+def _missing_engines(engines: Collection[str], python: str, env: Mapping[str, str]) -> dict[str, str]:
+    """Engine -> why the runtime interpreter cannot run it (its module is not installed)."""
     modules = {e: ENGINE_MODULES[e] for e in engines}
     code = ("import importlib.util, json, sys; print(json.dumps({m: importlib.util.find_spec(m) is not None "
             "for m in sys.argv[1:]}))")
@@ -198,7 +226,7 @@ def _missing_engines(names: Collection[str], python: str, env: Mapping[str, str]
         found = json.loads(done.stdout)
     except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
         return {e: f"cannot ask {python} for {m}: {exc}" for e, m in modules.items()}
-    return {e: f"the runtime interpreter {python} has no {m} (pip install {e if e != 'whisper.cpp' else 'pywhispercpp'})"
+    return {e: f"the runtime interpreter {python} has no {m} (pip install {PACKAGES[e]})"
             for e, m in modules.items() if not found.get(m)}
 
 

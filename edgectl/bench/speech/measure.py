@@ -21,7 +21,6 @@ own process (``edgectl_runtime.tools.speech_anchor``), from the audio file to th
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.client import Client, HttpFailed
+from edgectl.contract.speech_clips import read_clip_set
 
 CONCURRENT_CLIPS = 4  # the issue's "four clips at once"
 SHORT_S, WINDOW_S = 5.0, 30.0  # the clips the real-time factors are quoted for
@@ -54,11 +54,11 @@ class Clip:
 
 
 def read_clips(clips_json: Path) -> list[Clip]:
-    """The clip set a ``clips.json`` lists (``file`` relative to its directory)."""
-    data = json.loads(clips_json.read_text())
-    rows = data["clips"] if isinstance(data, dict) else data
-    return [Clip(id=str(r["id"]), path=(clips_json.parent / r["file"]).resolve(), seconds=float(r["seconds"]),
-                 text=str(r["text"]), use=str(r.get("use", "wer"))) for r in rows if r.get("use") != "warmup"]
+    """The clips a clip set's ``clips.json`` lists to be measured (``contract.speech_clips``'s format;
+    a warm-up clip is not one of them)."""
+    clip_set = read_clip_set(clips_json)
+    return [Clip(id=c.id, path=clip_set.path(c).resolve(), seconds=c.seconds, text=c.text, use=c.use)
+            for c in clip_set.clips if c.use != "warmup"]
 
 
 @dataclass(frozen=True)

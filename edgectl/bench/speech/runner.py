@@ -10,15 +10,20 @@ transcription of the set's shortest clip (``ready_s`` from launch); its peak PSS
 launch to ready; the settings read back and checked; the clip set one by one; four clips at once;
 then, after ``quiet_s`` without requests, the steady PSS of its whole process tree.
 
-An anchor's pass: the driver run on the clip set one by one (the model's load time is its
-``ready_s``; the bench samples the tree's PSS over the run, the driver reports its own steady
-PSS after the load), then once per way of doing four clips at once (the better one quoted).
+An anchor's pass: the driver run on the clip set one by one, then once per way of doing four
+clips at once (the better one quoted). Its ``ready_s`` is the driver's ``load_s`` (from its start
+to its model loaded and the warm-up clip transcribed, as a server's is to its first answer); its
+PSS is the driver's tree's as the driver samples it with the same reader (``procmem.tree_mem``):
+the peak over the whole run, and after the clip set with the model still loaded (``pss_steady``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -183,18 +188,22 @@ def anchor_pass(arm: AnchorArm, pass_index: int, order: int, ctx: BenchContext, 
     rec["runs"] = {}
     try:
         seq = _drive(arm, "sequential", 1, clip_plan.clips_json, pass_dir / "sequential", ctx, rec)
+        memory = seq.get("memory") or {}
         rec["ready_s"] = seq["load_s"]
         rec["clips"] = [{"id": str(c["id"]), "text": c["text"], "wall_s": c["wall_s"]} for c in seq["clips"]]
         rec.update(measure.figures(rec["clips"], clip_plan.clips, clip_plan.choice, clip_plan.score))
-        rec.update(pss_peak_bytes=seq["tree_pss_peak_bytes"], pss_steady_bytes=seq["pss_steady_bytes"],
-                   processes=seq["processes"])
+        # the driver's tree, sampled by the driver: peak from start to its end (transcriptions included),
+        # steady after the clip set (the model still loaded), as a server's is after its requests
+        rec.update(pss_peak_bytes=memory.get("pss_peak_bytes"), pss_steady_bytes=memory.get("pss_end_bytes"),
+                   pss_ready_bytes=memory.get("pss_steady_bytes"), processes=1)
         together: dict[str, Any] = {}
         for mode in arm.together_modes:
             run = _drive(arm, mode, measure.CONCURRENT_CLIPS, clip_plan.together_json, pass_dir / mode, ctx, rec)
             together[mode] = {"aggregate_audio_s_per_s": measure.aggregate(clip_plan.choice.together, 0.0,
                                                                            run["total_wall_s"]),
-                              "wall_s": run["total_wall_s"], "clips": run["clips"],
-                              "pss_peak_bytes": run["tree_pss_peak_bytes"]}
+                              "wall_s": run["total_wall_s"], "load_s": run["load_s"],
+                              "clips": [{k: c.get(k) for k in ("id", "text", "wall_s", "worker")} for c in run["clips"]],
+                              "pss_peak_bytes": (run.get("memory") or {}).get("pss_peak_bytes")}
         rec["together"] = together
         if together:
             best = max(together, key=lambda m: together[m]["aggregate_audio_s_per_s"] or 0.0)
@@ -214,63 +223,40 @@ def anchor_pass(arm: AnchorArm, pass_index: int, order: int, ctx: BenchContext, 
 
 def _drive(arm: AnchorArm, mode: str, concurrency: int, clips_json: Path, run_dir: Path, ctx: BenchContext,
            rec: dict[str, Any]) -> dict[str, Any]:
-    """One driver run to its end: its result (``parse_driver_output``) with the tree's sampled peak PSS."""
+    """One driver run to its end (its own session, so a timeout stops its workers too); its result.
+    The driver prints one JSON document on stdout and logs on stderr (kept in ``driver.log``)."""
     argv = arm.command(mode, concurrency, clips_json)
+    run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "driver.log"
     rec["runs"][mode] = {"command": argv, "log": str(log)}
-    try:
-        proc = ServerProcess(argv, arm.env(), log)
-    except OSError as exc:
-        raise DriverFailed(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
-    deadline = time.monotonic() + ctx.start_timeout_s
-    while proc.alive() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    peak = proc.stop_sampling()
-    code = proc.stop(timeout_s=10)
-    rec["runs"][mode].update(exit_code=code, tree_pss_peak_bytes=peak or None)
-    if code != 0:
-        tail = " | ".join(proc.log_tail(4))
-        raise DriverFailed(f"the {arm.engine} driver ({mode}) exited with code {code}"
-                           + (" (--start-timeout)" if time.monotonic() >= deadline else "") + f": {tail}")
-    doc = parse_driver_output(log.read_text(encoding="utf-8", errors="replace"))
-    if doc is None:
-        raise DriverFailed(f"the {arm.engine} driver ({mode}) printed no result: " + " | ".join(proc.log_tail(4)))
-    got = {str(c.get("id")) for c in doc["clips"]}
-    sent = json.loads(clips_json.read_text())
-    want = {str(c["id"]) for c in (sent["clips"] if isinstance(sent, dict) else sent)}
-    if got != want:
-        raise measure.MeasurementFailed(f"the {arm.engine} driver ({mode}) answered for {len(got & want)} of "
-                                        f"{len(want)} clips")
-    rec["runs"][mode]["driver"] = {k: v for k, v in doc.items() if k != "clips"}
-    return {**doc, "tree_pss_peak_bytes": peak or None}
-
-
-def parse_driver_output(text: str) -> dict[str, Any] | None:
-    """The driver's result: the last JSON object in its output that has ``clips`` (its log may hold
-    warnings before and after it), its fields under the names the bench uses:
-    ``load_s``, ``total_wall_s``, ``pss_peak_bytes``, ``pss_steady_bytes``, ``processes``, ``clips``."""
-    decoder = json.JSONDecoder()
-    found = None
-    for i in (j for j, ch in enumerate(text) if ch == "{" and (j == 0 or text[j - 1] == "\n")):
+    with log.open("wb") as err:
         try:
-            doc, _ = decoder.raw_decode(text, i)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("clips"), list):
-            found = doc
-    if found is None:
-        return None
-    pss = found.get("pss") if isinstance(found.get("pss"), dict) else {}
-    return {**found,
-            "load_s": _first(found, "load_s", "load_seconds"),
-            "total_wall_s": _first(found, "total_wall_s", "wall_s", "total_s"),
-            "pss_peak_bytes": _first(found, "pss_peak_bytes") or _first(pss, "peak_bytes", "peak"),
-            "pss_steady_bytes": _first(found, "pss_steady_bytes") or _first(pss, "steady_bytes", "steady"),
-            "processes": found.get("processes", 1)}
-
-
-def _first(doc: dict[str, Any], *keys: str) -> Any:
-    return next((doc[k] for k in keys if doc.get(k) is not None), None)
+            proc = subprocess.Popen(argv, env=arm.env(), stdout=subprocess.PIPE, stderr=err,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise DriverFailed(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+        try:
+            out, _ = proc.communicate(timeout=ctx.start_timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise DriverFailed(f"the {arm.engine} driver ({mode}) ran over {ctx.start_timeout_s:.0f} s "
+                               "(--start-timeout): stopped") from None
+    rec["runs"][mode]["exit_code"] = proc.returncode
+    tail = " | ".join(ln for ln in log.read_text(errors="replace").splitlines()[-4:] if ln.strip())
+    if proc.returncode != 0:
+        raise DriverFailed(f"the {arm.engine} driver ({mode}) exited with code {proc.returncode}: {tail}")
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        raise DriverFailed(f"the {arm.engine} driver ({mode}) printed no JSON result: {tail}") from None
+    got = [str(c.get("id")) for c in doc.get("clips") or []]
+    sent = json.loads(clips_json.read_text())["clips"]
+    if sorted(got) != sorted(str(c["id"]) for c in sent):
+        raise measure.MeasurementFailed(f"the {arm.engine} driver ({mode}) answered for {len(got)} of "
+                                        f"{len(sent)} clips")
+    rec["runs"][mode]["driver"] = {k: v for k, v in doc.items() if k != "clips"}
+    return doc
 
 
 # -- the record ------------------------------------------------------------------------------------

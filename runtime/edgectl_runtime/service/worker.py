@@ -37,6 +37,7 @@ from edgectl.contract.effective import mismatches
 from edgectl.contract.plan import OptionalImports, Plan, TokenizerLever, Topology
 from edgectl.contract.vllm_args import server_args
 from edgectl.errors import EdgectlError
+from edgectl_runtime.service.audio_guard import AudioGuard
 from edgectl_runtime.service.http_app import DrainGuard, add_edgectl_routes
 from edgectl_runtime.service.state import Service
 from edgectl_runtime.service.warmup import warm_then_ready
@@ -164,7 +165,7 @@ async def serve(plan: Plan, service: Service) -> None:
         notifier.status("warming up: a first generation through the API")
         asyncio.get_running_loop().create_task(warm_then_ready(plan, service, engine_client, listen_address))
         shutdown_task = await serve_http(
-            DrainGuard(app, service), sock=sock, enable_ssl_refresh=False, host=args.host, port=args.port,
+            DrainGuard(_guarded(app, plan, service), service), sock=sock, enable_ssl_refresh=False, host=args.host, port=args.port,
             log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
             **_uvicorn_log_kwargs(args),
         )
@@ -172,6 +173,14 @@ async def serve(plan: Plan, service: Service) -> None:
         await shutdown_task
     finally:
         sock.close()
+
+
+def _guarded(app, plan: Plan, service: Service):
+    """A speech plan's app checks every audio upload before vLLM decodes it (audio_guard.py)."""
+    if plan.speech is None:
+        return app
+    return AudioGuard(app, service, max_audio_s=plan.speech.max_audio_s,
+                      max_upload_bytes=plan.speech.max_upload_bytes)
 
 
 def _bind(args, plan: Plan):

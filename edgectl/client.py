@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +96,27 @@ class Client:
             return data["choices"][0]["text"] or ""
         except (KeyError, IndexError, TypeError):
             raise HttpFailed(f"POST /v1/completions: the answer has no text: {str(data)[:200]}") from None
+
+    def transcribe(self, model: str, audio: bytes, filename: str, *, language: str = "en",
+                   timeout: float = 600.0) -> dict[str, Any]:
+        """One transcription through the OpenAI API (``POST /v1/audio/transcriptions``, multipart, the
+        answer as ``json``, greedy: temperature 0); the answer (``{"text": …}``)."""
+        fields = {"model": model, "response_format": "json", "temperature": "0", "language": language}
+        body, content_type = _multipart(fields, "file", filename, audio)
+        conn = self._conn(timeout)
+        path = "/v1/audio/transcriptions"
+        try:
+            conn.request("POST", path, body=body, headers={"Content-Type": content_type})
+            resp = conn.getresponse()
+            status, data = resp.status, resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise HttpFailed(f"POST {path}: {exc.__class__.__name__}: {exc}") from None
+        finally:
+            conn.close()
+        answer = _decode(status, data, f"POST {path}")
+        if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
+            raise HttpFailed(f"POST {path}: the answer has no text: {str(answer)[:200]}")
+        return answer
 
     def worker_state(self, timeout: float = 3.0) -> Effective | None:
         """The worker's own report (its phase, the settings read back, the load peak), or None when
@@ -194,3 +216,15 @@ def _decode(status: int, data: bytes, what: str) -> Any:
         return json.loads(data)
     except json.JSONDecodeError:
         raise HttpFailed(f"{what}: the answer is not JSON: {data[:200]!r}") from None
+
+
+def _multipart(fields: dict[str, str], file_field: str, filename: str, content: bytes) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body (RFC 7578) of text fields and one file; the body and its
+    Content-Type. The boundary is random: an upload that happens to contain it is vanishingly unlikely."""
+    boundary = "edgectl-" + uuid.uuid4().hex
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+             for name, value in fields.items()]
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{file_field}"; filename="{filename}"\r\n'
+                 "Content-Type: application/octet-stream\r\n\r\n".encode() + content + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"

@@ -10,7 +10,7 @@ decode on a quiet host too (docs/facts.md, "Measuring without fooling ourselves"
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from edgectl.bench import stats
@@ -29,22 +29,26 @@ def spread(values: list[float | None]) -> float | None:
     return stats.ratio(stats.maximum(values), stats.minimum(values))
 
 
-def arm_spreads(passes: list[Mapping[str, Any]]) -> dict[str, float | None]:
+def arm_spreads(passes: list[Mapping[str, Any]],
+                metrics: Sequence[str] = (*GATED, *RECORDED)) -> dict[str, float | None]:
     """Each gated and recorded metric's spread over the arm's ``ok`` passes."""
     ok = [p for p in passes if p.get("status") == "ok"]
-    return {m: spread([p.get(m) for p in ok]) for m in (*GATED, *RECORDED)}
+    return {m: spread([p.get(m) for p in ok]) for m in metrics}
 
 
-def noise_gate(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def noise_gate(arms: Mapping[str, Mapping[str, Any]], gated: Sequence[str] = GATED,
+               recorded: Sequence[str] = RECORDED) -> dict[str, Any]:
     """``arms``: the artifact's arms (each with its ``passes``). Per arm its spreads and whether
-    it is noisy; ``quiet``: no arm is."""
+    it is noisy; ``quiet``: no arm is. ``gated``, ``recorded``: the per-pass figures gated and
+    recorded (default the text bench's; the speech bench gates its own, bench/speech/report.py)."""
     out: dict[str, Any] = {
         "max_decode_spread": MAX_DECODE_SPREAD, "control": CONTROL if CONTROL in arms else None, "arms": {},
-        "method": (f"spread = max / min over an arm's ok passes; an arm whose decode_tok_s or aggregate_decode_tok_s "
-                   f"spread exceeds {MAX_DECODE_SPREAD} is noisy, not quotable (prefill_tok_s recorded, not gated)")}
+        "method": (f"spread = max / min over an arm's ok passes; an arm whose {' or '.join(gated)} "
+                   f"spread exceeds {MAX_DECODE_SPREAD} is noisy, not quotable ({', '.join(recorded)} recorded, "
+                   "not gated)")}
     for name, arm in arms.items():
-        spreads = arm_spreads(arm.get("passes") or [])
-        noisy = any(s is not None and s > MAX_DECODE_SPREAD for s in (spreads[m] for m in GATED))
+        spreads = arm_spreads(arm.get("passes") or [], (*gated, *recorded))
+        noisy = any(s is not None and s > MAX_DECODE_SPREAD for s in (spreads[m] for m in gated))
         out["arms"][name] = {**spreads, "noisy": noisy}
     out["quiet"] = not any(a["noisy"] for a in out["arms"].values())
     return out

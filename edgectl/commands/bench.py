@@ -10,13 +10,16 @@ from typing import Annotated, Optional
 import typer
 
 from edgectl.bench.arms import ARMS, DEFAULT_ARMS
+from edgectl.bench.speech.arms import ARMS as SPEECH_ARMS
+from edgectl.bench.speech.arms import DEFAULT_ARMS as SPEECH_DEFAULT_ARMS
 from edgectl.commands.options import ArmsMaxModelLen
 from edgectl.errors import EdgectlError
 from edgectl.output import emit, progress
 
 # every arm of the table (edgectl/bench/arms.py), so the help cannot fall behind it
-ARMS_HELP = (f"Comma list of arms (default {','.join(DEFAULT_ARMS)}; `all` for every one): "
-             + ", ".join(ARMS) + ".")
+ARMS_HELP = (f"Comma list of arms. A speech model's (default {','.join(SPEECH_DEFAULT_ARMS)}): "
+             f"{', '.join(SPEECH_ARMS)}. A text model's "
+             f"(default {','.join(DEFAULT_ARMS)}; `all` for every one): " + ", ".join(ARMS) + ".")
 
 
 def register(app: typer.Typer) -> None:
@@ -39,7 +42,8 @@ def register(app: typer.Typer) -> None:
         llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="The llama-server binary (default: a cached build, else PATH).")] = None,
         build_llama_cpp: Annotated[bool, typer.Option("--build-llama-cpp", help="Build llama-server and llama-quantize once from llama-cpp-python's source archive (pip, cmake; several minutes), keeping its convert_hf_to_gguf.py, then bench if MODEL is given.")] = False,
         llama_cpp_isa: Annotated[Optional[str], typer.Option("--llama-cpp-isa", help="With --build-llama-cpp: build for this CPU's extensions up to this ISA only (avx2), kept apart for runs held to it with ATEN_CPU_CAPABILITY=avx2.")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the artifact (schema edgectl.bench/1) instead of the table.")] = False,
+        clips: Annotated[Optional[Path], typer.Option("--clips", help="A speech model only: a clip set's directory (its clips.json) instead of the shipped set.")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the artifact (schema edgectl.bench/1, a speech model's edgectl.bench.speech/1) instead of the table.")] = False,
     ) -> None:
         """Measure arms (stock vLLM, edgectl's plan, its levers, llama.cpp) in interleaved passes; refuse to quote an incomplete grid."""
         from edgectl.contract import environment
@@ -57,6 +61,26 @@ def register(app: typer.Typer) -> None:
                 return
         if model is None:
             raise EdgectlError("give the MODEL to bench (e.g. `edgectl bench smollm2-135m`), or --build-llama-cpp alone")
+
+        from edgectl.bench.speech.core import is_speech_model
+
+        if is_speech_model(model, os.environ):
+            from edgectl.bench.speech.core import SpeechBenchOptions, run_speech_bench
+
+            text_only = {"--max-model-len": max_model_len is not None, "--concurrency": concurrency != 1,
+                         "--soak": soak != 0, "--record-profile": record_profile, "--profiles-dir": profiles_dir is not None,
+                         "--plot": plot, "--seed": seed != 0, "--no-fidelity": no_fidelity, "--reference": reference is not None,
+                         "--llama-server": llama_server is not None}
+            given = [flag for flag, set_ in text_only.items() if set_]
+            if given:
+                raise EdgectlError(f"{', '.join(given)}: a text model's option; {model} is a speech model "
+                                   "(its bench takes --arms, --passes, --out, --clips, --start-timeout, --json)")
+            speech = SpeechBenchOptions(model=model, arms=arms, passes=passes, out=out, clips=clips,
+                                        start_timeout_s=start_timeout, argv=sys.argv)
+            emit(run_speech_bench(speech, os.environ, progress), as_json)
+            return
+        if clips is not None:
+            raise EdgectlError(f"--clips: a speech model's option; {model} is a text model")
 
         from edgectl.bench.core import BenchOptions, run_bench
 

@@ -1,0 +1,282 @@
+"""The speech grid: arms × passes, interleaved with the arm order rotated each pass, every pass
+fresh (a new server, or new anchor processes).
+
+Pass states as in the text bench (``bench/runner.py``): ``ok``, ``invalid`` (a setting read back
+differs from the arm's, or an answer the measurement cannot use: no number kept), ``crashed``.
+
+A server arm's pass: the server started in its own session on a free port, with empty compile
+caches of its own (``runner.compile_caches``, removed after); ready when it has answered a real
+transcription of the set's shortest clip (``ready_s`` from launch); its peak PSS sampled from
+launch to ready; the settings read back and checked; the clip set one by one; four clips at once;
+then, after ``quiet_s`` without requests, the steady PSS of its whole process tree.
+
+An anchor's pass: the driver run on the clip set one by one, then once per way of doing four
+clips at once (the better one quoted). Its ``ready_s`` is the driver's ``load_s`` (from its start
+to its model loaded and the warm-up clip transcribed, as a server's is to its first answer); its
+PSS is the driver's tree's as the driver samples it with the same reader (``procmem.tree_mem``):
+the peak over the whole run, and after the clip set with the model still loaded (``pss_steady``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from edgectl.bench.arms import BenchContext, Crashed, PreparedArm
+from edgectl.bench.runner import CRASHED, INVALID, OK, _loadavg, compile_caches, utc_now
+from edgectl.bench.server import ServerProcess, free_port
+from edgectl.bench.speech import measure
+from edgectl.bench.speech.arms import AnchorArm, SpeechArm
+from edgectl.bench.speech.measure import Choice, Clip, Score
+from edgectl.client import Client, HttpFailed
+from edgectl.contract.effective import Effective
+
+Progress = Callable[[str], None]
+# Numbers a pass that did not complete as specified does not keep.
+MEASURED = ("wer", "rtf_5s", "rtf_30s", "transcript_s", "aggregate_audio_s_per_s", "pss_steady_bytes", "audio_s",
+            "wall_s")
+
+
+def rotated(names: Sequence[str], passes: int) -> list[tuple[str, int]]:
+    """(arm, pass index) in run order: every arm's pass i before any arm's pass i + 1, and pass i
+    starting i arms further on (A B C, B C A, C A B, …), so no arm always runs first or after the same one."""
+    n = len(names)
+    return [(names[(i + k) % n], i) for i in range(passes) for k in range(n)]
+
+
+class ClipPlan:
+    """The clip set and what each measurement uses of it, with the driver's clip files written once."""
+
+    def __init__(self, clips: list[Clip], clips_json: Path, work_dir: Path, score: Score) -> None:
+        self.clips = clips
+        self.clips_json = clips_json
+        self.choice: Choice = measure.choose(clips)
+        self.score = score
+        # the drivers read the four as a clip set of their own: the set's clips.json with its
+        # ~30 s clip's entry four times, under ids of their own, naming the same file
+        work_dir.mkdir(parents=True, exist_ok=True)
+        source = json.loads(clips_json.read_text())
+        entry = next(e for e in source["clips"] if str(e["id"]) == self.choice.window.id)
+        self.together_json = work_dir / "clips-together.json"
+        self.together_json.write_text(json.dumps({**source, "clips": [
+            {**entry, "id": c.id, "file": str(c.path)} for c in self.choice.together]}, indent=1))
+
+
+def run_grid(arms: list[SpeechArm], passes: int, ctx: BenchContext, clip_plan: ClipPlan, progress: Progress,
+             on_pass: Callable[[dict[str, Any]], None] | None = None) -> dict[str, list[dict[str, Any]]]:
+    by_name = {a.name: a for a in arms}
+    order = rotated([a.name for a in arms], passes)
+    records: dict[str, list[dict[str, Any]]] = {a.name: [] for a in arms}
+    for position, (name, i) in enumerate(order):
+        arm = by_name[name]
+        progress(f"[{position + 1:>2}/{len(order)}] {name} pass {i + 1}/{passes}: starting")
+        pass_dir = ctx.logs_dir / f"{position:03d}-{name}-p{i + 1}"
+        if isinstance(arm, AnchorArm):
+            rec = anchor_pass(arm, i, position, ctx, clip_plan, pass_dir)
+        else:
+            rec = server_pass(arm, i, position, ctx, clip_plan, pass_dir)
+        records[name].append(rec)
+        progress(f"[{position + 1:>2}/{len(order)}] {name} pass {i + 1}/{passes}: {pass_line(rec)}")
+        if on_pass:
+            on_pass(rec)
+    return records
+
+
+def _new_record(name: str, pass_index: int, order: int) -> dict[str, Any]:
+    return {"arm": name, "pass": pass_index, "order": order, "status": None, "problems": [], "error": None,
+            "started_at": utc_now(), "loadavg_start": _loadavg()}
+
+
+# -- a server --------------------------------------------------------------------------------------
+
+
+def server_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, clip_plan: ClipPlan,
+                pass_dir: Path) -> dict[str, Any]:
+    rec = _new_record(arm.name, pass_index, order)
+    caches = compile_caches(pass_dir)
+    port = free_port()
+    argv = arm.command(port, pass_dir)
+    rec.update(command=argv, port=port, log=str(pass_dir / "server.log"))
+    try:
+        server = ServerProcess(argv, {**arm.env(), **caches}, pass_dir / "server.log")
+    except OSError as exc:
+        rec.update(status=CRASHED, error=f"cannot start {argv[0]}: {exc.strerror or exc}", ended_at=utc_now())
+        return rec
+    rec["pid"] = server.pid
+    client = Client("127.0.0.1", port)
+    try:
+        _serve_and_measure(arm, client, server, ctx, clip_plan, rec)
+        rec["status"] = OK
+    except Crashed as exc:
+        rec.update(status=INVALID if exc.invalid else CRASHED, error=str(exc))
+        if exc.invalid:
+            rec["problems"] = [str(exc)]
+    except measure.MeasurementFailed as exc:
+        rec.update(status=INVALID, error=str(exc), problems=[str(exc)])
+    except HttpFailed as exc:
+        state = "the server had exited" if not server.alive() else "the server still ran"
+        rec.update(status=CRASHED, error=f"{exc} ({state})")
+    finally:
+        if "pss_peak_bytes" not in rec:  # the pass ended before ready: the sampler still runs
+            rec["pss_peak_bytes"] = server.stop_sampling() or None
+        rec["exit_code"] = server.stop()
+        rec["ended_at"] = utc_now()
+        rec["loadavg_end"] = _loadavg()
+        shutil.rmtree(Path(caches["VLLM_CACHE_ROOT"]).parent, ignore_errors=True)
+        if rec["status"] != OK:
+            rec["log_tail"] = server.log_tail(12)
+            _drop_measured(rec)
+    return rec
+
+
+def _serve_and_measure(arm: PreparedArm, client: Client, server: ServerProcess, ctx: BenchContext,
+                       clip_plan: ClipPlan, rec: dict[str, Any]) -> None:
+    deadline = time.monotonic() + ctx.start_timeout_s
+    arm.wait_ready(client, server, deadline)
+    short = clip_plan.choice.short
+    try:
+        first = measure.transcribe(client, ctx.model_name, short, timeout_s=max(60.0, deadline - time.monotonic()))
+    except HttpFailed as exc:
+        if not server.alive():
+            raise Crashed(f"the server exited with code {server.returncode()} before its first transcription: "
+                          f"{exc}") from None
+        raise
+    rec["ready_s"] = server.elapsed_s()
+    rec["warm_up"] = {"clip": short.id, "text": first["text"]}
+    rec["pss_peak_bytes"] = server.stop_sampling()
+    rec["pss_peak_samples"] = server.samples
+    ready_mem = server.memory()
+    rec["pss_ready_bytes"] = ready_mem.pss_bytes
+    rec["effective"] = arm.readback(client, server)
+    effective, problems = Effective.read(rec["effective"])
+    if effective is not None:
+        problems = arm.check(effective, len(ready_mem.processes))
+    if problems or effective is None:
+        raise Crashed("; ".join(problems) or "the read-back could not be read", invalid=True)
+    rec["clips"] = measure.one_by_one(client, ctx.model_name, clip_plan.clips)
+    rec.update(measure.figures(rec["clips"], clip_plan.clips, clip_plan.choice, clip_plan.score))
+    four = measure.together(client, ctx.model_name, clip_plan.choice.together)
+    rec["together"] = {"requests": four}
+    rec["together_best"] = "requests"
+    rec["aggregate_audio_s_per_s"] = four["aggregate_audio_s_per_s"]
+    time.sleep(ctx.quiet_s)  # the steady state is a server at rest, as in the text bench (arms.QUIET_S)
+    steady = server.memory()
+    if not server.alive():
+        raise Crashed(f"the server exited with code {server.returncode()} during the measurements")
+    rec.update(pss_steady_bytes=steady.pss_bytes, pss_anon_steady_bytes=steady.pss_anon_bytes,
+               pss_file_steady_bytes=steady.pss_file_bytes, processes=len(steady.processes),
+               process_tree=[{"pid": m.pid, "name": m.name, "pss_bytes": m.pss_bytes} for m in steady.processes])
+
+
+# -- an anchor -------------------------------------------------------------------------------------
+
+
+class DriverFailed(Exception):
+    """The anchor's driver exited with an error, or printed no result."""
+
+
+def anchor_pass(arm: AnchorArm, pass_index: int, order: int, ctx: BenchContext, clip_plan: ClipPlan,
+                pass_dir: Path) -> dict[str, Any]:
+    rec = _new_record(arm.name, pass_index, order)
+    rec["runs"] = {}
+    try:
+        seq = _drive(arm, "sequential", 1, clip_plan.clips_json, pass_dir / "sequential", ctx, rec)
+        memory = seq.get("memory") or {}
+        rec["ready_s"] = seq["load_s"]
+        rec["clips"] = [{"id": str(c["id"]), "text": c["text"], "wall_s": c["wall_s"]} for c in seq["clips"]]
+        rec.update(measure.figures(rec["clips"], clip_plan.clips, clip_plan.choice, clip_plan.score))
+        # the driver's tree, sampled by the driver: peak from start to its end (transcriptions included),
+        # steady after the clip set (the model still loaded), as a server's is after its requests
+        rec.update(pss_peak_bytes=memory.get("pss_peak_bytes"), pss_steady_bytes=memory.get("pss_end_bytes"),
+                   pss_ready_bytes=memory.get("pss_steady_bytes"), processes=1)
+        together: dict[str, Any] = {}
+        for mode in arm.together_modes:
+            run = _drive(arm, mode, measure.CONCURRENT_CLIPS, clip_plan.together_json, pass_dir / mode, ctx, rec)
+            together[mode] = {"aggregate_audio_s_per_s": measure.aggregate(clip_plan.choice.together, 0.0,
+                                                                           run["total_wall_s"]),
+                              "wall_s": run["total_wall_s"], "load_s": run["load_s"],
+                              "clips": [{k: c.get(k) for k in ("id", "text", "wall_s", "worker")} for c in run["clips"]],
+                              "pss_peak_bytes": (run.get("memory") or {}).get("pss_peak_bytes")}
+        rec["together"] = together
+        if together:
+            best = max(together, key=lambda m: together[m]["aggregate_audio_s_per_s"] or 0.0)
+            rec["together_best"] = best
+            rec["aggregate_audio_s_per_s"] = together[best]["aggregate_audio_s_per_s"]
+        rec["status"] = OK
+    except DriverFailed as exc:
+        rec.update(status=CRASHED, error=str(exc))
+    except measure.MeasurementFailed as exc:
+        rec.update(status=INVALID, error=str(exc), problems=[str(exc)])
+    rec["ended_at"] = utc_now()
+    rec["loadavg_end"] = _loadavg()
+    if rec["status"] != OK:
+        _drop_measured(rec)
+    return rec
+
+
+def _drive(arm: AnchorArm, mode: str, concurrency: int, clips_json: Path, run_dir: Path, ctx: BenchContext,
+           rec: dict[str, Any]) -> dict[str, Any]:
+    """One driver run to its end (its own session, so a timeout stops its workers too); its result.
+    The driver prints one JSON document on stdout and logs on stderr (kept in ``driver.log``)."""
+    argv = arm.command(mode, concurrency, clips_json)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "driver.log"
+    rec["runs"][mode] = {"command": argv, "log": str(log)}
+    with log.open("wb") as err:
+        try:
+            proc = subprocess.Popen(argv, env=arm.env(), stdout=subprocess.PIPE, stderr=err,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise DriverFailed(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+        try:
+            out, _ = proc.communicate(timeout=ctx.start_timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise DriverFailed(f"the {arm.engine} driver ({mode}) ran over {ctx.start_timeout_s:.0f} s "
+                               "(--start-timeout): stopped") from None
+    rec["runs"][mode]["exit_code"] = proc.returncode
+    tail = " | ".join(ln for ln in log.read_text(errors="replace").splitlines()[-4:] if ln.strip())
+    if proc.returncode != 0:
+        raise DriverFailed(f"the {arm.engine} driver ({mode}) exited with code {proc.returncode}: {tail}")
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        raise DriverFailed(f"the {arm.engine} driver ({mode}) printed no JSON result: {tail}") from None
+    got = [str(c.get("id")) for c in doc.get("clips") or []]
+    sent = json.loads(clips_json.read_text())["clips"]
+    if sorted(got) != sorted(str(c["id"]) for c in sent):
+        raise measure.MeasurementFailed(f"the {arm.engine} driver ({mode}) answered for {len(got)} of "
+                                        f"{len(sent)} clips")
+    rec["runs"][mode]["driver"] = {k: v for k, v in doc.items() if k != "clips"}
+    return doc
+
+
+# -- the record ------------------------------------------------------------------------------------
+
+
+def _drop_measured(rec: dict[str, Any]) -> None:
+    for key in MEASURED:
+        rec.pop(key, None)
+
+
+def pass_line(rec: dict[str, Any]) -> str:
+    if rec["status"] != OK:
+        why = "; ".join(rec.get("problems") or []) or rec.get("error") or ""
+        return f"{rec['status'].upper()}: {why}"
+    agg = rec.get("aggregate_audio_s_per_s")
+    four = "–" if agg is None else f"{agg:.1f} audio-s/s ({rec.get('together_best')})"
+    return (f"ok: ready {rec['ready_s']:.1f} s, WER {100 * rec['wer']:.1f}%, RTF 5 s {rec['rtf_5s']:.3f}, "
+            f"30 s {rec['rtf_30s']:.3f}, whole transcript {rec['transcript_s']:.1f} s, four at once {four}, "
+            f"PSS {_gb(rec.get('pss_steady_bytes'))} (peak {_gb(rec.get('pss_peak_bytes'))})")
+
+
+def _gb(v: int | None) -> str:
+    return "?" if v is None else f"{v / 1e9:.2f} GB"

@@ -1,8 +1,8 @@
 """``edgectl deploy`` and ``undeploy``: a plan turned into a supervised systemd service.
 
 deploy: probe → plan → (pull) → write the plan and the unit atomically → reload →
-(re)start → wait for READY, showing the worker's phases → check with a real chat
-completion → report the endpoint, the plan and the measured memory. If the new version
+(re)start → wait for READY, showing the worker's phases → check with a real request (a chat
+completion; a speech model: the transcription of the shipped clip) → report the endpoint, the plan and the measured memory. If the new version
 does not become ready, the previous unit and plan are put back and restarted (or, on a
 first deploy, everything written is removed) and the command fails with the journal's tail.
 
@@ -25,6 +25,7 @@ from edgectl.atomic import write_text_atomic
 from edgectl.client import Client, HttpFailed
 from edgectl.contract import environment, worker
 from edgectl.contract.plan import Plan, Request
+from edgectl.contract.worker import WARMUP_CLIP
 from edgectl.deployment import Layout, port_holder, service_memory
 from edgectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EdgectlError
 from edgectl.output import mib
@@ -68,7 +69,8 @@ class DeployResult:
                     + f"\n\n# {self.unit}:\n" + self.unit_text)
         lines = [
             f"{self.unit} is serving {p.model.name} at {self.endpoint}/v1 (ready in {self.ready_s:.0f} s)",
-            f"  plan: {p.weight_format}, {p.max_model_len} tokens × {p.max_num_seqs}, "
+            f"  plan: {p.speech.dtype + ' speech to text' if p.speech else p.weight_format}, "
+            f"{p.max_model_len} tokens × {p.max_num_seqs}, "
             f"{p.threads} threads on CPUs {','.join(map(str, p.cpus))}, MemoryMax {mib(p.memory.limit_bytes)}",
         ]
         if self.memory:
@@ -77,7 +79,8 @@ class DeployResult:
                          f"(anon {mib(m['pss_anon_bytes'])}, file {mib(m['pss_file_bytes'])}); "
                          f"predicted {mib(p.memory.total_bytes)}")
         if self.answer is not None:
-            lines.append(f"  check: {QUESTION!r} → {self.answer.strip()!r}")
+            asked = f"transcribed {WARMUP_CLIP.name}" if p.speech is not None else repr(QUESTION)
+            lines.append(f"  check: {asked} → {self.answer.strip()!r}")
         lines.append(f"  status: edgectl status {self.name}   logs: edgectl logs {self.name}")
         return "\n".join(lines)
 
@@ -222,16 +225,26 @@ def _restart_and_check(sd: Systemd, unit: str, plan: Plan, old: UnitState,
                                     old_pid=old.main_pid, restarts_before=old.restarts)
         answer = None
         if ok:
-            try:
-                answer = Client.of(plan.serve).chat(plan.model.name, QUESTION)
-            except HttpFailed as exc:
-                ok, why = False, f"it reported ready but a chat completion failed: {exc}"
-            else:
-                if not answer.strip():
-                    ok, why = False, f"it reported ready but answered {QUESTION!r} with nothing"
+            ok, why, answer = _check_answer(plan)
     except EdgectlError as exc:
         ok, why, answer = False, exc.message, None
     return ok, why, answer
+
+
+def _check_answer(plan: Plan) -> tuple[bool, str, str | None]:
+    """One real request: the question (a text model) or the shipped clip's transcription (a speech model)."""
+    client = Client.of(plan.serve)
+    asked = f"a transcription of {WARMUP_CLIP.name}" if plan.speech is not None else repr(QUESTION)
+    try:
+        if plan.speech is not None:
+            answer = client.transcribe(plan.model.name, WARMUP_CLIP.read_bytes(), WARMUP_CLIP.name)["text"]
+        else:
+            answer = client.chat(plan.model.name, QUESTION)
+    except HttpFailed as exc:
+        return False, f"it reported ready but {asked} failed: {exc}", None
+    if not answer.strip():
+        return False, f"it reported ready but answered {asked} with nothing", answer
+    return True, "", answer
 
 
 def _roll_back_and_fail(sd: Systemd, layout: Layout, plan: Plan, previous: _Snapshot, why: str, started_us: int,

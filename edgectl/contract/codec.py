@@ -158,8 +158,7 @@ def _read_mapping(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
 
 def _read_dataclass(cls: type, value: Any, path: str, problems: list[str]) -> Any:
     if not isinstance(value, dict):
-        problems.append(f"{path}: not a JSON object (got {kind_of(value)})")
-        return FAILED
+        return _fail(problems, path, f"expected an object, got {_got(value)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in value:

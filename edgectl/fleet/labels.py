@@ -166,11 +166,11 @@ def planned_cores(facts: HostFacts) -> int:
     the label and the plan cannot disagree. It consults a profile only about reserving a core
     for the front end, which this count leaves out (the class's plan decides it again).
     """
-    from edgectl.contract.plan import Request, Topology
+    from edgectl.contract.plan import BenchLevers, Request, Topology
     from edgectl.planner.cpus import choose_cpus
 
     # reserve_frontend_core=False: the profile is not consulted (any profile will do).
-    decided = choose_cpus(facts, Request(model="-", reserve_frontend_core=False), None,  # type: ignore[arg-type]
+    decided = choose_cpus(facts, Request(model="-", bench=BenchLevers(reserve_frontend_core=False)), None,  # type: ignore[arg-type]
                           Topology.SINGLE_PROCESS)
     return decided.value.threads
 

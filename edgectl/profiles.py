@@ -36,7 +36,7 @@ from edgectl.contract.plan import (
 )
 from edgectl.contract.plan import Source as ReasonSource
 from edgectl.errors import EdgectlError
-from edgectl.probe.facts import ISA_FEATURES
+from edgectl.probe.facts import ISA_FEATURES, HostFacts
 
 SCHEMA = "edgectl.profile/1"
 
@@ -163,7 +163,7 @@ class Profile:
         """The source a plan's reasons cite for this profile's figures: a fallback's are guesses."""
         return ReasonSource.FALLBACK if self.kind is ProfileKind.FALLBACK else ReasonSource.PROFILE
 
-    def matches(self, facts: Any) -> tuple[bool, str]:
+    def matches(self, facts: HostFacts) -> tuple[bool, str]:
         """Whether this profile applies to a probe's facts, and why not."""
         cpu = facts.cpu
         if self.match.arch != "any" and cpu.arch != self.match.arch:
@@ -538,7 +538,7 @@ def load_profiles(dirs: list[Path]) -> list[Profile]:
     return list(by_name.values())
 
 
-def select_profile(profiles: list[Profile], facts: Any) -> tuple[Profile, list[str]]:
+def select_profile(profiles: list[Profile], facts: HostFacts) -> tuple[Profile, list[str]]:
     """The most specific matching measured/external profile, else the fallback for the arch.
 
     For the probed class: a profile recorded on the class itself beats one recorded on an emulated

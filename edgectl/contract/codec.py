@@ -30,11 +30,13 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 _CHECK = "edgectl.check"
 _CHECK_KEYS = "edgectl.check_keys"
 _FLAT = "edgectl.flat"
+
+T = TypeVar("T")
 
 
 def check(fn: Callable[[Any], str | None], *, keys: bool = False) -> dict[str, Any]:
@@ -79,7 +81,7 @@ class _Failed:
 FAILED = _Failed()
 
 
-def read(cls: type, data: Any, label: str) -> tuple[Any, list[str]]:
+def read(cls: type[T], data: Any, label: str) -> tuple[T | None, list[str]]:
     """``cls`` read from ``data``; (the object or None, every problem found)."""
     problems: list[str] = []
     value = _read(cls, data, label, problems)

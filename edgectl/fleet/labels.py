@@ -52,7 +52,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING
 
 from edgectl.errors import EdgectlError
 from edgectl.probe.facts import (
@@ -67,6 +67,9 @@ from edgectl.probe.facts import (
     TopologyFacts,
     UnknownFact,
 )
+
+if TYPE_CHECKING:
+    from edgectl.profiles import Profile
 
 NAMESPACE = "feature.node.kubernetes.io"  # NFD's default label namespace
 FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
@@ -146,7 +149,7 @@ def class_id(selector: Mapping[str, str]) -> str:
     return f"{device_class.replace('_', '-')}-{digest}"
 
 
-def profile_version(profile: Any) -> str:
+def profile_version(profile: Profile) -> str:
     """12 hex digits of the SHA-256 of a profile's content (its YAML, comments not counted)."""
     import yaml
 
@@ -234,7 +237,7 @@ def node_labels(facts: HostFacts, *, profile: str, profile_version: str, cores: 
     return NodeLabels(values, tuple(missing))
 
 
-def labels_for(facts: HostFacts, profiles: list[Any]) -> NodeLabels:
+def labels_for(facts: HostFacts, profiles: list[Profile]) -> NodeLabels:
     """The labels of a node, with the profile the planner selects for it from ``profiles``."""
     from edgectl.profiles import select_profile
 

@@ -11,22 +11,32 @@ CPU, cores, RAM, date, edgectl commit, vLLM and torch versions and the command.
 A profile may also record figures for a format edgectl does not serve (``RECORDED_NOT_SERVED``,
 e.g. a published W4A8-on-AMX figure): they are kept apart and never planned.
 
-Validation is strict: an unknown key is an error, and every problem is reported as
-``file: path.to.field: problem``.
+Validation is strict and goes through the contract's codec (``edgectl/contract/codec.py``), as
+the plan's and the probe's facts do: an unknown key is an error, and every problem is reported as
+``file: path.to.field: problem``, all of them in one pass.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from edgectl.contract.plan import Compilation, ProfileKind, Topology, WeightFormat
+from edgectl.contract import codec
+from edgectl.contract.codec import check
+from edgectl.contract.plan import (
+    Compilation,
+    DeviceClass,
+    ProfileKind,
+    Topology,
+    WeightFormat,
+)
 from edgectl.contract.plan import Source as ReasonSource
 from edgectl.errors import EdgectlError
-from edgectl.probe.facts import ISA_FEATURES, DeviceClass
+from edgectl.probe.facts import ISA_FEATURES, HostFacts
 
 SCHEMA = "edgectl.profile/1"
 
@@ -153,7 +163,7 @@ class Profile:
         """The source a plan's reasons cite for this profile's figures: a fallback's are guesses."""
         return ReasonSource.FALLBACK if self.kind is ProfileKind.FALLBACK else ReasonSource.PROFILE
 
-    def matches(self, facts: Any) -> tuple[bool, str]:
+    def matches(self, facts: HostFacts) -> tuple[bool, str]:
         """Whether this profile applies to a probe's facts, and why not."""
         cpu = facts.cpu
         if self.match.arch != "any" and cpu.arch != self.match.arch:
@@ -183,306 +193,312 @@ class Profile:
                 + bool(m.min_cores is not None) + bool(m.max_cores is not None))
 
 
-# -- validation -----------------------------------------------------------------------
+# -- the file, as the codec reads it --------------------------------------------------------
+#
+# The YAML document's schema is these dataclasses' annotations, read by the contract's codec
+# (edgectl/contract/codec.py) as the plan and the probe's facts are: types, closed sets and
+# unknown keys are the codec's; a rule on one field is its ``check``; a rule between fields is
+# a ``_cross_check``, which runs over the fields that were read, so one pass names every bad
+# field. A read document is then resolved into a Profile (figures joined to their sources).
 
 
-class _Checker:
-    def __init__(self, file: str) -> None:
-        self.file = file
-        self.errors: list[str] = []
+def _is_schema(value: str) -> str | None:
+    return None if value == SCHEMA else f"{value!r} is not {SCHEMA!r}"
 
-    def err(self, path: str, problem: str) -> None:
-        self.errors.append(f"{self.file}: {path or '(top level)'}: {problem}")
 
-    def mapping(self, value: Any, path: str, required: dict[str, type | tuple], optional: dict[str, type | tuple]) -> dict:
-        if not isinstance(value, dict):
-            self.err(path, f"expected a mapping, got {type(value).__name__}")
-            return {}
-        for key in value:
-            if key not in required and key not in optional:
-                known = ", ".join(sorted([*required, *optional]))
-                self.err(_join(path, key), f"unknown key (known: {known})")
-        for key, typ in required.items():
-            if key not in value:
-                self.err(_join(path, key), "missing")
-            else:
-                self._type(value[key], _join(path, key), typ)
-        for key, typ in optional.items():
-            if key in value and value[key] is not None:
-                self._type(value[key], _join(path, key), typ)
-        return value
+def _at_least_one(value: int) -> str | None:
+    return None if value >= 1 else "must be at least 1"
 
-    def _type(self, value: Any, path: str, typ: type | tuple) -> None:
-        types = typ if isinstance(typ, tuple) else (typ,)
-        if bool in types or not isinstance(value, bool):
-            if isinstance(value, types):
-                return
-        if float in types and isinstance(value, int) and not isinstance(value, bool):
+
+def _regular_expression(pattern: str) -> str | None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"not a regular expression: {exc}"
+    return None
+
+
+@dataclass(frozen=True)
+class _SourceEntry:
+    """``sources.KEY``: the provenance every figure citing KEY carries."""
+
+    cpu_model: str
+    cores: int
+    ram_bytes: int
+    date: str  # YAML's unquoted dates are read as text (_dates_as_text)
+    command: str
+    vllm: str | None = None
+    torch: str | None = None
+    edgectl_commit: str | None = None
+    external: bool | None = None
+    reference: str | None = None
+    artifact: str | None = None
+    model: str | None = None
+    model_weights_bytes: int | None = None
+    notes: str | None = None
+
+    @classmethod
+    def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        if v.get("external"):
+            if not v.get("reference"):
+                yield "reference", "missing (an external source says where its figures were published)"
             return
-        names = " or ".join(t.__name__ for t in types)
-        self.err(path, f"expected {names}, got {type(value).__name__} {value!r}")
+        for key in ("edgectl_commit", "vllm", "torch"):
+            if not v.get(key):
+                yield key, "missing (a figure measured with edgectl records the versions it ran)"
 
-    def one_of(self, value: Any, path: str, allowed: tuple[str, ...]) -> None:
-        if value is not None and value not in allowed:
-            self.err(path, f"{value!r} is not one of {', '.join(allowed)}")
-
-
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
-def _join(path: str, key: Any) -> str:
-    return f"{path}.{key}" if path else str(key)
-
-
-_FIGURE_KEYS = {"median": float}
-_FIGURE_OPTIONAL = {"min": float, "max": float, "passes": int, "source": str}
-
-
-def _figure(c: _Checker, raw: Any, path: str, sources: dict[str, Source], default_source: str | None,
-            bad_sources: frozenset[str] = frozenset()) -> Figure | None:
-    if not isinstance(raw, dict):
-        return None  # absent, or its parent reported the wrong type
-    before = len(c.errors)
-    data = c.mapping(raw, path, _FIGURE_KEYS, _FIGURE_OPTIONAL)
-    if len(c.errors) > before or "median" not in data:
-        return None  # a field was missing or of the wrong type: reported, nothing to compare
-    key = data.get("source", default_source)
-    if key is None:
-        c.err(_join(path, "source"), "missing (every figure names its source)")
-        return None
-    if key in bad_sources:
-        return None  # the source itself is invalid: reported there
-    if key not in sources:
-        c.err(_join(path, "source"), f"unknown source {key!r} (defined: {', '.join(sorted(sources)) or 'none'})")
-        return None
-    src = sources[key]
-    passes = data.get("passes")
-    if passes is not None and passes < 1:
-        c.err(_join(path, "passes"), "must be at least 1")
-    if not src.external and passes is None:
-        c.err(_join(path, "passes"), "missing (a measured figure says how many passes it is the median of)")
-    lo, hi, med = data.get("min"), data.get("max"), data["median"]
-    if lo is not None and hi is not None and not (lo <= med <= hi):
-        c.err(path, f"median {med} is not within min {lo} and max {hi}")
-    return Figure(float(med), _f(lo), _f(hi), passes, src)
-
-
-def _f(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
-def _source(c: _Checker, key: str, raw: Any, path: str) -> Source | None:
-    before = len(c.errors)
-    data = c.mapping(
-        raw, path,
-        {"cpu_model": str, "cores": int, "ram_bytes": int, "date": (str, _dt.date), "command": str},
-        {"vllm": str, "torch": str, "edgectl_commit": str, "external": bool, "reference": str,
-         "artifact": str, "model": str, "model_weights_bytes": int, "notes": str},
-    )
-    if not data:
-        return None
-    external = bool(data.get("external", False))
-    if external and not data.get("reference"):
-        c.err(_join(path, "reference"), "missing (an external source says where its figures were published)")
-    if not external:
-        for key_ in ("edgectl_commit", "vllm", "torch"):
-            if not data.get(key_):
-                c.err(_join(path, key_), "missing (a figure measured with edgectl records the versions it ran)")
-    date = data.get("date")
-    if len(c.errors) > before:
-        return None  # reported; a field of the wrong type cannot be read
-    return Source(
-        key=key, cpu_model=data.get("cpu_model", ""), cores=int(data.get("cores", 0) or 0),
-        ram_bytes=int(data.get("ram_bytes", 0) or 0), date=str(date), command=data.get("command", ""),
-        vllm=data.get("vllm"), torch=data.get("torch"), edgectl_commit=data.get("edgectl_commit"),
-        external=external, reference=data.get("reference"), artifact=data.get("artifact"),
-        model=data.get("model"), model_weights_bytes=data.get("model_weights_bytes"), notes=data.get("notes"),
-    )
-
-
-def _read_top(c: _Checker, raw: Any) -> dict:
-    """The top-level mapping, its schema and its closed choices; empty when it is no mapping."""
-    top = c.mapping(
-        raw, "",
-        {"schema": str, "name": str, "device_class": str, "kind": str, "match": dict, "sources": dict},
-        {"description": str, "formats": dict, "runtime": dict, "threads": dict, "compilation": str,
-         "compiled": dict, "bandwidth_gbps": dict, "notes": str, "emulated": str},
-    )
-    if not top:
-        return top
-    if isinstance(top.get("schema"), str) and top["schema"] != SCHEMA:
-        c.err("schema", f"{top.get('schema')!r} is not {SCHEMA!r}")
-    for key, allowed in (("device_class", tuple(DeviceClass)), ("kind", tuple(ProfileKind))):
-        if isinstance(top.get(key), str):
-            c.one_of(top[key], key, allowed)
-    return top
-
-
-# Sub-mappings whose type the top level already checked (and reported) are read only
-# when they are mappings, so one bad field gives one line.
-def _read_sources(c: _Checker, raw_sources: dict) -> dict[str, Source]:
-    """``sources``: the valid ones by key (an invalid one is reported and left out)."""
-    sources: dict[str, Source] = {}
-    for key, sraw in raw_sources.items():
-        src = _source(c, str(key), sraw, f"sources.{key}")  # None when invalid (reported)
-        if src:
-            sources[str(key)] = src
-    return sources
-
-
-class _FigureReader:
-    """Reads a profile's figures against its sources: a figure names its source, or the profile
-    defines exactly one; a figure citing an invalid source is not reported again."""
-
-    def __init__(self, c: _Checker, top: dict) -> None:
-        self.c = c
-        self.usable = isinstance(top.get("sources"), dict)
-        raw_sources = _dict(top.get("sources"))
-        self.sources = _read_sources(c, raw_sources)
-        self.bad_sources = frozenset(str(k) for k in raw_sources if str(k) not in self.sources)
-        self.default_source = str(next(iter(raw_sources))) if len(raw_sources) == 1 else None
-
-    def __call__(self, raw: Any, path: str) -> Figure | None:
-        if not self.usable:
-            return None  # no usable sources at all: reported once, at `sources`
-        return _figure(self.c, raw, path, self.sources, self.default_source, self.bad_sources)
-
-
-def _read_match(c: _Checker, top: dict) -> Match:
-    """``match``: the rules on the probe, with each ISA feature and regular expression checked."""
-    m = (c.mapping(top["match"], "match", {"arch": str},
-                   {"isa_all": list, "isa_none": list, "vendor": str, "model_pattern": str,
-                    "min_cores": int, "max_cores": int})
-         if isinstance(top.get("match"), dict) else {})
-    for key in ("isa_all", "isa_none"):
-        items = m.get(key)
-        for i, feat in enumerate(items if isinstance(items, list) else []):
-            c.one_of(feat, f"match.{key}[{i}]", ISA_FEATURES)
-    for key in ("vendor", "model_pattern"):
-        if isinstance(m.get(key), str) and m[key]:
-            try:
-                re.compile(m[key])
-            except re.error as exc:
-                c.err(f"match.{key}", f"not a regular expression: {exc}")
-    return Match(
-        arch=m.get("arch", ""), isa_all=tuple(_list(m.get("isa_all"))), isa_none=tuple(_list(m.get("isa_none"))),
-        vendor=m.get("vendor"), model_pattern=m.get("model_pattern"),
-        min_cores=m.get("min_cores"), max_cores=m.get("max_cores"),
-    )
-
-
-def _read_formats(c: _Checker, top: dict,
-                  figure: _FigureReader) -> tuple[dict[WeightFormat, FormatFigures], dict[str, FormatFigures]]:
-    """``formats``: the served formats' figures, and apart the ones recorded but not served."""
-    formats: dict[WeightFormat, FormatFigures] = {}
-    recorded: dict[str, FormatFigures] = {}
-    for fmt, fraw in _dict(top.get("formats")).items():
-        path = f"formats.{fmt}"
-        if fmt not in set(WeightFormat) and fmt not in RECORDED_NOT_SERVED:
-            c.err(path, f"{fmt!r} is not one of {', '.join(WeightFormat)} (nor a format recorded but not "
-                        f"served by edgectl: {', '.join(RECORDED_NOT_SERVED)})")
-        fd = c.mapping(fraw, path, {"runs": bool},
-                       {"reason": str, "decode_tok_s": dict, "prefill_tok_s": dict, "weights_bytes_ratio": dict})
-        if not fd:
-            continue
-        if fd.get("runs") is False and not fd.get("reason"):
-            c.err(f"{path}.reason", "missing (say why the kernel does not run here)")
-        figures = FormatFigures(
-            runs=bool(fd.get("runs")),
-            reason=fd.get("reason"),
-            decode_tok_s=figure(fd.get("decode_tok_s"), f"{path}.decode_tok_s"),
-            prefill_tok_s=figure(fd.get("prefill_tok_s"), f"{path}.prefill_tok_s"),
-            weights_bytes_ratio=figure(fd.get("weights_bytes_ratio"), f"{path}.weights_bytes_ratio"),
+    def source(self, key: str) -> Source:
+        return Source(
+            key=key, cpu_model=self.cpu_model, cores=self.cores, ram_bytes=self.ram_bytes, date=self.date,
+            command=self.command, vllm=self.vllm, torch=self.torch, edgectl_commit=self.edgectl_commit,
+            external=bool(self.external), reference=self.reference, artifact=self.artifact, model=self.model,
+            model_weights_bytes=self.model_weights_bytes, notes=self.notes,
         )
-        if fmt in set(WeightFormat):
-            formats[WeightFormat(fmt)] = figures
-        elif fmt in RECORDED_NOT_SERVED:  # else reported above
-            recorded[fmt] = figures
-    return formats, recorded
 
 
-def _read_processes(c: _Checker, rt: dict) -> dict[Topology, int]:
-    """``runtime.processes``: processes per topology, over the defaults."""
-    processes = {Topology.SINGLE_PROCESS: 1, Topology.STOCK: 4}
-    for topo, n in _dict(rt.get("processes")).items():
-        c.one_of(topo, f"runtime.processes.{topo}", tuple(Topology))
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            c.err(f"runtime.processes.{topo}", f"expected a positive integer, got {n!r}")
-        elif topo in set(Topology):
-            processes[Topology(topo)] = n
-    return processes
+@dataclass(frozen=True)
+class _FigureEntry:
+    """One figure: ``{median, min, max, passes, source}``; its source is checked by the document."""
+
+    median: float
+    min: float | None = None
+    max: float | None = None
+    passes: int | None = field(default=None, metadata=check(_at_least_one))
+    source: str | None = None
 
 
-_COMPILED_FIGURES = ("decode_tok_s", "prefill_tok_s", "ready_cold_s", "ready_warm_s", "extra_bytes", "cold_peak_ratio")
+@dataclass(frozen=True)
+class _FormatEntry:
+    runs: bool
+    reason: str | None = None
+    decode_tok_s: _FigureEntry | None = None
+    prefill_tok_s: _FigureEntry | None = None
+    weights_bytes_ratio: _FigureEntry | None = None
 
 
-def _read_compiled(c: _Checker, top: dict, figure: _FigureReader) -> CompiledFigures | None:
-    """``compiled``: one format's figures in compiled mode, if the profile has them."""
-    if not isinstance(top.get("compiled"), dict):
-        return None
-    cd = c.mapping(top["compiled"], "compiled", {"weight_format": str}, {k: dict for k in _COMPILED_FIGURES})
-    fmt = cd.get("weight_format")
-    if isinstance(fmt, str):
-        c.one_of(fmt, "compiled.weight_format", tuple(WeightFormat))
-    if fmt not in set(WeightFormat):
-        return None
-    return CompiledFigures(weight_format=WeightFormat(fmt),
-                           **{k: figure(cd.get(k), f"compiled.{k}") for k in _COMPILED_FIGURES})
+@dataclass(frozen=True)
+class _CompiledEntry:
+    weight_format: WeightFormat
+    decode_tok_s: _FigureEntry | None = None
+    prefill_tok_s: _FigureEntry | None = None
+    ready_cold_s: _FigureEntry | None = None
+    ready_warm_s: _FigureEntry | None = None
+    extra_bytes: _FigureEntry | None = None
+    cold_peak_ratio: _FigureEntry | None = None
 
 
-def _check_kind_rules(c: _Checker, profile: Profile) -> None:
+@dataclass(frozen=True)
+class _RuntimeEntry:
+    process_bytes: _FigureEntry | None = None
+    processes: dict[str, int] | None = None  # per topology, over DEFAULT_PROCESSES
+    workspace_bytes_per_token: _FigureEntry | None = None
+    load_peak_ratio: _FigureEntry | None = None
+    ready_s: _FigureEntry | None = None
+    tokenizer_bytes: _FigureEntry | None = None
+
+    @classmethod
+    def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        for topo, n in (v.get("processes") or {}).items():
+            if topo not in set(Topology):
+                yield f"processes.{topo}", f"{topo!r} is not one of {', '.join(Topology)}"
+            if n < 1:
+                yield f"processes.{topo}", f"expected a positive integer, got {n!r}"
+
+
+@dataclass(frozen=True)
+class _ThreadsEntry:
+    reserve_frontend_core: bool | None = None
+    evidence: str | None = None
+
+
+@dataclass(frozen=True)
+class _MatchEntry:
+    arch: str
+    isa_all: tuple[str, ...] | None = None
+    isa_none: tuple[str, ...] | None = None
+    vendor: str | None = field(default=None, metadata=check(_regular_expression))
+    model_pattern: str | None = field(default=None, metadata=check(_regular_expression))
+    min_cores: int | None = None
+    max_cores: int | None = None
+
+    @classmethod
+    def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        for key in ("isa_all", "isa_none"):
+            for i, feature in enumerate(v.get(key) or ()):
+                if feature not in ISA_FEATURES:
+                    yield f"{key}[{i}]", f"{feature!r} is not one of {', '.join(ISA_FEATURES)}"
+
+    def match(self) -> Match:
+        return Match(arch=self.arch, isa_all=self.isa_all or (), isa_none=self.isa_none or (),
+                     vendor=self.vendor, model_pattern=self.model_pattern,
+                     min_cores=self.min_cores, max_cores=self.max_cores)
+
+
+@dataclass(frozen=True)
+class _ProfileDocument:
+    """A profile file (schema ``edgectl.profile/1``)."""
+
+    schema: str = field(metadata=check(_is_schema))
+    name: str
+    device_class: DeviceClass
+    kind: ProfileKind
+    match: _MatchEntry
+    sources: dict[str, _SourceEntry]
+    description: str | None = None
+    formats: dict[str, _FormatEntry] | None = None
+    runtime: _RuntimeEntry | None = None
+    threads: _ThreadsEntry | None = None
+    compilation: Compilation | None = None
+    compiled: _CompiledEntry | None = None
+    bandwidth_gbps: _FigureEntry | None = None
+    notes: str | None = None
+    emulated: str | None = None
+
+    @classmethod
+    def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        yield from _format_name_problems(v.get("formats") or {})
+        figures = list(_figure_entries(v))
+        for path, entry in figures:
+            if entry.min is not None and entry.max is not None and not entry.min <= entry.median <= entry.max:
+                yield path, f"median {entry.median} is not within min {entry.min} and max {entry.max}"
+        if "sources" in v:  # else a source is broken: reported there, not again at each figure citing it
+            for path, entry in figures:
+                yield from _source_problems(path, entry, v["sources"])
+        yield from _kind_problems(v)
+
+
+def _format_name_problems(formats: dict[str, _FormatEntry]) -> Iterator[tuple[str, str]]:
+    """Each format is one edgectl serves or one recorded but not served; a kernel that does not run says why."""
+    for name, entry in formats.items():
+        if name not in set(WeightFormat) and name not in RECORDED_NOT_SERVED:
+            yield f"formats.{name}", (f"{name!r} is not one of {', '.join(WeightFormat)} (nor a format recorded "
+                                      f"but not served by edgectl: {', '.join(RECORDED_NOT_SERVED)})")
+        if not entry.runs and not entry.reason:
+            yield f"formats.{name}.reason", "missing (say why the kernel does not run here)"
+
+
+def _figure_entries(v: dict[str, Any]) -> Iterator[tuple[str, _FigureEntry]]:
+    """Every figure of a (partly) read document, with its path in the file."""
+    if v.get("bandwidth_gbps") is not None:
+        yield "bandwidth_gbps", v["bandwidth_gbps"]
+    sections = [(f"formats.{name}", entry) for name, entry in (v.get("formats") or {}).items()]
+    sections += [(key, v[key]) for key in ("runtime", "compiled") if v.get(key) is not None]
+    for prefix, section in sections:
+        for f in fields(section):
+            value = getattr(section, f.name)
+            if isinstance(value, _FigureEntry):
+                yield f"{prefix}.{f.name}", value
+
+
+def _default_source(sources: dict[str, _SourceEntry]) -> str | None:
+    """The source a figure without one cites: the only one defined, if there is only one."""
+    return next(iter(sources)) if len(sources) == 1 else None
+
+
+def _source_problems(path: str, entry: _FigureEntry, sources: dict[str, _SourceEntry]) -> Iterator[tuple[str, str]]:
+    key = entry.source if entry.source is not None else _default_source(sources)
+    if key is None:
+        yield f"{path}.source", "missing (every figure names its source)"
+    elif key not in sources:
+        yield f"{path}.source", f"unknown source {key!r} (defined: {', '.join(sorted(sources)) or 'none'})"
+    elif not sources[key].external and entry.passes is None:
+        yield f"{path}.passes", "missing (a measured figure says how many passes it is the median of)"
+
+
+def _kind_problems(v: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """What a profile's kind allows: only a measured one is emulated; a fallback matches any host."""
-    if profile.emulated and profile.kind is not ProfileKind.MEASURED:
-        c.err("emulated", "only a measured profile can be emulated (it says how the ISA was held down)")
-    if profile.kind is ProfileKind.FALLBACK and (profile.match.isa_all or profile.match.arch != "any"):
-        c.err("match", "a fallback profile must match any host (arch: any, no ISA rules)")
+    kind, match = v.get("kind"), v.get("match")
+    if v.get("emulated") and kind is not None and kind is not ProfileKind.MEASURED:
+        yield "emulated", "only a measured profile can be emulated (it says how the ISA was held down)"
+    if kind is ProfileKind.FALLBACK and match is not None and (match.isa_all or match.arch != "any"):
+        yield "match", "a fallback profile must match any host (arch: any, no ISA rules)"
+
+
+# -- the document resolved into a Profile ---------------------------------------------------
+
+DEFAULT_PROCESSES = {Topology.SINGLE_PROCESS: 1, Topology.STOCK: 4}
+
+
+class _Resolver:
+    """Joins a read document's figures to their sources (checked by the document: every key is known)."""
+
+    def __init__(self, sources: dict[str, _SourceEntry]) -> None:
+        self.sources = {key: entry.source(key) for key, entry in sources.items()}
+        self.default = _default_source(sources)
+
+    def figure(self, entry: _FigureEntry | None) -> Figure | None:
+        if entry is None:
+            return None
+        key = entry.source if entry.source is not None else self.default
+        assert key is not None
+        return Figure(float(entry.median), _float(entry.min), _float(entry.max), entry.passes, self.sources[key])
+
+    def format(self, entry: _FormatEntry) -> FormatFigures:
+        return FormatFigures(runs=entry.runs, reason=entry.reason, decode_tok_s=self.figure(entry.decode_tok_s),
+                             prefill_tok_s=self.figure(entry.prefill_tok_s),
+                             weights_bytes_ratio=self.figure(entry.weights_bytes_ratio))
+
+    def compiled(self, entry: _CompiledEntry | None) -> CompiledFigures | None:
+        if entry is None:
+            return None
+        return CompiledFigures(
+            weight_format=entry.weight_format, decode_tok_s=self.figure(entry.decode_tok_s),
+            prefill_tok_s=self.figure(entry.prefill_tok_s), ready_cold_s=self.figure(entry.ready_cold_s),
+            ready_warm_s=self.figure(entry.ready_warm_s), extra_bytes=self.figure(entry.extra_bytes),
+            cold_peak_ratio=self.figure(entry.cold_peak_ratio))
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _profile(doc: _ProfileDocument, file: str) -> Profile:
+    resolve = _Resolver(doc.sources)
+    formats = doc.formats or {}
+    runtime = doc.runtime or _RuntimeEntry()
+    threads = doc.threads or _ThreadsEntry()
+    return Profile(
+        name=doc.name, file=file, device_class=doc.device_class.value, kind=doc.kind,
+        description=doc.description or "", match=doc.match.match(),
+        formats={WeightFormat(n): resolve.format(e) for n, e in formats.items() if n in set(WeightFormat)},
+        process_bytes=resolve.figure(runtime.process_bytes),
+        processes={**DEFAULT_PROCESSES, **{Topology(t): n for t, n in (runtime.processes or {}).items()}},
+        workspace_bytes_per_token=resolve.figure(runtime.workspace_bytes_per_token),
+        load_peak_ratio=resolve.figure(runtime.load_peak_ratio),
+        ready_s=resolve.figure(runtime.ready_s),
+        reserve_frontend_core=threads.reserve_frontend_core,
+        reserve_evidence=threads.evidence,
+        compilation=doc.compilation,
+        bandwidth_gbps=resolve.figure(doc.bandwidth_gbps),
+        sources=resolve.sources,
+        emulated=doc.emulated or None,
+        compiled=resolve.compiled(doc.compiled),
+        recorded_not_served={n: resolve.format(e) for n, e in formats.items() if n in RECORDED_NOT_SERVED},
+        tokenizer_bytes=resolve.figure(runtime.tokenizer_bytes),
+    )
+
+
+def _dates_as_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with each source's date as text: YAML reads an unquoted ``2026-12-01`` as a date."""
+    sources = raw.get("sources")
+    if not isinstance(sources, dict):
+        return raw
+    as_text = {key: ({**s, "date": str(s["date"])} if isinstance(s, dict) and isinstance(s.get("date"), _dt.date)
+                     else s) for key, s in sources.items()}
+    return {**raw, "sources": as_text}
 
 
 def parse_profile(raw: Any, file: str) -> tuple[Profile | None, list[str]]:
-    """Validate one profile document; return it (or None) and every problem found."""
-    c = _Checker(file)
-    top = _read_top(c, raw)
-    if not top:
-        return None, c.errors
-    figure = _FigureReader(c, top)
-    match = _read_match(c, top)
-    formats, recorded = _read_formats(c, top, figure)
-    rt = c.mapping(_dict(top.get("runtime")), "runtime", {},
-                   {"process_bytes": dict, "processes": dict, "workspace_bytes_per_token": dict,
-                    "load_peak_ratio": dict, "ready_s": dict, "tokenizer_bytes": dict})
-    processes = _read_processes(c, rt)
-    th = c.mapping(_dict(top.get("threads")), "threads", {}, {"reserve_frontend_core": bool, "evidence": str})
-    compilation = top.get("compilation")
-    if isinstance(compilation, str):
-        c.one_of(compilation, "compilation", tuple(Compilation))
-    compiled = _read_compiled(c, top, figure)
-
-    profile = Profile(
-        name=top.get("name", ""), file=file, device_class=top.get("device_class", ""),
-        kind=ProfileKind(top["kind"]) if top.get("kind") in set(ProfileKind) else top.get("kind", ""),
-        description=top.get("description", ""), match=match, formats=formats,
-        process_bytes=figure(rt.get("process_bytes"), "runtime.process_bytes"),
-        processes=processes,
-        workspace_bytes_per_token=figure(rt.get("workspace_bytes_per_token"), "runtime.workspace_bytes_per_token"),
-        load_peak_ratio=figure(rt.get("load_peak_ratio"), "runtime.load_peak_ratio"),
-        ready_s=figure(rt.get("ready_s"), "runtime.ready_s"),
-        reserve_frontend_core=th.get("reserve_frontend_core"),
-        reserve_evidence=th.get("evidence"),
-        compilation=Compilation(compilation) if compilation in set(Compilation) else None,
-        bandwidth_gbps=figure(top.get("bandwidth_gbps"), "bandwidth_gbps"),
-        sources=figure.sources,
-        emulated=top.get("emulated") or None,
-        compiled=compiled,
-        recorded_not_served=recorded,
-        tokenizer_bytes=figure(rt.get("tokenizer_bytes"), "runtime.tokenizer_bytes"),
-    )
-    _check_kind_rules(c, profile)
-    return (profile if not c.errors else None), c.errors
+    """Validate one profile document; return it (or None) and every problem found, each
+    ``file: path.to.field: problem``."""
+    if not isinstance(raw, dict):
+        return None, [f"{file}: (top level): expected an object, got {codec.kind_of(raw)}"]
+    doc, problems = codec.read(_ProfileDocument, _dates_as_text(raw), "profile")
+    errors = [f"{file}: {p.removeprefix('profile.')}" for p in problems]
+    if errors:
+        return None, errors
+    assert isinstance(doc, _ProfileDocument)
+    return _profile(doc, file), []
 
 
 def load_profile(path: Path) -> Profile:
@@ -522,7 +538,7 @@ def load_profiles(dirs: list[Path]) -> list[Profile]:
     return list(by_name.values())
 
 
-def select_profile(profiles: list[Profile], facts: Any) -> tuple[Profile, list[str]]:
+def select_profile(profiles: list[Profile], facts: HostFacts) -> tuple[Profile, list[str]]:
     """The most specific matching measured/external profile, else the fallback for the arch.
 
     For the probed class: a profile recorded on the class itself beats one recorded on an emulated

@@ -72,9 +72,9 @@ def frozen_profiles() -> tuple[Profile, ...]:
 def make_plan(facts: HostFacts, model: ModelFacts, profiles: tuple[Profile, ...] | list[Profile] | None = None,
               *, spec: str | None = None, **request: Any) -> Plan:
     """plan() with the FROZEN profiles unless others are given (``shipped_profiles()`` for what
-    the CLI would use); ``request`` are Request fields, ``spec`` what the user typed for the model
+    the CLI would use); ``request`` are Request fields or BenchLevers fields, ``spec`` what the user typed for the model
     (default: its name)."""
-    req = Request(model=spec or model.name, **request)
+    req = Request.from_flat(model=spec or model.name, **request)
     return plan(facts, model, list(frozen_profiles() if profiles is None else profiles), req)
 
 

@@ -255,7 +255,7 @@ def test_a_bad_local_profile_reports_every_problem(tmp_path: Path):
                     env={"EDGECTL_PROFILES_DIR": str(local)})
     assert done.returncode == 2 and done.stdout == ""
     lines = done.stderr.splitlines()
-    assert lines[0] == (f"error: {local / 'broken.yaml'}: match.colour: unknown key (known: arch, isa_all, "
+    assert lines[0] == (f"error: {local / 'broken.yaml'}: match.colour: unknown field (known: arch, isa_all, "
                         "isa_none, max_cores, min_cores, model_pattern, vendor)")
     assert lines[-1] == "fix the profile(s) above, or remove them"
 

@@ -9,10 +9,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from plan_helpers import host_facts, make_plan, shape
+from plan_helpers import SMOLLM2, host_facts, make_plan, shape
 
 from edgectl.contract import codec
-from edgectl.contract.plan import Plan, Source, Topology, WeightFormat
+from edgectl.contract.plan import (
+    BenchLevers,
+    Plan,
+    Request,
+    Source,
+    Topology,
+    WeightFormat,
+)
 from edgectl.errors import EdgectlError
 
 OLD_PLANS = sorted((Path(__file__).parent / "fixtures" / "plans").glob("*.json"))
@@ -195,3 +202,54 @@ def test_a_field_added_with_a_default_keeps_older_documents_loading():
     # the older reader refuses the newer field by name: a typo is never silently ignored
     assert codec.read(_Before, new, "doc") == (None, [
         "doc.compile_cache: unknown field (known: name, size)"])
+
+
+# ---- the request: what the user asked, and apart what the bench varies; one flat object in JSON --
+
+
+def test_the_bench_levers_are_apart_in_the_request_and_inline_in_its_json():
+    plan = make_plan(host_facts("xeon-spr-amx-2s"), shape(SMOLLM2), max_model_len=1024, topology="stock",
+                     rope_cap=False, kv_cache_bytes=64 << 20)
+    assert (plan.request.max_model_len, plan.request.bench.topology, plan.request.bench.rope_cap,
+            plan.request.bench.kv_cache_bytes) == (1024, "stock", False, 64 << 20)
+    written = plan.to_dict()["request"]
+    assert "bench" not in written and (written["topology"], written["rope_cap"]) == ("stock", False)
+    # the keys in the order plans had before the levers had their own type
+    assert list(written)[9:16] == ["port", "topology", "rope_cap", "layerwise_repack", "reserve_frontend_core",
+                                   "compilation", "quantize_lm_head"]
+    assert Plan.from_dict(plan.to_dict()) == plan
+    broken = plan.to_dict()
+    broken["request"].update(rope_cap="no", bench={})
+    assert problems_of(broken) == [
+        "plan.request.bench: unknown field (known: " + ", ".join(sorted(written)) + ")",
+        "plan.request.rope_cap: expected a boolean, got a string 'no'"]
+
+
+def test_a_request_from_flat_names_sends_each_lever_to_the_bench():
+    asked = Request.from_flat(model="m", max_model_len=512, compilation="eager", idle_trim=False, topology="stock")
+    assert asked == Request(model="m", max_model_len=512, compilation="eager",
+                            bench=BenchLevers(idle_trim=False, topology="stock"))
+
+
+@dataclass(frozen=True)
+class _Inner:
+    b: int = 0
+    d: int = 0
+
+
+@dataclass(frozen=True)
+class _Outer:
+    a: int
+    c: int = 0
+    inner: _Inner = field(default_factory=_Inner, metadata=codec.flat())
+
+    _json_order = ("a", "b", "c", "d")
+
+
+def test_a_flat_field_is_written_and_read_among_its_parents_keys():
+    value = _Outer(1, 3, _Inner(2, 4))
+    assert list(codec.to_json(value).items()) == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
+    assert codec.read(_Outer, {"a": 1, "b": 2, "c": 3, "d": 4}, "doc") == (value, [])
+    assert codec.read(_Outer, {"a": 1}, "doc") == (_Outer(1), [])
+    assert codec.read(_Outer, {"a": 1, "d": True, "inner": {}}, "doc") == (None, [
+        "doc.inner: unknown field (known: a, b, c, d)", "doc.d: expected an integer, got a boolean True"])

@@ -133,20 +133,20 @@ def _swap(old: str, new: str) -> str:
 
 @pytest.mark.parametrize("text, expected", [
     pytest.param(_swap("compilation: eager\n", "compilation: eager\ncolour: blue\n"),
-                 "lab.yaml: colour: unknown key (known: bandwidth_gbps, compilation, compiled, description, device_class, "
+                 "lab.yaml: colour: unknown field (known: bandwidth_gbps, compilation, compiled, description, device_class, "
                  "emulated, formats, kind, match, name, notes, runtime, schema, sources, threads)", id="unknown-key"),
     pytest.param(_swap("    decode_tok_s: {median: 20.5, min: 19.0, max: 21.0, passes: 5, source: bench}",
                        "    decode_tok_s: {median: 20.5, min: 19.0, max: 21.0, passes: 5, source: bench, runs: 3}"),
-                 "lab.yaml: formats.w4a16.decode_tok_s.runs: unknown key (known: max, median, min, passes, source)",
+                 "lab.yaml: formats.w4a16.decode_tok_s.runs: unknown field (known: max, median, min, passes, source)",
                  id="unknown-nested-key"),
     pytest.param(_swap("    cores: 2\n", "    cores: two\n"),
-                 "lab.yaml: sources.bench.cores: expected int, got str 'two'", id="wrong-type"),
+                 "lab.yaml: sources.bench.cores: expected an integer, got a string 'two'", id="wrong-type"),
     pytest.param(_swap("    runs: true\n    decode_tok_s: {median: 20.5",
                        "    runs: yes please\n    decode_tok_s: {median: 20.5"),
-                 "lab.yaml: formats.w4a16.runs: expected bool, got str 'yes please'", id="wrong-type-bool"),
+                 "lab.yaml: formats.w4a16.runs: expected a boolean, got a string 'yes please'", id="wrong-type-bool"),
     pytest.param(_swap("median: 20.5, min: 19.0, max: 21.0, passes: 5, source: bench",
                        "median: fast, min: 19.0, max: 21.0, passes: 5, source: bench"),
-                 "lab.yaml: formats.w4a16.decode_tok_s.median: expected float, got str 'fast'", id="wrong-type-median"),
+                 "lab.yaml: formats.w4a16.decode_tok_s.median: expected a number, got a string 'fast'", id="wrong-type-median"),
     pytest.param(_swap("  process_bytes: {median: 734003200, passes: 3, source: bench}",
                        "  process_bytes: {median: 734003200, passes: 3}"),
                  "lab.yaml: runtime.process_bytes.source: missing (every figure names its source)",
@@ -204,12 +204,12 @@ def test_each_bad_field_is_one_line(text: str, expected: str):
 @pytest.mark.parametrize("text, expected", [
     # a wrong type for a whole section is one line, not one per field below it
     (_swap("match:\n  arch: x86_64\n  isa_all: [avx2, fma]\n  vendor: AuthenticAMD\n", "match: x86_64\n"),
-     "lab.yaml: match: expected dict, got str 'x86_64'"),
+     "lab.yaml: match: expected an object, got a string 'x86_64'"),
     (_swap("runtime:\n  process_bytes: {median: 734003200, passes: 3, source: bench}\n", "runtime: [1, 2]\n"),
-     "lab.yaml: runtime: expected dict, got list [1, 2]"),
-    (_swap("  isa_all: [avx2, fma]\n", "  isa_all: avx2\n"), "lab.yaml: match.isa_all: expected list, got str 'avx2'"),
-    (_swap("    cores: 24\n", "    cores: [24]\n"), "lab.yaml: sources.paper.cores: expected int, got list [24]"),
-    (_swap("  vendor: AuthenticAMD\n", "  vendor: 5\n"), "lab.yaml: match.vendor: expected str, got int 5"),
+     "lab.yaml: runtime: expected an object, got a list [1, 2]"),
+    (_swap("  isa_all: [avx2, fma]\n", "  isa_all: avx2\n"), "lab.yaml: match.isa_all: expected a list, got a string 'avx2'"),
+    (_swap("    cores: 24\n", "    cores: [24]\n"), "lab.yaml: sources.paper.cores: expected an integer, got a list [24]"),
+    (_swap("  vendor: AuthenticAMD\n", "  vendor: 5\n"), "lab.yaml: match.vendor: expected a string, got an integer 5"),
 ])
 def test_a_wrong_section_type_is_one_line_and_no_crash(text: str, expected: str):
     assert _errors(text) == [expected]
@@ -217,7 +217,7 @@ def test_a_wrong_section_type_is_one_line_and_no_crash(text: str, expected: str)
 
 def test_a_broken_source_is_reported_once_not_at_every_figure():
     text = _swap("  bench:\n    cpu_model:", "  bench: oops\n  bench_old:\n    cpu_model:")
-    assert _errors(text) == ["lab.yaml: sources.bench: expected a mapping, got str"]
+    assert _errors(text) == ["lab.yaml: sources.bench: expected an object, got a string 'oops'"]
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path):
@@ -245,13 +245,13 @@ def test_problems_in_several_files_are_all_reported(tmp_path: Path):
         load_profiles([tmp_path])
     lines = [exc.value.message, *exc.value.details]
     assert lines[0] == f"{tmp_path / 'a.yaml'}: schema: 'nope' is not 'edgectl.profile/1'"
-    assert lines[1] == f"{tmp_path / 'b.yaml'}: sources.bench.cores: expected int, got str 'two'"
+    assert lines[1] == f"{tmp_path / 'b.yaml'}: sources.bench.cores: expected an integer, got a string 'two'"
     assert lines[2].startswith(f"{tmp_path / 'c.yaml'}: not valid YAML at line 2")
     assert lines[3] == "fix the profile(s) above, or remove them"
 
 
 def test_not_a_mapping_at_all(tmp_path: Path):
-    with pytest.raises(EdgectlError, match=r"empty\.yaml: \(top level\): expected a mapping, got NoneType"):
+    with pytest.raises(EdgectlError, match=r"empty\.yaml: \(top level\): expected an object, got null"):
         load_profile(write_profile(tmp_path, "", "empty.yaml"))
 
 

@@ -121,7 +121,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     base_request = {"model": opts.model}
 
     def planner(overrides: dict[str, Any]) -> Plan:
-        return make_plan(Request(**{**base_request, **overrides}), environ, facts=facts).plan
+        return make_plan(Request.from_flat(**{**base_request, **overrides}), environ, facts=facts).plan
 
     servers = _server_runtime(environ)
     llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,

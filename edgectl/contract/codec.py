@@ -7,13 +7,16 @@ two, ``dict[str, T]`` an object, a dataclass an object with exactly its fields, 
 JSON value. A field with a default may be absent (that is how a schema gains a field without
 refusing the files written before it); a field nobody declared is refused by name.
 
-Two hooks, both optional:
+Hooks, all optional:
 
 - ``field(metadata=check(fn))``: ``fn(value)`` returns a problem (a string) or None; with
   ``check(fn, keys=True)`` it is asked about each key of a mapping instead;
 - a classmethod ``_cross_check(values)`` on the dataclass: problems between its fields, as
   ``(field, problem)`` pairs, over the fields that were read (so every problem is reported,
-  even when another field is broken).
+  even when another field is broken);
+- ``field(metadata=flat())`` on a field whose type is a dataclass: its fields are written and
+  read among the parent's own, so a type can be split in two while its JSON stays as it was;
+  with a class attribute ``_json_order`` (every key, in order) the parent fixes where they go.
 
 Every problem is one line ``LABEL.path.to.field: problem``; reading goes on after a problem,
 so one pass names every bad field.
@@ -27,10 +30,13 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 _CHECK = "edgectl.check"
 _CHECK_KEYS = "edgectl.check_keys"
+_FLAT = "edgectl.flat"
+
+T = TypeVar("T")
 
 
 def check(fn: Callable[[Any], str | None], *, keys: bool = False) -> dict[str, Any]:
@@ -38,10 +44,27 @@ def check(fn: Callable[[Any], str | None], *, keys: bool = False) -> dict[str, A
     return {_CHECK_KEYS if keys else _CHECK: fn}
 
 
+def flat() -> dict[str, Any]:
+    """Field metadata: the field (a dataclass) is written and read inline, among its parent's keys."""
+    return {_FLAT: True}
+
+
 def to_json(value: Any) -> Any:
     """A dataclass (and what it holds) as plain JSON values, fields in declaration order."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            written = to_json(getattr(value, f.name))
+            if f.metadata.get(_FLAT):
+                out.update(written)
+            else:
+                out[f.name] = written
+        order: tuple[str, ...] | None = getattr(value, "_json_order", None)
+        if order is None:
+            return out
+        if sorted(order) != sorted(out):
+            raise TypeError(f"{type(value).__name__}._json_order does not name each of its keys once")
+        return {key: out[key] for key in order}
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (list, tuple)):
@@ -58,7 +81,7 @@ class _Failed:
 FAILED = _Failed()
 
 
-def read(cls: type, data: Any, label: str) -> tuple[Any, list[str]]:
+def read(cls: type[T], data: Any, label: str) -> tuple[T | None, list[str]]:
     """``cls`` read from ``data``; (the object or None, every problem found)."""
     problems: list[str] = []
     value = _read(cls, data, label, problems)
@@ -158,17 +181,25 @@ def _read_mapping(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
 
 def _read_dataclass(cls: type, value: Any, path: str, problems: list[str]) -> Any:
     if not isinstance(value, dict):
-        problems.append(f"{path}: not a JSON object (got {kind_of(value)})")
-        return FAILED
+        return _fail(problems, path, f"expected an object, got {_got(value)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    inline = {name: {g.name for g in dataclasses.fields(hints[name]) if g.init}
+              for name, f in fields.items() if f.metadata.get(_FLAT)}
+    known = {name for name in fields if name not in inline}.union(*inline.values())
     for key in value:
-        if key not in fields:
-            problems.append(f"{path}.{key}: unknown field (known: {', '.join(sorted(fields))})")
+        if key not in known:
+            problems.append(f"{path}.{key}: unknown field (known: {', '.join(sorted(known))})")
     values: dict[str, Any] = {}
     failed = False
     for name, f in fields.items():
         where = f"{path}.{name}"
+        if name in inline:  # read from the parent's own keys, named as they are written
+            got = _read_dataclass(hints[name], {k: v for k, v in value.items() if k in inline[name]}, path, problems)
+            failed = failed or got is FAILED
+            if got is not FAILED:
+                values[name] = got
+            continue
         if name not in value:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 problems.append(f"{where}: missing")
@@ -195,6 +226,6 @@ def _read_dataclass(cls: type, value: Any, path: str, problems: list[str]) -> An
         for name, problem in cross(values):
             problems.append(f"{path}.{name}: {problem}")
             failed = True
-    if failed or any(k not in fields for k in value):
+    if failed or any(k not in known for k in value):
         return FAILED
     return cls(**values)

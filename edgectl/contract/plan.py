@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from edgectl.contract import codec
-from edgectl.contract.codec import check
+from edgectl.contract.codec import check, flat
 from edgectl.errors import EdgectlError
 
 SCHEMA = "edgectl.plan/1"
@@ -168,8 +168,27 @@ def _env_name(name: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class BenchLevers:
+    """What the bench switches, one arm at a time, to measure each lever against the plan
+    (``edgectl/bench/arms.py``); no command's flag sets them. ``None``: the planner's choice."""
+
+    topology: str | None = None
+    rope_cap: bool | None = None
+    layerwise_repack: bool | None = None
+    reserve_frontend_core: bool | None = None
+    quantize_lm_head: bool | None = None
+    kv_cache_bytes: int | None = None  # exact KV bytes (the bench's stock arm copies the plan's)
+    embedding_pack: str | None = None
+    optional_imports: str | None = None
+    tokenizer: str | None = None  # vllm | lean
+    idle_trim: bool | None = None
+    python_optimize: int | None = None  # 0 or 2 (python -OO)
+
+
+@dataclass(frozen=True)
 class Request:
-    """What the user asked for; ``None`` means "let the planner decide". Recorded in the plan."""
+    """What the user asked for; ``None`` means "let the planner decide". Recorded in the plan, with
+    the bench's levers among its keys: one flat object, as plans were written before they were apart."""
 
     model: str
     max_model_len: int | None = None
@@ -182,21 +201,25 @@ class Request:
     name: str = DEFAULT_NAME
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
-    # Levers, so a benchmark can switch each one (None = the planner's choice).
-    topology: str | None = None
-    rope_cap: bool | None = None
-    layerwise_repack: bool | None = None
-    reserve_frontend_core: bool | None = None
     compilation: str | None = None
-    quantize_lm_head: bool | None = None
-    kv_cache_bytes: int | None = None  # exact KV bytes (the bench's stock arm copies the plan's)
     kv_cache_dtype: str | None = None  # auto | fp8_e4m3; None: bf16, fp8 only where bf16 cannot fit
-    embedding_pack: str | None = None
-    optional_imports: str | None = None
-    tokenizer: str | None = None  # vllm | lean
-    idle_trim: bool | None = None
-    python_optimize: int | None = None  # 0 or 2 (python -OO)
     watchdog_s: int | None = None  # WatchdogSec; default: from the predicted longest engine step
+    bench: BenchLevers = field(default_factory=BenchLevers, metadata=flat())
+
+    # The keys' order in a plan's JSON, the levers among the rest (as plans have always had it).
+    _json_order = ("model", "max_model_len", "max_num_seqs", "weight_format", "group_size", "group_size_hint",
+                   "threads", "name", "host", "port", "topology", "rope_cap", "layerwise_repack",
+                   "reserve_frontend_core", "compilation", "quantize_lm_head", "kv_cache_bytes", "kv_cache_dtype",
+                   "embedding_pack", "optional_imports", "tokenizer", "idle_trim", "python_optimize", "watchdog_s")
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> Request:
+        """A request from flat names, as a plan's JSON and the bench's arms write them: a lever's
+        name (a field of BenchLevers) goes to ``bench``."""
+        lever_names = {f.name for f in fields(BenchLevers)}
+        levers = {k: v for k, v in values.items() if k in lever_names}
+        asked = {k: v for k, v in values.items() if k not in lever_names}
+        return cls(**asked, bench=BenchLevers(**levers))
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = codec.to_json(self)

@@ -13,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgectl.contract.plan import Plan, Request
 from edgectl.errors import EdgectlError
 from edgectl.fleet import k8s
 from edgectl.fleet.labels import NAMESPACE, NodeLabels, class_facts, labels_for
+from edgectl.probe.facts import HostFacts
+
+if TYPE_CHECKING:
+    from edgectl.profiles import Profile
 
 SCHEMA = "edgectl.fleet/1"
 # Where `edgectl models pull` (as root) puts catalog models on a node; the pods mount it from there.
@@ -28,7 +32,7 @@ NODE_MODEL_CACHE = "/var/lib/edgectl/models"
 @dataclass(frozen=True)
 class Node:
     name: str  # the probe file's name without .json
-    facts: Any  # HostFacts
+    facts: HostFacts
     labels: NodeLabels
 
 
@@ -106,7 +110,7 @@ def _summary(plan: Plan) -> str:
             f"limit {k8s._mebibytes(m.limit_bytes)}")
 
 
-def read_nodes(nodes_dir: Path) -> list[tuple[str, Any]]:
+def read_nodes(nodes_dir: Path) -> list[tuple[str, HostFacts]]:
     """(node name, facts) for every ``*.json`` probe in ``nodes_dir``, by name."""
     from edgectl.inputs import read_facts_file
 
@@ -127,7 +131,7 @@ def planning_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def classify(nodes: list[tuple[str, Any]], profiles: list[Any]) -> tuple[list[Node], dict[str, str]]:
+def classify(nodes: list[tuple[str, HostFacts]], profiles: list[Profile]) -> tuple[list[Node], dict[str, str]]:
     classed, unclassed = [], {}
     for name, facts in nodes:
         labels = labels_for(facts, profiles)
@@ -138,7 +142,7 @@ def classify(nodes: list[tuple[str, Any]], profiles: list[Any]) -> tuple[list[No
     return classed, unclassed
 
 
-def plan_fleet(request: Request, nodes: list[tuple[str, Any]], environ: Mapping[str, str], *,
+def plan_fleet(request: Request, nodes: list[tuple[str, HostFacts]], environ: Mapping[str, str], *,
                image: str = k8s.DEFAULT_IMAGE) -> FleetResult:
     """Group ``nodes`` by class, plan each class, render the objects of each class that fits.
 

@@ -52,7 +52,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING
 
 from edgectl.errors import EdgectlError
 from edgectl.probe.facts import (
@@ -67,6 +67,9 @@ from edgectl.probe.facts import (
     TopologyFacts,
     UnknownFact,
 )
+
+if TYPE_CHECKING:
+    from edgectl.profiles import Profile
 
 NAMESPACE = "feature.node.kubernetes.io"  # NFD's default label namespace
 FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
@@ -146,7 +149,7 @@ def class_id(selector: Mapping[str, str]) -> str:
     return f"{device_class.replace('_', '-')}-{digest}"
 
 
-def profile_version(profile: Any) -> str:
+def profile_version(profile: Profile) -> str:
     """12 hex digits of the SHA-256 of a profile's content (its YAML, comments not counted)."""
     import yaml
 
@@ -166,11 +169,11 @@ def planned_cores(facts: HostFacts) -> int:
     the label and the plan cannot disagree. It consults a profile only about reserving a core
     for the front end, which this count leaves out (the class's plan decides it again).
     """
-    from edgectl.contract.plan import Request, Topology
+    from edgectl.contract.plan import BenchLevers, Request, Topology
     from edgectl.planner.cpus import choose_cpus
 
     # reserve_frontend_core=False: the profile is not consulted (any profile will do).
-    decided = choose_cpus(facts, Request(model="-", reserve_frontend_core=False), None,  # type: ignore[arg-type]
+    decided = choose_cpus(facts, Request(model="-", bench=BenchLevers(reserve_frontend_core=False)), None,  # type: ignore[arg-type]
                           Topology.SINGLE_PROCESS)
     return decided.value.threads
 
@@ -234,7 +237,7 @@ def node_labels(facts: HostFacts, *, profile: str, profile_version: str, cores: 
     return NodeLabels(values, tuple(missing))
 
 
-def labels_for(facts: HostFacts, profiles: list[Any]) -> NodeLabels:
+def labels_for(facts: HostFacts, profiles: list[Profile]) -> NodeLabels:
     """The labels of a node, with the profile the planner selects for it from ``profiles``."""
     from edgectl.profiles import select_profile
 

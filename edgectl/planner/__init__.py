@@ -76,17 +76,17 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     why = Reasons()
     profile = why.take(choose_profile(profiles, facts))
     check_request(request)
-    topology = why.take(choose_topology(request))
+    topology = why.take(choose_topology(request.bench))
     compilation = why.take(choose_compilation(request, profile))
-    memory_levers = why.take(choose_memory_levers(request, facts, topology))
+    memory_levers = why.take(choose_memory_levers(request.bench, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request, compilation))
-    group_size, levers = choose_group_size(request), choose_levers(request)
+    group_size, levers = choose_group_size(request), choose_levers(request.bench)
     fit = why.take(fit_weights_and_context(
         facts.memory.budget_bytes, model, profile, request, formats, group_size.value,
-        request.quantize_lm_head, levers.value.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
-    lm_head = choose_lm_head(request, fit.weight_format)
+        request.bench.quantize_lm_head, levers.value.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
+    lm_head = choose_lm_head(request.bench, fit.weight_format)
     if fit.weight_format.is_int4:
         if fit.weight_format is not WeightFormat.W4A8:  # edgectl's blocks are 32 columns, whatever the group
             why.take(group_size)

@@ -90,7 +90,7 @@ def _reserve_frontend_core(request: Request, profile: Profile, topology: Topolog
     """Whether a core is kept for the HTTP front end: as asked, else as measured, else not; never
     the only one."""
     reasons: list[Reason] = []
-    reserve = request.reserve_frontend_core
+    reserve = request.bench.reserve_frontend_core
     if reserve is not None:
         reasons.append(Reason("reserve_frontend_core", reserve, Source.FLAG, "asked"))
     elif profile.reserve_frontend_core is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgectl.contract.plan import (
+    BenchLevers,
     Compilation,
     EmbeddingPack,
     OptionalImports,
@@ -28,9 +29,9 @@ if TYPE_CHECKING:
     from edgectl.profiles import Profile
 
 
-def choose_topology(request: Request) -> Decided[Topology]:
-    if request.topology:
-        topology = Topology(request.topology)
+def choose_topology(asked: BenchLevers) -> Decided[Topology]:
+    if asked.topology:
+        topology = Topology(asked.topology)
         source = Source.FLAG
     else:
         topology, source = Topology.SINGLE_PROCESS, Source.DEFAULT
@@ -109,19 +110,19 @@ class LeverChoice:
     layerwise_repack: bool  # int4 layers are packed as their checkpoint shards arrive
 
 
-def choose_levers(request: Request) -> Decided[LeverChoice]:
+def choose_levers(asked: BenchLevers) -> Decided[LeverChoice]:
     """The levers, on or off; their reasons matter only when the weights are int4 (the plan takes
     them then). The RoPE cap's reason is the table's rows (``rope_rows``); the output head's
     depends on the weight format (:func:`choose_lm_head`)."""
     levers = LeverChoice(
-        rope_cap=True if request.rope_cap is None else request.rope_cap,
-        layerwise_repack=True if request.layerwise_repack is None else request.layerwise_repack,
+        rope_cap=True if asked.rope_cap is None else asked.rope_cap,
+        layerwise_repack=True if asked.layerwise_repack is None else asked.layerwise_repack,
     )
     return Decided(
         levers,
         Reason("layerwise_repack", levers.layerwise_repack,
-               Source.FLAG if request.layerwise_repack is not None else Source.DEFAULT,
-               "asked" if request.layerwise_repack is not None else
+               Source.FLAG if asked.layerwise_repack is not None else Source.DEFAULT,
+               "asked" if asked.layerwise_repack is not None else
                "each layer is packed as soon as its checkpoint shard arrives: no dense copy of the model is "
                "ever resident (load peak 0.96 GB instead of 1.08 GB, docs/facts.md)"),
     )
@@ -133,10 +134,10 @@ def lm_head_quantized(fmt: WeightFormat, asked: bool | None) -> bool:
     return asked if asked is not None else fmt is WeightFormat.W4A8
 
 
-def choose_lm_head(request: Request, fmt: WeightFormat) -> Decided[bool]:
-    quantized = lm_head_quantized(fmt, request.quantize_lm_head)
+def choose_lm_head(asked: BenchLevers, fmt: WeightFormat) -> Decided[bool]:
+    quantized = lm_head_quantized(fmt, asked.quantize_lm_head)
     bits = "int8 (edgectl's blocks)" if fmt is WeightFormat.W4A8 else "int4"
-    if request.quantize_lm_head is not None:
+    if asked.quantize_lm_head is not None:
         detail = f"asked: the output head {bits}" if quantized else "asked: the output head in the model dtype"
         return Decided(quantized, Reason("quantize_lm_head", quantized, Source.FLAG, detail))
     if fmt is WeightFormat.W4A8:
@@ -209,39 +210,39 @@ def _embedding_pack_detail(facts: HostFacts) -> str:
             f"where it does, only the LM head keeps its copy ({measured})")
 
 
-def choose_memory_levers(request: Request, facts: HostFacts, topology: Topology = Topology.SINGLE_PROCESS
+def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology = Topology.SINGLE_PROCESS
                          ) -> Decided[MemoryLevers]:
     """What the worker's runtime holds beyond the model (docs/memory.md: each measured on SmolLM2's
     default plan against the plan without it, 3 interleaved passes on x86_64-amx). The embedding
     lever's saving depends on the host: it says which (``vllm_packs_embeddings``)."""
     levers = MemoryLevers(
-        embedding_pack=EmbeddingPack(request.embedding_pack or EmbeddingPack.LM_HEAD),
-        optional_imports=OptionalImports(request.optional_imports or OptionalImports.SKIP),
-        python_optimize=2 if request.python_optimize is None else request.python_optimize,
-        tokenizer=TokenizerLever(request.tokenizer or TokenizerLever.LEAN),
+        embedding_pack=EmbeddingPack(asked.embedding_pack or EmbeddingPack.LM_HEAD),
+        optional_imports=OptionalImports(asked.optional_imports or OptionalImports.SKIP),
+        python_optimize=2 if asked.python_optimize is None else asked.python_optimize,
+        tokenizer=TokenizerLever(asked.tokenizer or TokenizerLever.LEAN),
         # the trim runs on the in-process engine thread's idle beats (runtime/edgectl_runtime/vllm_plugin/inproc.py)
-        idle_trim=(topology is Topology.SINGLE_PROCESS) if request.idle_trim is None else request.idle_trim,
+        idle_trim=(topology is Topology.SINGLE_PROCESS) if asked.idle_trim is None else asked.idle_trim,
     )
 
-    def source(asked: object) -> Source:
-        return Source.FLAG if asked is not None else Source.DEFAULT
+    def source(value: object) -> Source:
+        return Source.FLAG if value is not None else Source.DEFAULT
 
     return Decided(
         levers,
-        Reason("embedding_pack", levers.embedding_pack, source(request.embedding_pack),
-               "asked" if request.embedding_pack is not None else _embedding_pack_detail(facts)),
-        Reason("optional_imports", levers.optional_imports, source(request.optional_imports),
-               "asked" if request.optional_imports is not None else
+        Reason("embedding_pack", levers.embedding_pack, source(asked.embedding_pack),
+               "asked" if asked.embedding_pack is not None else _embedding_pack_detail(facts)),
+        Reason("optional_imports", levers.optional_imports, source(asked.optional_imports),
+               "asked" if asked.optional_imports is not None else
                "opentelemetry, cv2 and accelerate, which vLLM and transformers treat as optional and a CPU text "
                "server never runs, are kept out: −11 MiB anonymous and −19 MiB of mapped files (docs/memory.md)"),
-        Reason("python_optimize", levers.python_optimize, source(request.python_optimize),
-               "asked" if request.python_optimize is not None else
+        Reason("python_optimize", levers.python_optimize, source(asked.python_optimize),
+               "asked" if asked.python_optimize is not None else
                "the worker runs under python -OO (no docstrings, no asserts): −29 MiB anonymous, speed within the "
                "spread, with the .opt-2.pyc files scripts/setup.sh compiles (docs/memory.md)"),
-        Reason("tokenizer", levers.tokenizer, source(request.tokenizer),
-               "asked" if request.tokenizer is not None else TOKENIZER_LEAN_EVIDENCE),
-        Reason("idle_trim", levers.idle_trim, source(request.idle_trim),
-               "asked" if request.idle_trim is not None else IDLE_TRIM_EVIDENCE if levers.idle_trim else
+        Reason("tokenizer", levers.tokenizer, source(asked.tokenizer),
+               "asked" if asked.tokenizer is not None else TOKENIZER_LEAN_EVIDENCE),
+        Reason("idle_trim", levers.idle_trim, source(asked.idle_trim),
+               "asked" if asked.idle_trim is not None else IDLE_TRIM_EVIDENCE if levers.idle_trim else
                "off: the engine runs in vLLM's own processes, where edgectl has no idle beat to trim on"),
     )
 

@@ -270,7 +270,7 @@ class Ledger:
 
     def at(self, max_len: int) -> Memory:
         batched = batched_tokens(max_len)
-        kv = (self.request.kv_cache_bytes if self.request.kv_cache_bytes
+        kv = (self.request.bench.kv_cache_bytes if self.request.bench.kv_cache_bytes
               else kv_cache_bytes_for(self.model, max_len, self.request.max_num_seqs, max_num_batched_tokens=batched,
                                       kv_dtype=self.kv_dtype))
         rope = rope_bytes_for(self.model, rope_rows(self.model, max_len, self.rope_capped))
@@ -302,7 +302,7 @@ def kv_cache(model: ModelFacts, request: Request, memory: Memory, max_model_len:
              kv_dtype: KvCacheDtype = KvCacheDtype.AUTO) -> Decided[int]:
     """The KV bytes in the ledger: every sequence at full context, in whole blocks (or as asked)."""
     kv = memory.kv_cache_bytes
-    if request.kv_cache_bytes:
+    if request.bench.kv_cache_bytes:
         return Decided(kv, Reason("kv_cache_bytes", kv, Source.FLAG, "asked (exact bytes)"))
     detail = (f"{request.max_num_seqs} × {max_model_len} tokens in {BLOCK_SIZE_TOKENS}-token blocks, "
               f"{kv_bytes_per_token_per_layer(model, kv_dtype)} B per token per layer"

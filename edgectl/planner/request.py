@@ -28,15 +28,15 @@ def check_request(request: Request) -> None:
         raise EdgectlError(f"--group-size {request.group_size} is not one of "
                            f"{', '.join(map(str, int4_layout.ALLOWED_GROUP_SIZES))}")
     _one_of("unknown weight format", request.weight_format, WeightFormat)
-    _one_of("unknown topology", request.topology, Topology)
+    _one_of("unknown topology", request.bench.topology, Topology)
     if request.compilation and request.compilation not in set(Compilation):
         raise EdgectlError(f"--compilation {request.compilation!r}: use eager or default")
     _one_of("--kv-cache-dtype", request.kv_cache_dtype, KvCacheDtype)
-    _one_of("embedding pack", request.embedding_pack, EmbeddingPack)
-    _one_of("optional imports", request.optional_imports, OptionalImports)
-    _one_of("tokenizer", request.tokenizer, TokenizerLever)
-    if request.python_optimize is not None and request.python_optimize not in (0, 1, 2):
-        raise EdgectlError(f"python optimize level {request.python_optimize}: use 0, 1 or 2")
+    _one_of("embedding pack", request.bench.embedding_pack, EmbeddingPack)
+    _one_of("optional imports", request.bench.optional_imports, OptionalImports)
+    _one_of("tokenizer", request.bench.tokenizer, TokenizerLever)
+    if request.bench.python_optimize is not None and request.bench.python_optimize not in (0, 1, 2):
+        raise EdgectlError(f"python optimize level {request.bench.python_optimize}: use 0, 1 or 2")
     if request.watchdog_s is not None and request.watchdog_s < MIN_WATCHDOG_S:
         raise EdgectlError(f"--watchdog-sec {request.watchdog_s} is too short (at least {MIN_WATCHDOG_S} s)")
 

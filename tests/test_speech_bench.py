@@ -15,7 +15,6 @@ from edgectl.bench.arms import BenchContext
 from edgectl.bench.speech import measure
 from edgectl.bench.speech import report as speech_report
 from edgectl.bench.speech.arms import ARMS, AnchorArm
-from edgectl.bench.speech.measure import Clip
 from edgectl.bench.speech.runner import ClipPlan, rotated, run_grid
 
 # -- the clips --------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from edgectl.contract.plan import (
+    BenchLevers,
     Compilation,
     Levers,
     Memory,
@@ -139,9 +140,9 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         raise EdgectlError(f"--format {request.weight_format}: a speech model is served dense, in "
                            f"{', '.join(DTYPE_BYTES)} (w4a16, w4a8 and bf16 are a text model's weight formats)")
     check_request(replace(request, weight_format=None))  # the rest as for a text model
-    topology = why.take(choose_topology(request))
+    topology = why.take(choose_topology(request.bench))
     compilation = why.take(_compilation(request))
-    memory_levers = why.take(_memory_levers(request, facts, topology))
+    memory_levers = why.take(_memory_levers(request.bench, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     dtype = why.take(choose_dtype(facts, request))
     sizes = speech_sizes(speech, dtype)
@@ -200,17 +201,17 @@ def _compilation(request: Request) -> Decided[Compilation]:
         "eager: the profile's compiled-mode figures are for a text model; no compile at the first start"))
 
 
-def _memory_levers(request: Request, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:
+def _memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:
     """The text planner's memory levers, but the tokenizer as vLLM keeps it: a Whisper model has a
     processor (the feature extractor) beside its tokenizer, which the lean lever does not handle."""
-    levers = choose_memory_levers(request, facts, topology)
+    levers = choose_memory_levers(asked, facts, topology)
     kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
-    optimize = 0 if request.python_optimize is None else request.python_optimize
+    optimize = 0 if asked.python_optimize is None else asked.python_optimize
     value = replace(levers.value, tokenizer=TokenizerLever.VLLM, python_optimize=optimize)
     return Decided(value, *kept, Reason("tokenizer", TokenizerLever.VLLM, Source.DEFAULT,
                                         "as vLLM holds it: a speech model has a processor beside its tokenizer"),
-                   Reason("python_optimize", optimize, Source.FLAG if request.python_optimize is not None else Source.DEFAULT,
-                          "asked" if request.python_optimize is not None else
+                   Reason("python_optimize", optimize, Source.FLAG if asked.python_optimize is not None else Source.DEFAULT,
+                          "asked" if asked.python_optimize is not None else
                           "no python -OO: transformers builds Whisper's classes from their docstrings and fails "
                           "without them (\"No `Args` or `Parameters` section is found in the docstring of "
                           "`Seq2SeqModelOutput`\", transformers/utils/auto_docstring.py)"))

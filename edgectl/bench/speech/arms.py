@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from edgectl import launch
-from edgectl.bench.arms import ArmSpec, BenchContext, PreparedArm, WorkerArm, cache_config_info
+from edgectl.bench.arms import (
+    ArmSpec,
+    BenchContext,
+    PreparedArm,
+    WorkerArm,
+    cache_config_info,
+)
 from edgectl.bench.server import ServerProcess
 from edgectl.client import Client
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA

@@ -29,7 +29,14 @@ from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.runner import utc_now
 from edgectl.bench.speech import clips, measure, wer
 from edgectl.bench.speech import report as speech_report
-from edgectl.bench.speech.arms import ARMS, ENGINE_MODULES, PACKAGES, SpeechArm, parse_arm_names, prepare_arms
+from edgectl.bench.speech.arms import (
+    ARMS,
+    ENGINE_MODULES,
+    PACKAGES,
+    SpeechArm,
+    parse_arm_names,
+    prepare_arms,
+)
 from edgectl.bench.speech.runner import ClipPlan, rotated, run_grid
 from edgectl.contract import environment
 from edgectl.errors import EdgectlError

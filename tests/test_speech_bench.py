@@ -257,3 +257,12 @@ def test_bad_speech_bench_options_are_one_error_line_and_leave_nothing(tmp_path:
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert says in done.stderr
     assert not out.exists() and not (tmp_path / "m").exists()
+
+
+def test_a_speech_option_given_for_a_text_model_is_one_error_line(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = run_cli(["bench", "smollm2-135m", "--clips", str(tmp_path), "--out", str(out)],
+                   env={"EDGECTL_MODEL_CACHE": str(tmp_path / "m")}, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == "error: --clips: a speech model's option; smollm2-135m is a text model\n"
+    assert not out.exists() and not (tmp_path / "m").exists()

@@ -13,8 +13,11 @@ from dataclasses import replace
 import pytest
 from plan_helpers import (
     MIB,
+    ceil_mib,
     frozen_profiles,
     host_facts,
+    profile_from_yaml,
+    profile_yaml,
     reasons_by_decision,
     shape,
     with_memory,
@@ -104,3 +107,21 @@ def test_refusals_name_what_to_do(whisper):
     with pytest.raises(EdgectlError, match="--max-num-seqs"):
         plan(small, whisper, frozen_profiles(), Request(model="whisper-base", max_num_seqs=4))
     assert replace(whisper, speech=None).speech is None  # a text model's facts plan as text
+
+
+def test_a_profiles_speech_figures_size_the_runtime_and_the_limit(whisper, tmp_path):
+    measured = profile_from_yaml(tmp_path, profile_yaml(
+        name="test-amx", device_class="x86_64-amx", match="  arch: x86_64\n  isa_all: [amx_bf16]\n",
+        extra=("speech:\n  process_bytes: {median: 800000000, passes: 3}\n"
+               "  per_transcription_bytes: {median: 7000000, passes: 3}\n"
+               "  load_peak_ratio: {median: 1.1, passes: 3}\n")))
+    facts = host_facts("xeon-spr-amx-2s")
+    p = plan(facts, whisper, [measured], Request(model="whisper-base", max_num_seqs=3))
+    m = p.memory
+    assert m.runtime_bytes == 800_000_000 + 2 * 7_000_000  # one transcription, and two more
+    audio = 3 * 600 * 16000 * 4
+    assert m.limit_bytes == ceil_mib((m.total_bytes * 1.1 + audio) * 1.25)
+    memory = reasons_by_decision(p)["memory"]
+    assert "test-amx" in str(memory) and "fallback" not in str(memory)
+    fallback = speech_plan(whisper)  # the frozen profiles have no speech figures: stated fallbacks
+    assert "fallback" in str(reasons_by_decision(fallback)["memory"])

@@ -150,7 +150,7 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     why.take(_concurrency(seqs, request))
     max_audio_s, max_upload = DEFAULT_MAX_AUDIO_S, DEFAULT_MAX_UPLOAD_BYTES
     why.take(_audio_limits(max_audio_s, max_upload, speech))
-    memory = why.take(_memory(model, sizes, seqs, dtype, max_audio_s, facts.memory.budget_bytes))
+    memory = why.take(_memory(model, sizes, seqs, dtype, max_audio_s, facts.memory.budget_bytes, profile))
     kv_per_seq = sizes.blocks_per_seq * sizes.kv_bytes_per_block
     timeouts = why.take(_timeouts(request))
     env = worker_environment(cpus.cpus, cpus.threads, topology, cpus.reserve_frontend_core)
@@ -232,23 +232,51 @@ def _audio_limits(max_audio_s: int, max_upload: int, speech: SpeechFacts) -> Dec
         f"its decoded samples take {max_audio_s * speech.sample_rate * SAMPLE_BYTES / MiB:.0f} MiB"))
 
 
+@dataclass(frozen=True)
+class _RuntimeCost:
+    """What the worker holds beyond weights, KV and the encoder's work, and the start's peak ratio."""
+
+    bytes: int
+    peak_ratio: float
+    source: Source
+    detail: str
+
+
+def _runtime_cost(profile: Profile, seqs: int) -> _RuntimeCost:
+    """From the profile's speech figures where measured on this class, else the stated fallbacks."""
+    figures = profile.speech
+    if figures is None:
+        return _RuntimeCost(FALLBACK_SPEECH_PROCESS_BYTES, FALLBACK_SPEECH_PEAK_RATIO, Source.FALLBACK,
+                            f"runtime {FALLBACK_SPEECH_PROCESS_BYTES / MiB:.0f} MiB and load peak "
+                            f"{FALLBACK_SPEECH_PEAK_RATIO} (fallbacks: no speech figures on {profile.name})")
+    per = figures.per_transcription_bytes
+    runtime = int(figures.process_bytes.median + (per.median if per is not None else 0) * (seqs - 1))
+    peak = figures.load_peak_ratio.median if figures.load_peak_ratio is not None else FALLBACK_SPEECH_PEAK_RATIO
+    detail = (f"runtime {runtime / MiB:.0f} MiB: {figures.process_bytes.describe('bytes')} serving one transcription"
+              + (f", {per.describe('bytes')} more for each further one" if per is not None else "")
+              + (f"; load peak {figures.load_peak_ratio.describe('× steady')}" if figures.load_peak_ratio is not None
+                 else f"; load peak {FALLBACK_SPEECH_PEAK_RATIO} (fallback)")
+              + f" (measured on {profile.name})")
+    return _RuntimeCost(runtime, peak, profile.reason_source, detail)
+
+
 def _memory(model: ModelFacts, sizes: SpeechSizes, seqs: int, dtype: str, max_audio_s: int,
-            budget: int | None) -> Decided[Memory]:
+            budget: int | None, profile: Profile) -> Decided[Memory]:
     speech = model.speech
     assert speech is not None
     params = model.num_params if model.num_params is not None else model.param_bytes.total // 2
     weights = params * DTYPE_BYTES[dtype]
     blocks = sizes.blocks_per_seq * seqs + 1  # vLLM keeps one null block
     kv = blocks * sizes.kv_bytes_per_block
-    runtime = FALLBACK_SPEECH_PROCESS_BYTES
+    cost = _runtime_cost(profile, seqs)
     # The decoded samples of the longest uploads, one per transcription at once: held only while
     # such uploads run, so they are room under the limits, not part of the steady total.
     audio = seqs * max_audio_s * speech.sample_rate * SAMPLE_BYTES
     workspace = sizes.encoder_work_bytes
-    total = weights + kv + runtime + workspace
-    limit = ledger.round_mib((total * FALLBACK_SPEECH_PEAK_RATIO + audio) * ledger.MAX_HEADROOM)
-    high = ledger.round_mib((total * FALLBACK_SPEECH_PEAK_RATIO + audio) * ledger.HIGH_HEADROOM)
-    memory = Memory(weights_bytes=weights, kv_cache_bytes=kv, rope_bytes=0, runtime_bytes=runtime,
+    total = weights + kv + cost.bytes + workspace
+    limit = ledger.round_mib((total * cost.peak_ratio + audio) * ledger.MAX_HEADROOM)
+    high = ledger.round_mib((total * cost.peak_ratio + audio) * ledger.HIGH_HEADROOM)
+    memory = Memory(weights_bytes=weights, kv_cache_bytes=kv, rope_bytes=0, runtime_bytes=cost.bytes,
                     workspace_bytes=workspace, total_bytes=total, high_bytes=high, limit_bytes=limit)
     if budget is not None and limit > budget:
         raise EdgectlError(
@@ -257,11 +285,10 @@ def _memory(model: ModelFacts, sizes: SpeechSizes, seqs: int, dtype: str, max_au
     detail = (f"weights {weights / MiB:.0f} MiB ({params / 1e6:.1f} M parameters in {dtype}); KV {kv / MiB:.0f} MiB "
               f"({blocks} blocks of {sizes.kv_bytes_per_block / MiB:.2f} MiB: {sizes.blocks_per_seq} per transcription "
               f"for {sizes.decoder_tokens} decoder tokens and {sizes.encoder_positions} cross-attention rows, plus vLLM's "
-              f"null block); encoder work {sizes.encoder_work_bytes / MiB:.0f} MiB for one window; "
-              f"runtime {runtime / MiB:.0f} MiB (a fallback, not measured here); MemoryMax = (total × load peak "
-              f"{FALLBACK_SPEECH_PEAK_RATIO} (fallback) + {audio / MiB:.0f} MiB of decoded audio for the longest uploads) "
-              f"× {ledger.MAX_HEADROOM}")
-    return Decided(memory, Reason("memory", total, Source.FALLBACK, detail))
+              f"null block); encoder work {sizes.encoder_work_bytes / MiB:.0f} MiB for one window; {cost.detail}; "
+              f"MemoryMax = (total × load peak {cost.peak_ratio:.2f} + {audio / MiB:.0f} MiB of decoded audio for the "
+              f"longest uploads) × {ledger.MAX_HEADROOM}")
+    return Decided(memory, Reason("memory", total, cost.source, detail))
 
 
 def _timeouts(request: Request) -> Decided[Timeouts]:

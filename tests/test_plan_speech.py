@@ -102,7 +102,9 @@ def test_plan_json_round_trips_and_a_text_plan_has_no_speech_key(whisper):
 
 def test_refusals_name_what_to_do(whisper):
     with pytest.raises(EdgectlError, match="a speech model is served dense"):
-        speech_plan(whisper, weight_format="w4a8")
+        speech_plan(whisper, weight_format="w4a16")
+    with pytest.raises(EdgectlError, match="bf16 activations"):
+        speech_plan(whisper, host="kvm-epyc-avx2-2c", weight_format="w4a8")
     small = with_memory(host_facts("xeon-spr-amx-2s"), budget_bytes=600 * MIB)
     with pytest.raises(EdgectlError, match="--max-num-seqs"):
         plan(small, whisper, frozen_profiles(), Request(model="whisper-base", max_num_seqs=4))
@@ -125,3 +127,18 @@ def test_a_profiles_speech_figures_size_the_runtime_and_the_limit(whisper, tmp_p
     assert "test-amx" in str(memory) and "fallback" not in str(memory)
     fallback = speech_plan(whisper)  # the frozen profiles have no speech figures: stated fallbacks
     assert "fallback" in str(reasons_by_decision(fallback)["memory"])
+
+
+def test_w4a8_when_asked_runs_edgectls_kernels_on_the_linear_layers(whisper):
+    from edgectl.contract.vllm_args import server_args
+
+    dense, w4 = speech_plan(whisper), speech_plan(whisper, weight_format="w4a8")
+    assert dense.weight_format == "bf16" and dense.group_size == 0
+    assert w4.weight_format == "w4a8" and w4.group_size == 32 and not w4.quantize_lm_head
+    args = server_args(w4)
+    assert args[args.index("--quantization") + 1] == "cpu_int4" and "--quantization" not in server_args(dense)
+    # every linear layer but the tied head in blocks of 32: 16 B of nibbles + a bf16 scale and minimum
+    # per block (20 B per 32 values) instead of 64 B in bf16
+    linear = sum(layer.out_features * layer.in_features for layer in whisper.linear_layers)
+    saved = dense.memory.weights_bytes - w4.memory.weights_bytes
+    assert saved == pytest.approx(linear * 2 * (1 - 20 / 64), rel=0.02)

@@ -113,6 +113,27 @@ def speech_sizes(speech: SpeechFacts, dtype: str) -> SpeechSizes:
     return SpeechSizes(speech.max_target_positions, p, blocks, per_block, work)
 
 
+W4A8_BLOCK = 32  # edgectl's int4 blocks (docs/kernels.md)
+
+
+def _weight_format(request: Request) -> Decided[WeightFormat]:
+    """Dense unless asked: edgectl's w4a8 kernels run Whisper's linear layers (the output head stays
+    dense), but cost words on this class (docs/speech.md "Weights"): not the default."""
+    asked = request.weight_format
+    if asked is None or asked in DTYPE_BYTES:
+        return Decided(WeightFormat.BF16, Reason(
+            "weight_format", "dense", Source.FLAG if asked else Source.DEFAULT,
+            "dense weights in the speech dtype: edgectl's w4a8 kernels serve Whisper's linear layers too, and are "
+            "measured against dense in the speech bench (docs/speech.md \"Weights\"); asked with --format w4a8"))
+    if asked == WeightFormat.W4A8:
+        return Decided(WeightFormat.W4A8, Reason(
+            "weight_format", WeightFormat.W4A8, Source.FLAG,
+            "asked: edgectl's int4 blocks of 32 with int8 activations for every linear layer but the output head "
+            "(the tied embedding, kept dense)"))
+    raise EdgectlError(f"--format {asked}: a speech model is served dense ({', '.join(DTYPE_BYTES)}) or as w4a8 "
+                       "(edgectl's kernels)")
+
+
 def choose_dtype(facts: HostFacts, request: Request) -> Decided[str]:
     """float16 weights as the checkpoint stores them where the CPU computes in bf16 natively, else float32."""
     asked = request.weight_format
@@ -136,32 +157,33 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         raise EdgectlError(f"{model.name} is not a speech model")
     why = Reasons()
     profile = why.take(choose_profile(profiles, facts))
-    if request.weight_format is not None and request.weight_format not in DTYPE_BYTES:
-        raise EdgectlError(f"--format {request.weight_format}: a speech model is served dense, in "
-                           f"{', '.join(DTYPE_BYTES)} (w4a16, w4a8 and bf16 are a text model's weight formats)")
+    fmt = why.take(_weight_format(request))
     check_request(replace(request, weight_format=None))  # the rest as for a text model
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(_compilation(request))
     memory_levers = why.take(_memory_levers(request.bench, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     dtype = why.take(choose_dtype(facts, request))
+    if fmt is WeightFormat.W4A8 and dtype != "bfloat16":
+        raise EdgectlError(f"--format w4a8 runs edgectl's kernels on bf16 activations; this CPU's speech dtype is "
+                           f"{dtype}: serve {model.name} dense (no --format)")
     sizes = speech_sizes(speech, dtype)
     seqs = request.max_num_seqs
     why.take(_concurrency(seqs, request))
     max_audio_s, max_upload = DEFAULT_MAX_AUDIO_S, DEFAULT_MAX_UPLOAD_BYTES
     why.take(_audio_limits(max_audio_s, max_upload, speech))
-    memory = why.take(_memory(model, sizes, seqs, dtype, max_audio_s, facts.memory.budget_bytes, profile))
+    memory = why.take(_memory(model, fmt, sizes, seqs, dtype, max_audio_s, facts.memory.budget_bytes, profile))
     kv_per_seq = sizes.blocks_per_seq * sizes.kv_bytes_per_block
     timeouts = why.take(_timeouts(request))
     env = worker_environment(cpus.cpus, cpus.threads, topology, cpus.reserve_frontend_core)
     env.update({"VLLM_MAX_AUDIO_DECODE_DURATION_S": str(max_audio_s),
                 "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": str(math.ceil(max_upload / (1 << 20)))})
     return Plan(
-        model=ModelRef(model.name, model.path, model.architecture, "dense"),
+        model=ModelRef(model.name, model.path, model.architecture, "bf16" if fmt.is_int4 else "dense"),
         device_class=facts.device_class,
         profile=ProfileRef(profile.name, profile.file, profile.kind),
-        weight_format=WeightFormat.BF16,  # dense weights; their dtype is the speech section's
-        group_size=0,
+        weight_format=fmt,  # bf16: dense weights, their dtype the speech section's
+        group_size=W4A8_BLOCK if fmt.is_int4 else 0,
         quantize_lm_head=False,
         max_model_len=sizes.decoder_tokens,
         max_num_seqs=seqs,
@@ -260,12 +282,19 @@ def _runtime_cost(profile: Profile, seqs: int) -> _RuntimeCost:
     return _RuntimeCost(runtime, peak, profile.reason_source, detail)
 
 
-def _memory(model: ModelFacts, sizes: SpeechSizes, seqs: int, dtype: str, max_audio_s: int,
+def _weights_bytes(model: ModelFacts, fmt: WeightFormat, dtype: str) -> tuple[int, str]:
+    params = model.num_params if model.num_params is not None else model.param_bytes.total // 2
+    if fmt is WeightFormat.W4A8:
+        packed = ledger.weights_bytes_for(model, fmt, W4A8_BLOCK, quantize_lm_head=False)[0]
+        return packed, f"{params / 1e6:.1f} M parameters, the linear layers in edgectl's int4 blocks"
+    return params * DTYPE_BYTES[dtype], f"{params / 1e6:.1f} M parameters in {dtype}"
+
+
+def _memory(model: ModelFacts, fmt: WeightFormat, sizes: SpeechSizes, seqs: int, dtype: str, max_audio_s: int,
             budget: int | None, profile: Profile) -> Decided[Memory]:
     speech = model.speech
     assert speech is not None
-    params = model.num_params if model.num_params is not None else model.param_bytes.total // 2
-    weights = params * DTYPE_BYTES[dtype]
+    weights, weights_what = _weights_bytes(model, fmt, dtype)
     blocks = sizes.blocks_per_seq * seqs + 1  # vLLM keeps one null block
     kv = blocks * sizes.kv_bytes_per_block
     cost = _runtime_cost(profile, seqs)
@@ -282,7 +311,7 @@ def _memory(model: ModelFacts, sizes: SpeechSizes, seqs: int, dtype: str, max_au
         raise EdgectlError(
             f"{model.name} needs {limit / MiB:.0f} MiB with {seqs} transcription(s) at once, this host can give "
             f"{budget / MiB:.0f} MiB: ask for fewer with --max-num-seqs")
-    detail = (f"weights {weights / MiB:.0f} MiB ({params / 1e6:.1f} M parameters in {dtype}); KV {kv / MiB:.0f} MiB "
+    detail = (f"weights {weights / MiB:.0f} MiB ({weights_what}); KV {kv / MiB:.0f} MiB "
               f"({blocks} blocks of {sizes.kv_bytes_per_block / MiB:.2f} MiB: {sizes.blocks_per_seq} per transcription "
               f"for {sizes.decoder_tokens} decoder tokens and {sizes.encoder_positions} cross-attention rows, plus vLLM's "
               f"null block); encoder work {sizes.encoder_work_bytes / MiB:.0f} MiB for one window; {cost.detail}; "

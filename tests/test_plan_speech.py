@@ -142,3 +142,18 @@ def test_w4a8_when_asked_runs_edgectls_kernels_on_the_linear_layers(whisper):
     linear = sum(layer.out_features * layer.in_features for layer in whisper.linear_layers)
     saved = dense.memory.weights_bytes - w4.memory.weights_bytes
     assert saved == pytest.approx(linear * 2 * (1 - 20 / 64), rel=0.02)
+
+
+def test_an_english_only_model_is_served_by_edgectls_class():
+    from edgectl.contract.vllm_args import server_args
+    from edgectl.contract.whisper_names import ENGLISH_ONLY_ARCHITECTURE
+
+    tiny = inspect_model(data_dir() / "catalog" / "whisper-tiny-en", name="whisper-tiny-en", require_tokenizer=False)
+    p = plan(host_facts("xeon-spr-amx-2s"), tiny, frozen_profiles(), Request(model="whisper-tiny-en"))
+    assert p.speech is not None and p.speech.multilingual is False
+    args = server_args(p)
+    assert json.loads(args[args.index("--hf-overrides") + 1]) == {"architectures": [ENGLISH_ONLY_ARCHITECTURE]}
+    assert "--hf-overrides" not in server_args(p, stock=True)  # stock vLLM has no such class
+    # tiny.en: 4 decoder layers of d_model 384 → a block across its 8 attention layers is
+    # 128 × 2 × 384 × 2 B × 8 = 1.5 MiB, 12 blocks per transcription
+    assert p.speech.kv_bytes_per_seq == 12 * 128 * 2 * 384 * 2 * 8

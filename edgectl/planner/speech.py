@@ -208,7 +208,8 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         reasons=why.items,
         request=request,
         speech=SpeechServe(dtype=dtype, window_s=speech.window_s, encoder_positions=sizes.encoder_positions,
-                           max_audio_s=max_audio_s, max_upload_bytes=max_upload, kv_bytes_per_seq=kv_per_seq),
+                           max_audio_s=max_audio_s, max_upload_bytes=max_upload, kv_bytes_per_seq=kv_per_seq,
+                           multilingual=speech.multilingual),
     )
 
 

@@ -139,8 +139,8 @@ def choose_dtype(facts: HostFacts, request: Request) -> Decided[str]:
     asked = request.weight_format
     if asked in DTYPE_BYTES:
         return Decided(asked, Reason("speech_dtype", asked, Source.FLAG, "asked with --format"))
-    flags = set(facts.cpu.flags)
-    if {"avx512_bf16", "amx_bf16"} & flags:
+    isa = facts.cpu.isa  # usable (enabled by the OS), not merely advertised
+    if isa.avx512_bf16 or isa.amx_bf16:
         return Decided("bfloat16", Reason(
             "speech_dtype", "bfloat16", Source.PROBE,
             "the CPU has bf16 arithmetic (AVX512-BF16/AMX): Whisper's float16 weights are served in bf16, vLLM's "

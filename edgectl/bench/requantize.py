@@ -11,6 +11,7 @@ cache::
     <EDGECTL_MODEL_CACHE>/requantized/<source sha256[:16]>-<TYPE>-<build>/
         model.gguf          the requantized file
         requantized.json    its provenance: the command, the build, the source's and its sha256
+        llama-quantize.log  what llama-quantize printed (the tensors that needed a fallback type)
         config.json, tokenizer files   copied from the model's directory, so edgectl's worker
                             can serve the same file (the planned-q4_0 arm: identical weights)
 

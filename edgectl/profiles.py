@@ -118,6 +118,18 @@ class CompiledFigures:
 
 
 @dataclass(frozen=True)
+class SpeechFigures:
+    """A speech-to-text model (Whisper) served on this class (docs/speech.md "Memory").
+
+    The planner's speech ledger is weights + KV + one window's encoder work + ``process_bytes``
+    + ``per_transcription_bytes`` for each transcription at once beyond the first."""
+
+    process_bytes: Figure  # PSS beyond weights, KV and the encoder's work, serving one transcription at once
+    per_transcription_bytes: Figure | None  # more for each further transcription at once (beyond its KV)
+    load_peak_ratio: Figure | None  # the start's peak PSS / the steady PSS
+
+
+@dataclass(frozen=True)
 class Match:
     arch: str
     isa_all: tuple[str, ...]
@@ -157,6 +169,7 @@ class Profile:
     # What the tokenizer of the model process_bytes was measured with costs the worker
     # (edgectl_runtime/introspect/tokenizer_cost.py): the ledger adds a model's own cost minus this one.
     tokenizer_bytes: Figure | None = None
+    speech: SpeechFigures | None = None  # measured serving a speech-to-text model
 
     @property
     def reason_source(self) -> ReasonSource:
@@ -306,6 +319,13 @@ class _RuntimeEntry:
 
 
 @dataclass(frozen=True)
+class _SpeechEntry:
+    process_bytes: _FigureEntry
+    per_transcription_bytes: _FigureEntry | None = None
+    load_peak_ratio: _FigureEntry | None = None
+
+
+@dataclass(frozen=True)
 class _ThreadsEntry:
     reserve_frontend_core: bool | None = None
     evidence: str | None = None
@@ -353,6 +373,7 @@ class _ProfileDocument:
     bandwidth_gbps: _FigureEntry | None = None
     notes: str | None = None
     emulated: str | None = None
+    speech: _SpeechEntry | None = None
 
     @classmethod
     def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
@@ -382,7 +403,7 @@ def _figure_entries(v: dict[str, Any]) -> Iterator[tuple[str, _FigureEntry]]:
     if v.get("bandwidth_gbps") is not None:
         yield "bandwidth_gbps", v["bandwidth_gbps"]
     sections = [(f"formats.{name}", entry) for name, entry in (v.get("formats") or {}).items()]
-    sections += [(key, v[key]) for key in ("runtime", "compiled") if v.get(key) is not None]
+    sections += [(key, v[key]) for key in ("runtime", "compiled", "speech") if v.get(key) is not None]
     for prefix, section in sections:
         for f in fields(section):
             value = getattr(section, f.name)
@@ -448,6 +469,15 @@ class _Resolver:
             cold_peak_ratio=self.figure(entry.cold_peak_ratio))
 
 
+    def speech(self, entry: _SpeechEntry | None) -> SpeechFigures | None:
+        if entry is None:
+            return None
+        process = self.figure(entry.process_bytes)
+        assert process is not None
+        return SpeechFigures(process_bytes=process, per_transcription_bytes=self.figure(entry.per_transcription_bytes),
+                             load_peak_ratio=self.figure(entry.load_peak_ratio))
+
+
 def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
 
@@ -475,6 +505,7 @@ def _profile(doc: _ProfileDocument, file: str) -> Profile:
         compiled=resolve.compiled(doc.compiled),
         recorded_not_served={n: resolve.format(e) for n, e in formats.items() if n in RECORDED_NOT_SERVED},
         tokenizer_bytes=resolve.figure(runtime.tokenizer_bytes),
+        speech=resolve.speech(doc.speech),
     )
 
 

@@ -39,7 +39,8 @@ def environ(tmp_path: Path) -> dict[str, str]:
 
 
 def fake_launchers(options: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """Launchers replaced by the fake server; ``options[arm]`` are its misbehaviour flags."""
+    """Launchers replaced by the fake server; ``options[arm]`` are its misbehaviour flags (``arm``: the
+    arm as run, e.g. ``llama.cpp-t2``, or as declared, ``llama.cpp``, for all its thread counts)."""
     options = options or {}
 
     def worker(arm, port, pass_dir):
@@ -51,7 +52,8 @@ def fake_launchers(options: dict[str, list[str]] | None = None) -> dict[str, Any
         return [sys.executable, FAKE, *options.get(arm.name, []), "--", "--vllm", *arm.server_args(port)]
 
     def llama(arm, port, pass_dir):
-        return [sys.executable, FAKE, *options.get(arm.name, []), "--", "--llama", *arm.server_args(port)]
+        flags = options.get(arm.name, options.get(arm.spec.name, []))
+        return [sys.executable, FAKE, *flags, "--", "--llama", *arm.server_args(port)]
 
     return {"worker": worker, "vllm": vllm, "vllm-defaults": vllm, "llama.cpp": llama}
 

@@ -137,3 +137,35 @@ def _b64_sha256(data: bytes) -> str:
     import base64
 
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def read_ct2_variables(path: Path) -> dict[str, np.ndarray]:
+    """The variables of a real model.bin, read here by the same documented format as :func:`write_ct2`
+    (not by the reader under test): a second reading to compare the conversion with."""
+    buf = path.read_bytes()
+    pos = 0
+
+    def take(fmt: str) -> int:
+        nonlocal pos
+        (value,) = struct.unpack_from(fmt, buf, pos)
+        pos += struct.calcsize(fmt)
+        return int(value)
+
+    def text() -> str:
+        nonlocal pos
+        n = take("<H")
+        pos += n
+        return buf[pos - n:pos - 1].decode()
+
+    dtypes = {i: t for t, i in _TYPE_IDS.items()}
+    assert take("<I") == 6
+    text()
+    take("<I")
+    variables = {}
+    for _ in range(take("<I")):
+        name = text()
+        shape = [take("<I") for _ in range(take("<B"))]
+        dtype, nbytes = dtypes[take("<B")], take("<I")
+        variables[name] = np.frombuffer(buf[pos:pos + nbytes], dtype=dtype).reshape(shape)
+        pos += nbytes
+    return variables

@@ -17,7 +17,8 @@ before ready on its N-th start, ``--child-alloc-mb M`` starts a child process th
 per streamed token (2 by default); ``--leak-kb-per-request K`` keeps K KiB for good at every
 completion (a leak, for the soak); ``--sabotage recompile`` compiles its "graph" at every start
 instead of loading the one it left in ``VLLM_CACHE_ROOT`` (a compile cache that does not load);
-``--sabotage group`` quantizes every int4 layer in groups of 32 whatever group the plan asks for.
+``--sabotage group`` quantizes every int4 layer in groups of 32 whatever group the plan asks for;
+``--log-from FILE`` prints a real server's captured log first (what llama-server logged loading a model).
 Standard library only, plus edgectl's plan type (it reads its plan file as the worker does);
 the bench's tests start it as a real process on a real port.
 """
@@ -308,6 +309,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--serial-streams", action="store_true")
     parser.add_argument("--decode-ms", type=float, default=2.0)
     parser.add_argument("--leak-kb-per-request", type=int, default=0)
+    parser.add_argument("--log-from")
     ns = parser.parse_args(argv[:cut])
     rest = argv[cut + 1:]
     mode = "worker" if rest[0] == "--plan" else rest[0].lstrip("-")
@@ -334,6 +336,8 @@ def main(argv: list[str]) -> int:
                                   "print('held', flush=True); time.sleep(3600)"], stdout=subprocess.PIPE)
         assert CHILD.stdout is not None
         CHILD.stdout.readline()
+    if ns.log_from:  # a real server's captured log, as if this one had loaded that model
+        print(Path(ns.log_from).read_text(), end="", flush=True)
     if mode == "llama":
         print(f"system_info: n_threads = {STATE.args.get('-t')} (n_threads_batch = {STATE.args.get('-tb')})",
               flush=True)

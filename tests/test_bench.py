@@ -53,13 +53,13 @@ def test_an_artifact_is_named_for_the_device_class_and_the_isa_it_was_held_to(tm
 
 
 def test_a_complete_grid_has_medians_ratios_and_a_full_artifact(tmp_path, model_dir, facts) -> None:
-    result = bench(tmp_path, model_dir, facts, "stock,planned,llama.cpp")
+    result = bench(tmp_path, model_dir, facts, "stock,planned,llama.cpp", llama_threads="2")
     a = result.to_dict()
     assert a["schema"] == "edgectl.bench/1"
     assert a["complete"] is True and a["finished"] is True and a["incomplete_reasons"] == []
     # 3 passes, complete: quotable exactly when the noise gate passed every arm (the fake servers'
     # rates depend on this host's load, so which way it goes is not asserted here: test_bench_noise.py)
-    assert set(a["noise"]["arms"]) == {"stock", "planned", "llama.cpp"}
+    assert set(a["noise"]["arms"]) == {"stock", "planned", "llama.cpp-t2"}
     assert a["quotable"] is a["noise"]["quiet"]
     # the artifact on disk is the result, named <date>-<device class>-<model>.json
     assert result.path is not None and result.path.parent == tmp_path / "results"
@@ -71,7 +71,7 @@ def test_a_complete_grid_has_medians_ratios_and_a_full_artifact(tmp_path, model_
     assert prov["probe"]["device_class"] == "x86_64-avx512"
     assert prov["command"] == "edgectl bench test"
     assert prov["environment"]["stock_VLLM_SERVER_DEV_MODE"] == "1"
-    for name in ("stock", "planned", "llama.cpp"):
+    for name in ("stock", "planned", "llama.cpp-t2"):
         arm = a["arms"][name]
         assert [p["status"] for p in arm["passes"]] == ["ok"] * 3
         for key in ("decode_tok_s", "prefill_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes"):
@@ -90,21 +90,22 @@ def test_a_complete_grid_has_medians_ratios_and_a_full_artifact(tmp_path, model_
     assert a["arms"]["stock"]["passes"][0]["effective"]["kv_cache_bytes"] == a["arms"]["planned"]["plan"]["kv_cache_bytes"]
     # ratios: of medians, and pass by pass against the control's pass of the same round
     r = a["ratios"]
-    assert set(r) == {"planned", "llama.cpp"}
+    assert set(r) == {"planned", "llama.cpp-t2"}
     for name in r:
         for m in report.RATIO_METRICS:
             assert r[name]["median"][m] == pytest.approx(a["arms"][name]["median"][m] / a["arms"]["stock"]["median"][m])
             for i in range(3):
                 assert r[name]["passes"][i][m] == pytest.approx(
                     a["arms"][name]["passes"][i][m] / a["arms"]["stock"]["passes"][i][m])
-    assert a["versus_llama_cpp"]["planned"]["decode"] == pytest.approx(
-        a["arms"]["planned"]["median"]["decode_tok_s"] / a["arms"]["llama.cpp"]["median"]["decode_tok_s"])
+    assert a["versus_llama_cpp"]["against"]["arm"] == "llama.cpp-t2"
+    assert a["versus_llama_cpp"]["arms"]["planned"]["decode"] == pytest.approx(
+        a["arms"]["planned"]["median"]["decode_tok_s"] / a["arms"]["llama.cpp-t2"]["median"]["decode_tok_s"])
     # fidelity against the bf16 reference (stock here: no bf16 arm); stock agrees with itself
     assert a["fidelity"]["reference_arm"] == "stock"
     assert a["arms"]["stock"]["median"]["top1_agreement"] == 1.0
     assert a["arms"]["stock"]["median"]["mean_kl"] == pytest.approx(0.0, abs=1e-9)
     assert a["arms"]["stock"]["median"]["perplexity"] > 1
-    assert a["arms"]["llama.cpp"]["passes"][0]["fidelity"]["over"] == "next token after each prompt"
+    assert a["arms"]["llama.cpp-t2"]["passes"][0]["fidelity"]["over"] == "next token after each prompt"
     text = result.render_text()
     assert "complete" in text and "ratios to stock" in text and "INCOMPLETE" not in text
 
@@ -198,7 +199,7 @@ def test_a_single_process_plan_served_by_two_processes_is_invalid(tmp_path, mode
 
 
 def test_prefill_prompts_never_repeat_across_passes_or_arms(tmp_path, model_dir, facts) -> None:
-    a = bench(tmp_path, model_dir, facts, "stock,planned,llama.cpp", passes=3).to_dict()
+    a = bench(tmp_path, model_dir, facts, "stock,planned,llama.cpp", passes=3, llama_threads="2").to_dict()
     digests = [p["prefill_prompt"]["digest"] for arm in a["arms"].values() for p in arm["passes"]]
     assert len(digests) == 9 and len(set(digests)) == 9
     # the rule itself, over a larger grid: no two passes share even their first KV block (128 tokens)

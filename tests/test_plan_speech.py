@@ -13,8 +13,11 @@ from dataclasses import replace
 import pytest
 from plan_helpers import (
     MIB,
+    ceil_mib,
     frozen_profiles,
     host_facts,
+    profile_from_yaml,
+    profile_yaml,
     reasons_by_decision,
     shape,
     with_memory,
@@ -99,8 +102,58 @@ def test_plan_json_round_trips_and_a_text_plan_has_no_speech_key(whisper):
 
 def test_refusals_name_what_to_do(whisper):
     with pytest.raises(EdgectlError, match="a speech model is served dense"):
-        speech_plan(whisper, weight_format="w4a8")
+        speech_plan(whisper, weight_format="w4a16")
+    with pytest.raises(EdgectlError, match="bf16 activations"):
+        speech_plan(whisper, host="kvm-epyc-avx2-2c", weight_format="w4a8")
     small = with_memory(host_facts("xeon-spr-amx-2s"), budget_bytes=600 * MIB)
     with pytest.raises(EdgectlError, match="--max-num-seqs"):
         plan(small, whisper, frozen_profiles(), Request(model="whisper-base", max_num_seqs=4))
     assert replace(whisper, speech=None).speech is None  # a text model's facts plan as text
+
+
+def test_a_profiles_speech_figures_size_the_runtime_and_the_limit(whisper, tmp_path):
+    measured = profile_from_yaml(tmp_path, profile_yaml(
+        name="test-amx", device_class="x86_64-amx", match="  arch: x86_64\n  isa_all: [amx_bf16]\n",
+        extra=("speech:\n  process_bytes: {median: 800000000, passes: 3}\n"
+               "  per_transcription_bytes: {median: 7000000, passes: 3}\n"
+               "  load_peak_ratio: {median: 1.1, passes: 3}\n")))
+    facts = host_facts("xeon-spr-amx-2s")
+    p = plan(facts, whisper, [measured], Request(model="whisper-base", max_num_seqs=3))
+    m = p.memory
+    assert m.runtime_bytes == 800_000_000 + 2 * 7_000_000  # one transcription, and two more
+    audio = 3 * 600 * 16000 * 4
+    assert m.limit_bytes == ceil_mib((m.total_bytes * 1.1 + audio) * 1.25)
+    memory = reasons_by_decision(p)["memory"]
+    assert "test-amx" in str(memory) and "fallback" not in str(memory)
+    fallback = speech_plan(whisper)  # the frozen profiles have no speech figures: stated fallbacks
+    assert "fallback" in str(reasons_by_decision(fallback)["memory"])
+
+
+def test_w4a8_when_asked_runs_edgectls_kernels_on_the_linear_layers(whisper):
+    from edgectl.contract.vllm_args import server_args
+
+    dense, w4 = speech_plan(whisper), speech_plan(whisper, weight_format="w4a8")
+    assert dense.weight_format == "bf16" and dense.group_size == 0
+    assert w4.weight_format == "w4a8" and w4.group_size == 32 and not w4.quantize_lm_head
+    args = server_args(w4)
+    assert args[args.index("--quantization") + 1] == "cpu_int4" and "--quantization" not in server_args(dense)
+    # every linear layer but the tied head in blocks of 32: 16 B of nibbles + a bf16 scale and minimum
+    # per block (20 B per 32 values) instead of 64 B in bf16
+    linear = sum(layer.out_features * layer.in_features for layer in whisper.linear_layers)
+    saved = dense.memory.weights_bytes - w4.memory.weights_bytes
+    assert saved == pytest.approx(linear * 2 * (1 - 20 / 64), rel=0.02)
+
+
+def test_an_english_only_model_is_served_by_edgectls_class():
+    from edgectl.contract.vllm_args import server_args
+    from edgectl.contract.whisper_names import ENGLISH_ONLY_ARCHITECTURE
+
+    tiny = inspect_model(data_dir() / "catalog" / "whisper-tiny-en", name="whisper-tiny-en", require_tokenizer=False)
+    p = plan(host_facts("xeon-spr-amx-2s"), tiny, frozen_profiles(), Request(model="whisper-tiny-en"))
+    assert p.speech is not None and p.speech.multilingual is False
+    args = server_args(p)
+    assert json.loads(args[args.index("--hf-overrides") + 1]) == {"architectures": [ENGLISH_ONLY_ARCHITECTURE]}
+    assert "--hf-overrides" not in server_args(p, stock=True)  # stock vLLM has no such class
+    # tiny.en: 4 decoder layers of d_model 384 → a block across its 8 attention layers is
+    # 128 × 2 × 384 × 2 B × 8 = 1.5 MiB, 12 blocks per transcription
+    assert p.speech.kv_bytes_per_seq == 12 * 128 * 2 * 384 * 2 * 8

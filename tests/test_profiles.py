@@ -134,7 +134,7 @@ def _swap(old: str, new: str) -> str:
 @pytest.mark.parametrize("text, expected", [
     pytest.param(_swap("compilation: eager\n", "compilation: eager\ncolour: blue\n"),
                  "lab.yaml: colour: unknown field (known: bandwidth_gbps, compilation, compiled, description, device_class, "
-                 "emulated, formats, kind, match, name, notes, runtime, schema, sources, threads)", id="unknown-key"),
+                 "emulated, formats, kind, match, name, notes, runtime, schema, sources, speech, threads)", id="unknown-key"),
     pytest.param(_swap("    decode_tok_s: {median: 20.5, min: 19.0, max: 21.0, passes: 5, source: bench}",
                        "    decode_tok_s: {median: 20.5, min: 19.0, max: 21.0, passes: 5, source: bench, runs: 3}"),
                  "lab.yaml: formats.w4a16.decode_tok_s.runs: unknown field (known: max, median, min, passes, source)",

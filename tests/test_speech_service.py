@@ -1,6 +1,6 @@
-"""A speech service as a user runs it: `edgectl serve whisper-base` (the real worker, the real vLLM
-engine, the pulled weights), READY only after it transcribed the shipped clip, then every kind of bad
-audio the issue names sent to it — each a clear 4xx in OpenAI's error shape, and the service still
+"""A speech service as the unit runs it: the worker on `edgectl plan whisper-base`'s plan (the real
+vLLM engine, the pulled weights; in the AVX2 tier, the plan an AVX2 user gets: float32), READY only
+after it transcribed the shipped clip, then every kind of bad audio the issue names sent to it — each a clear 4xx in OpenAI's error shape, and the service still
 serving after each — and the audio it did transcribe counted.
 
 Audio is made here (espeak-ng, sox, PyAV: tests/audio_clips.py); nothing is downloaded. One service
@@ -19,11 +19,15 @@ import urllib.error
 import urllib.request
 import uuid
 
+import isa_helpers
 import pytest
 from audio_clips import encode, need_tools, sox, speech_wav
-from installed import EDGECTL
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+from edgectl.launch import worker_command
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.isa_avx2]
+
+PYTHON = os.environ.get("EDGECTL_RUNTIME_PYTHON", "/opt/edgectl/venv/bin/python")
 
 SAID = {"quick", "brown", "fox", "lazy", "dog"}  # words of audio_clips.SENTENCE a transcript must have
 
@@ -36,12 +40,22 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def service(pulled_whisper_base, tmp_path_factory):
+    """The worker on the plan `edgectl plan whisper-base` makes for this run's ISA (in the AVX2 tier,
+    the plan an AVX2 user gets: float32), started as the unit starts it."""
     need_tools()
+    tmp = tmp_path_factory.mktemp("serve")
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([str(EDGECTL), "serve", "whisper-base", "--port", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, env=dict(os.environ), start_new_session=True)
+    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "whisper-base", "--json", *isa_helpers.plan_args(tmp)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    plan["serve"]["port"] = port
+    (tmp / "plan.json").write_text(json.dumps(plan))
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "VLLM_CPU_KVCACHE_SPACE")}
+    log = tmp / "worker.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(worker_command(PYTHON, str(tmp / "plan.json"), plan["levers"]["python_optimize"]),
+                                env=env, stdout=sink, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
@@ -56,7 +70,7 @@ def service(pulled_whisper_base, tmp_path_factory):
             time.sleep(1)
         else:
             pytest.fail("not ready in 600 s:\n" + log.read_text()[-4000:])
-        yield base
+        yield base, plan
     finally:
         proc.terminate()
         try:
@@ -112,7 +126,8 @@ def audio(tmp_path_factory) -> dict[str, bytes]:
 
 
 def test_ready_came_after_a_real_transcription(service):
-    eff = effective(service)
+    base, _ = service
+    eff = effective(base)
     assert eff["phase"] == "serving" and eff["warmup"]["suspect"] is None, eff["warmup"]
     from edgectl.contract.worker import warmup_clip_text
 
@@ -133,13 +148,14 @@ def test_bad_audio_gets_a_clear_4xx_and_the_service_keeps_serving(service, audio
         "wrong model": (audio["wav"], {"model": "whisper-large"}, "clip.wav"),
         "unknown language": (audio["wav"], {"language": "xx"}, "clip.wav"),
     }[case]
-    status, body = post(service, data, filename, **fields)
+    base, _ = service
+    status, body = post(base, data, filename, **fields)
     assert 400 <= status < 500, (status, body)
     message = body["error"]["message"]
     assert message and "Traceback" not in message
     if case == "two hours":
         assert status == 413 and "600" in message, message  # the planned limit is named
-    still_serving(service)
+    still_serving(base)
 
 
 @pytest.mark.parametrize("kind", ["8k", "48k-stereo", "mp3"])
@@ -147,17 +163,29 @@ def test_other_rates_channels_and_containers_are_transcribed(service, audio, kin
     """Valid audio in another rate, channel count or container is served, whole: vLLM resamples and
     downmixes. (What whisper-base hears of espeak-ng's voice varies with the band and the codec —
     "the quick round-pops jump over the layman log" from this MP3 — so the words are not the test.)"""
-    status, body = post(service, audio[kind], f"clip.{'mp3' if kind == 'mp3' else 'wav'}")
+    status, body = post(service[0], audio[kind], f"clip.{'mp3' if kind == 'mp3' else 'wav'}")
     assert status == 200, body
     assert heard(body["text"]), body  # speech, not nothing
     assert body["usage"]["seconds"] == 3, body  # the whole ~2.8 s clip was decoded
 
 
 def test_the_audio_transcribed_is_counted(service, audio):
-    before = effective(service)
-    status, _ = post(service, audio["wav"])
-    after = effective(service)
+    base, _ = service
+    before = effective(base)
+    status, _ = post(base, audio["wav"])
+    after = effective(base)
     assert status == 200
     assert after["transcriptions"] == before["transcriptions"] + 1
     assert after["audio_seconds"] - before["audio_seconds"] == pytest.approx(3.0, abs=1.0)  # the ~3 s sentence
 
+
+
+def test_the_dtype_is_the_isas_and_the_engine_runs_it(service):
+    """bf16 where the CPU has bf16 arithmetic, float32 on AVX2 (this tier: the plan an AVX2 user
+    gets); the KV tensors read back in that dtype (the worker refuses to serve otherwise)."""
+    base, plan = service
+    isa = isa_helpers.host_isa()
+    want = "bfloat16" if isa.get("avx512_bf16") or isa.get("amx_bf16") else "float32"
+    assert plan["speech"]["dtype"] == want, (plan["speech"], isa)
+    eff = effective(base)
+    assert set(eff["kv_tensor_dtypes"]) == {want}, eff["kv_tensor_dtypes"]

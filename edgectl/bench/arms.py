@@ -13,8 +13,16 @@ Three launchers:
   ``edgectl_runtime.service.readback.ReadbackExtension`` through ``--worker-extension-cls`` +
   ``VLLM_SERVER_DEV_MODE=1`` + ``POST /collective_rpc`` (layer formats, RoPE rows, threads in
   the worker). The extension only adds RPC methods; it changes nothing vLLM runs.
-- ``llama.cpp``: ``llama-server`` on the GGUF the catalog keeps; read-back ``GET /props``
-  (context, slots) and its log (threads).
+- ``llama.cpp``: ``llama-server`` on the GGUF the catalog keeps (``llama.cpp``), or on that GGUF
+  written in llama.cpp's fastest formats for the box (``llama.cpp-q4_0``, ``llama.cpp-q4_k_m``:
+  ``bench/requantize.py``); read-back ``GET /props`` (context, slots) and its log (threads, and
+  the weights its CPU backend repacked: ``bench/llama_log.py``). Each llama.cpp arm runs once
+  per thread count of the sweep (``--llama-threads``; default 1, 2 and every usable CPU), as its
+  own arm named ``<arm>-t<threads>``: the report quotes the best median as llama.cpp at its best.
+
+An arm whose overrides name a ``gguf_type`` serves that format's file: llama-server reads it, and
+an edgectl worker arm (``planned-q4_0``) serves the very same file, so one comparison has
+identical weights.
 
 Every arm of a run gets the planned arm's context and concurrency, so ratios compare levers,
 not contexts.
@@ -31,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from edgectl import launch
+from edgectl.bench import llama_log
+from edgectl.bench.requantize import Variant
 from edgectl.bench.server import ServerProcess
 from edgectl.client import Client, HttpFailed
 from edgectl.contract import worker
@@ -104,8 +114,49 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
             "the plan with fp8_e4m3 KV (half the KV bytes at the same context; AVX-512 or AMX only)"),
     ArmSpec("llama.cpp", "llama.cpp", {}, "llama-server on the GGUF the model was converted from"),
+    # llama.cpp's fastest formats on x86 (its CPU backend repacks them: bench/requantize.py)
+    ArmSpec("llama.cpp-q4_0", "llama.cpp", {"gguf_type": "Q4_0"},
+            "llama-server on the model's GGUF requantized to Q4_0 by the same build's llama-quantize"),
+    ArmSpec("llama.cpp-q4_k_m", "llama.cpp", {"gguf_type": "Q4_K_M"},
+            "llama-server on the model's GGUF requantized to Q4_K_M by the same build's llama-quantize"),
+    ArmSpec("planned-q4_0", "worker", {"gguf_type": "Q4_0"},
+            "edgectl's plan on the very Q4_0 file the llama.cpp-q4_0 arm serves (identical weights)"),
 ]}
 DEFAULT_ARMS = ("stock", "planned", "llama.cpp")
+# An arm override that is no planner request: the llama.cpp file type the arm serves.
+GGUF_TYPE = "gguf_type"
+
+
+def gguf_types(names: list[str]) -> list[str]:
+    """The llama.cpp file types the arms ``names`` serve besides the model's own GGUF, in order."""
+    return list(dict.fromkeys(ARMS[n].overrides[GGUF_TYPE] for n in names if GGUF_TYPE in ARMS[n].overrides))
+
+
+def thread_sweep(usable_cpus: int) -> list[int]:
+    """llama-server's thread counts tried by default: 1, 2 and every usable CPU (deduplicated)."""
+    return sorted({n for n in (1, 2, usable_cpus) if n <= usable_cpus})
+
+
+def parse_thread_counts(text: str | None, usable_cpus: int) -> list[int]:
+    """``--llama-threads 1,2`` as the thread counts to run each llama.cpp arm at (None: the sweep)."""
+    if not text:
+        return thread_sweep(usable_cpus)
+    counts: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        n = usable_cpus if part == "all" else int(part) if part.isdigit() else 0
+        if not 1 <= n <= usable_cpus:
+            raise EdgectlError(f"--llama-threads: {part!r} is not a thread count from 1 to the {usable_cpus} usable "
+                               f"CPU(s) (or all)")
+        if n not in counts:
+            counts.append(n)
+    if not counts:
+        raise EdgectlError("--llama-threads: give thread counts, e.g. 1,2 (or all)")
+    return counts
+
+
+def llama_arm_name(arm: str, threads: int) -> str:
+    """A llama.cpp arm at one thread count of the sweep: ``llama.cpp-q4_0-t2``."""
+    return f"{arm}-t{threads}"
 
 
 def parse_arm_names(text: str | None) -> list[str]:
@@ -163,6 +214,13 @@ class BenchContext:
     # A GGUF served as it is: the bf16 directory of the same weights for stock vLLM (core._stock_model_for).
     stock_model_path: str | None = None
     quiet_s: float = QUIET_S  # seconds without requests before the steady PSS
+    # llama-server's thread counts: each llama.cpp arm runs once per count (default: thread_sweep)
+    llama_threads: tuple[int, ...] = ()
+    gguf_type: str | None = None  # the model's own GGUF's llama.cpp file type (requantize.file_type)
+    # The model's GGUF in other llama.cpp formats, by type (requantize.variants); absent: not made,
+    # with the reason in variants_unavailable.
+    variants: dict[str, Variant] = field(default_factory=dict)
+    variants_unavailable: str | None = None
 
 
 class PreparedArm:
@@ -205,6 +263,10 @@ class PreparedArm:
 
     def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
         raise NotImplementedError
+
+    def from_log(self, server: ServerProcess) -> dict[str, Any]:
+        """What the server's log says beyond the read-back, for the pass record (default: nothing)."""
+        return {}
 
     def check(self, effective: Effective, processes: int) -> list[str]:
         raise NotImplementedError
@@ -271,13 +333,27 @@ class WorkerArm(PreparedArm):
 
     def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
         super().__init__(spec, ctx)
-        self.plan = ctx.planned if spec.name == "planned" else ctx.planner(_same_shape(ctx, spec.overrides))
+        overrides = {k: v for k, v in spec.overrides.items() if k != GGUF_TYPE}
+        if GGUF_TYPE in spec.overrides:
+            # the llama.cpp arm's very file, in a directory with the model's configuration and tokenizer
+            variant = ctx.variants[spec.overrides[GGUF_TYPE]]
+            overrides["model"] = str(variant.model_dir) if variant.model_dir else ctx.planned.model.path
+            overrides["group_size_hint"] = ctx.planned.request.group_size_hint
+        self.plan = ctx.planned if spec.name == "planned" else ctx.planner(_same_shape(ctx, overrides))
+        if self.plan.model.name != ctx.model_name:  # served under the run's model name, as every arm is
+            self.plan = replace(self.plan, model=replace(self.plan.model, name=ctx.model_name))
         # edgectl's worker in compiled mode loads what an earlier start compiled: a cold and a warm start.
         self.cold_and_warm = self.plan.compilation is Compilation.DEFAULT
 
     def prepare_files(self, port: int, pass_dir: Path) -> None:
         assert self.plan is not None
         _write_plan(self.plan, port, pass_dir)
+
+    def describe(self) -> dict[str, Any]:
+        # the llama.cpp format of the GGUF the plan reads (the report compares it with llama.cpp on that file)
+        reads_gguf = self.plan is not None and self.plan.model.checkpoint_format == "gguf"
+        return {**super().describe(), "gguf_type": self.spec.overrides.get(GGUF_TYPE) or (
+            self.ctx.gguf_type if reads_gguf else None)}
 
     def default_command(self, port: int, pass_dir: Path) -> list[str]:
         assert self.plan is not None
@@ -467,39 +543,47 @@ def _int(v: Any) -> int | None:
 
 
 class LlamaCppArm(PreparedArm):
+    """llama-server on one GGUF (the model's own, or a requantized one) at one thread count."""
+
     launcher = "llama.cpp"
     fidelity = "llama"
 
-    def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
+    def __init__(self, spec: ArmSpec, ctx: BenchContext, threads: int | None = None) -> None:
         super().__init__(spec, ctx)
-        self.threads = ctx.usable_cpus
+        self.threads = threads or ctx.usable_cpus
+        self.name = llama_arm_name(spec.name, self.threads)
+        wanted = spec.overrides.get(GGUF_TYPE)
+        self.variant = ctx.variants.get(wanted) if wanted else None
+        self.gguf = str(self.variant.gguf) if self.variant else ctx.gguf_path
+        self.gguf_type = wanted or ctx.gguf_type
         self.expected = {"max_model_len": ctx.planned.max_model_len, "max_num_seqs": ctx.planned.max_num_seqs,
-                         "threads": self.threads, "model": ctx.gguf_path}
+                         "threads": self.threads, "model": self.gguf}
 
     def default_command(self, port: int, pass_dir: Path) -> list[str]:
-        assert self.ctx.llama_server and self.ctx.gguf_path
+        assert self.ctx.llama_server and self.gguf
         return [self.ctx.llama_server, *self.server_args(port)]
 
     def server_args(self, port: int) -> list[str]:
         e = self.expected
         return ["-m", str(e["model"]), "-c", str(e["max_model_len"] * e["max_num_seqs"]), "-np", str(e["max_num_seqs"]),
                 "-t", str(self.threads), "-tb", str(self.threads), "--host", "127.0.0.1", "--port", str(port),
-                "--alias", self.ctx.model_name, "--no-webui"]
+                "--alias", self.ctx.model_name, "--no-webui",
+                # the model loader's buffer lines (what was repacked), nothing per token (bench/llama_log.py)
+                "-lv", str(llama_log.VERBOSITY)]
 
     def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
         props = client.get_json("/props", timeout=30)
         gen = props.get("default_generation_settings") or {}
-        threads = None
-        for line in reversed(server.log_tail(400)):
-            m = re.search(r"n_threads\s*=\s*(\d+)", line)
-            if m:
-                threads = int(m.group(1))
-                break
         slots = props.get("total_slots")
         n_ctx = gen.get("n_ctx")
         return {"schema": EFFECTIVE_SCHEMA, "readback_via": "GET /props (context, slots), log (threads)",
-                "max_model_len": n_ctx, "max_num_seqs": slots, "threads": threads,
+                "max_model_len": n_ctx, "max_num_seqs": slots, "threads": llama_log.threads(server.log_tail(400)),
                 "model_path": props.get("model_path"), "build_info": props.get("build_info")}
+
+    def from_log(self, server: ServerProcess) -> dict[str, Any]:
+        # the format and threads this pass ran, and what llama.cpp's CPU backend repacked at load
+        return {"llama_cpp": {"gguf_type": self.gguf_type, "threads": self.threads,
+                              "repack": llama_log.repack(server.log_tail(100_000))}}
 
     def check(self, effective: Effective, processes: int) -> list[str]:
         out = []
@@ -515,36 +599,51 @@ class LlamaCppArm(PreparedArm):
 
     def weights_bytes(self, effective: Effective) -> int | None:
         try:
-            return Path(str(self.ctx.gguf_path)).stat().st_size
+            return Path(str(self.gguf)).stat().st_size
         except OSError:
             return None
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "server": self.ctx.llama_server, "gguf": self.ctx.gguf_path,
-                "expected": dict(self.expected)}
+        return {**super().describe(), "server": self.ctx.llama_server, "gguf": self.gguf,
+                "gguf_type": self.gguf_type, "threads": self.threads, "family": self.spec.name,
+                "requantized": self.variant.provenance if self.variant else None, "expected": dict(self.expected)}
 
 
 LAUNCHERS = {"worker": WorkerArm, "vllm": VllmArm, "vllm-defaults": VllmDefaultsArm, "llama.cpp": LlamaCppArm}
 
 
 def prepare_arms(names: list[str], ctx: BenchContext) -> tuple[list[PreparedArm], dict[str, str]]:
-    """The arms to run, and the arms skipped with the reason (llama.cpp when it is unavailable)."""
+    """The arms to run, and the arms skipped with the reason (llama.cpp when it is unavailable).
+
+    A llama.cpp arm becomes one arm per thread count of ``ctx.llama_threads``."""
     arms: list[PreparedArm] = []
     skipped: dict[str, str] = {}
     for name in names:
         spec = ARMS[name]
-        if spec.launcher == "llama.cpp" and "llama.cpp" not in ctx.launchers:
-            if not ctx.llama_server:
-                skipped[name] = ctx.llama_unavailable or "llama-server not found"
-                continue
-            if not ctx.gguf_path or not Path(ctx.gguf_path).is_file():
-                skipped[name] = (f"the GGUF {ctx.gguf_path} is missing: `edgectl models pull {ctx.model_name}` keeps it"
-                                 if ctx.gguf_path else "the model has no GGUF in the catalog")
-                continue
+        why = _unavailable(spec, ctx)
+        if why:
+            skipped[name] = why
+            continue
         try:
-            arms.append(LAUNCHERS[spec.launcher](spec, ctx))
+            if spec.launcher == "llama.cpp":
+                arms += [LlamaCppArm(spec, ctx, n) for n in (ctx.llama_threads or (ctx.usable_cpus,))]
+            else:
+                arms.append(LAUNCHERS[spec.launcher](spec, ctx))
         except EdgectlError as exc:
             # an arm the planner refuses here (e.g. a format this host cannot run) is skipped, and says why
             skipped[name] = f"cannot be planned here: {exc.message}"
     return arms, skipped
 
+
+def _unavailable(spec: ArmSpec, ctx: BenchContext) -> str | None:
+    """Why the arm cannot run here (llama-server, its GGUF or a requantized file missing), else None."""
+    wanted = spec.overrides.get(GGUF_TYPE)
+    if wanted and wanted not in ctx.variants:
+        return f"no {wanted} file: {ctx.variants_unavailable or 'not made'}"
+    if spec.launcher == "llama.cpp" and "llama.cpp" not in ctx.launchers:
+        if not ctx.llama_server:
+            return ctx.llama_unavailable or "llama-server not found"
+        if not ctx.gguf_path or not Path(ctx.gguf_path).is_file():
+            return (f"the GGUF {ctx.gguf_path} is missing: `edgectl models pull {ctx.model_name}` keeps it"
+                    if ctx.gguf_path else "the model has no GGUF in the catalog")
+    return None

@@ -25,7 +25,9 @@ from edgectl.bench.arms import (
     BenchContext,
     Launcher,
     PreparedArm,
+    gguf_types,
     parse_arm_names,
+    parse_thread_counts,
     prepare_arms,
 )
 from edgectl.bench.noise import noise_gate
@@ -68,16 +70,26 @@ class BenchOptions:
     reference: str | None = None
     argv: list[str] | None = None
     quiet_s: float = QUIET_S  # seconds without requests before the steady PSS is read
+    # llama-server's thread counts, "1,2" (None: 1, 2 and every usable CPU: arms.thread_sweep)
+    llama_threads: str | None = None
 
 
 def reference_arm_for(ran: Collection[str], gguf_served: bool, asked: str | None = None) -> str | None:
     """The fidelity reference: the one asked for; else, for a GGUF served as it is, llama.cpp on
-    the same file (GGUF's reference implementation); else edgectl's bf16 arm, else stock vLLM."""
+    the same file (GGUF's reference implementation); else edgectl's bf16 arm, else stock vLLM.
+    A llama.cpp arm asked for by its name is its run at the most threads (``llama.cpp-t2``)."""
+    if asked is None and gguf_served:
+        asked = "llama.cpp" if _at_most_threads(ran, "llama.cpp") else None
     if asked is not None:
-        return asked if asked in ran else None
-    if gguf_served and "llama.cpp" in ran:
-        return "llama.cpp"
+        return asked if asked in ran else _at_most_threads(ran, asked)
     return "bf16" if "bf16" in ran else (CONTROL if CONTROL in ran else None)
+
+
+def _at_most_threads(ran: Collection[str], arm: str) -> str | None:
+    """The run of llama.cpp arm ``arm`` at the most threads of the sweep, None if it did not run."""
+    runs = [(int(n[len(arm) + 2:]), n) for n in ran
+            if n.startswith(f"{arm}-t") and n[len(arm) + 2:].isdigit()]
+    return max(runs)[1] if runs else None
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,
                               held_to=environ.get("ATEN_CPU_CAPABILITY"))
     gguf = _gguf_for(opts.model, environ)
+    llama_threads = parse_thread_counts(opts.llama_threads, _usable_cpus(facts))
     if opts.reference is not None and opts.reference not in names:
         raise EdgectlError(f"--reference {opts.reference}: that arm is not in --arms ({', '.join(names)})")
     stock_model = _stock_model_for(plan, names, opts.model, environ, progress)
@@ -136,6 +149,8 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
                                 report.class_label(facts.device_class, environ), plan.model.name)
     ctx = _bench_context(opts, planned, planner, facts, servers, llama=llama, gguf=gguf, stock_model=stock_model,
                          logs_dir=path.with_suffix(".logs"), launchers=launchers)
+    ctx.llama_threads = tuple(llama_threads)
+    _add_llama_formats(ctx, names, gguf, environ, progress)
     arms, skipped = _arms_that_can_run(names, ctx, progress)
     artifact = _new_artifact(opts, ctx, arms, skipped, facts, servers, llama, prompts.source, started)
     records, raw = _run_grid_saving(artifact, path, arms, ctx, prompts, opts, progress)
@@ -197,13 +212,44 @@ def _bench_context(opts: BenchOptions, planned: Planned, planner: Callable[[dict
         model_name=plan.model.name, model_path=plan.model.path,
         vocab_size=int(planned.model.vocab_size), kv_bytes_per_token=plan.kv_bytes_per_token,
         planned=plan, planner=planner, runtime_python=servers.python, child_env=servers.child_env,
-        logs_dir=logs_dir, usable_cpus=len(facts.topology.usable_cpus or []) or 1,
+        logs_dir=logs_dir, usable_cpus=_usable_cpus(facts),
         stock_plugins=servers.stock_plugins, llama_server=llama.path,
         llama_unavailable=llama.origin if not llama.path else None,
         gguf_path=str(gguf) if gguf else None, start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}),
         concurrency=opts.concurrency, soak_s=opts.soak_s, stock_model_path=stock_model,
         quiet_s=opts.quiet_s,
     )
+
+
+def _usable_cpus(facts: HostFacts) -> int:
+    return len(facts.topology.usable_cpus or []) or 1
+
+
+def _add_llama_formats(ctx: BenchContext, names: list[str], gguf: Path | None, environ: Mapping[str, str],
+                       progress: Progress) -> None:
+    """The model's GGUF type, and its files in the formats the arms ask for (bench/requantize.py),
+    into ``ctx``; when they cannot be made, why (the arms that need them are then skipped)."""
+    from edgectl.bench import requantize
+    from edgectl.models.cache import cache_dir
+
+    if gguf is None or not gguf.is_file():
+        ctx.variants_unavailable = "the model has no GGUF to requantize"
+        return
+    try:
+        ctx.gguf_type = requantize.file_type(gguf)
+    except EdgectlError:
+        ctx.gguf_type = None  # a header edgectl cannot read: llama-server says what it makes of it
+    wanted = gguf_types(names)
+    if not wanted:
+        return
+    if not ctx.llama_server:
+        ctx.variants_unavailable = f"no llama-quantize without a llama.cpp build ({ctx.llama_unavailable})"
+        return
+    model_dir = Path(ctx.planned.model.path) if Path(ctx.planned.model.path).is_dir() else None
+    try:
+        ctx.variants = requantize.variants(wanted, gguf, ctx.llama_server, model_dir, cache_dir(environ), progress)
+    except EdgectlError as exc:
+        ctx.variants_unavailable = exc.message
 
 
 def _arms_that_can_run(names: list[str], ctx: BenchContext,
@@ -237,7 +283,9 @@ def _new_artifact(opts: BenchOptions, ctx: BenchContext, arms: list[PreparedArm]
                             "stock_VLLM_PLUGINS": servers.stock_plugins,
                             "stock_plugins_excluded": servers.excluded_plugins,
                             "stock_VLLM_SERVER_DEV_MODE": "1"},
-            "llama_server": {"path": llama.path, "origin": llama.origin, "gguf": ctx.gguf_path},
+            "llama_server": {"path": llama.path, "origin": llama.origin, "gguf": ctx.gguf_path,
+                             "gguf_type": ctx.gguf_type, "threads": list(ctx.llama_threads),
+                             "requantized": {t: v.provenance for t, v in ctx.variants.items()}},
             "prompts": prompts_source,
         },
         "concurrency": opts.concurrency, "soak_s": opts.soak_s,
@@ -310,7 +358,7 @@ def finish(artifact: dict[str, Any], records: dict[str, list[dict[str, Any]]], p
     complete = artifact["complete"]
     artifact["ratios"] = report.ratios(records, summaries) if complete and CONTROL in records else None
     if complete:
-        artifact["versus_llama_cpp"] = report.versus_llama(summaries)
+        artifact["versus_llama_cpp"] = report.versus_llama(artifact["arms"])
         artifact["bandwidth_ceiling"] = report.bandwidth_ceiling(records, summaries, bandwidth_gbps)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.atomic import write_text_atomic
-from edgectl.bench import stats
+from edgectl.bench import llama_log, stats
 from edgectl.bench.arms import CONTROL
 from edgectl.bench.prediction import check_label
 
@@ -81,20 +81,56 @@ def ratios(records: dict[str, list[dict[str, Any]]], summaries: dict[str, dict[s
     return out
 
 
-def versus_llama(summaries: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    llama = summaries.get("llama.cpp")
-    if not llama or not llama.get("median"):
+def llama_label(arm: Mapping[str, Any]) -> str:
+    """How a llama.cpp arm is named wherever a figure is against it: its format and thread count."""
+    threads = arm.get("threads")
+    return (f"llama.cpp {arm.get('gguf_type') or '(format unknown)'} at {threads} thread{'s' if threads != 1 else ''}")
+
+
+def best_llama(arms: Mapping[str, Mapping[str, Any]], gguf_type: str | None = None) -> str | None:
+    """The llama.cpp arm with the best median decode (of the format ``gguf_type``, if given): llama.cpp
+    at its best, its format and thread count chosen by the sweep."""
+    ran = [(a["median"]["decode_tok_s"], n) for n, a in arms.items()
+           if a.get("launcher") == "llama.cpp" and (a.get("median") or {}).get("decode_tok_s") is not None
+           and (gguf_type is None or a.get("gguf_type") == gguf_type)]
+    return max(ran)[1] if ran else None
+
+
+def versus_llama(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Every other arm against llama.cpp at its best (the best median decode of its arms: formats ×
+    thread counts), and each arm that reads a GGUF against llama.cpp's best on that same file."""
+    best = best_llama(arms)
+    if best is None:
         return None
-    ref = llama["median"]
-    out = {}
-    for name, s in summaries.items():
-        if name == "llama.cpp" or not s.get("median"):
+    swept = {n: {"gguf_type": a.get("gguf_type"), "threads": a.get("threads"),
+                 "decode_tok_s": (a.get("median") or {}).get("decode_tok_s")}
+             for n, a in arms.items() if a.get("launcher") == "llama.cpp"}
+    out: dict[str, Any] = {
+        "against": _against(best, arms[best]),
+        "chosen_by": f"the best median decode of the {len(swept)} llama.cpp arm(s) (formats x thread counts)",
+        "llama_cpp_arms": swept, "arms": {}, "same_file": {}}
+    for name, a in arms.items():
+        if a.get("launcher") == "llama.cpp" or not a.get("median"):
             continue
-        out[name] = {"decode": stats.ratio(s["median"]["decode_tok_s"], ref["decode_tok_s"]),
-                     "prefill": stats.ratio(s["median"]["prefill_tok_s"], ref["prefill_tok_s"])}
-        if ref.get("aggregate_decode_tok_s") is not None:  # --concurrency N: llama-server with -np N
-            out[name]["aggregate_decode"] = stats.ratio(s["median"].get("aggregate_decode_tok_s"),
-                                                        ref["aggregate_decode_tok_s"])
+        out["arms"][name] = _ratios_to(a, arms[best])
+        same = best_llama(arms, a["gguf_type"]) if a.get("gguf_type") else None
+        if same is not None:
+            out["same_file"][name] = {"against": _against(same, arms[same]), **_ratios_to(a, arms[same])}
+    return out
+
+
+def _against(name: str, arm: Mapping[str, Any]) -> dict[str, Any]:
+    return {"arm": name, "gguf_type": arm.get("gguf_type"), "threads": arm.get("threads"),
+            "label": llama_label(arm), "decode_tok_s": arm["median"]["decode_tok_s"],
+            "prefill_tok_s": arm["median"]["prefill_tok_s"]}
+
+
+def _ratios_to(arm: Mapping[str, Any], llama: Mapping[str, Any]) -> dict[str, float | None]:
+    mine, ref = arm["median"], llama["median"]
+    out = {"decode": stats.ratio(mine["decode_tok_s"], ref["decode_tok_s"]),
+           "prefill": stats.ratio(mine["prefill_tok_s"], ref["prefill_tok_s"])}
+    if ref.get("aggregate_decode_tok_s") is not None:  # --concurrency N: llama-server with -np N
+        out["aggregate_decode"] = stats.ratio(mine.get("aggregate_decode_tok_s"), ref["aggregate_decode_tok_s"])
     return out
 
 
@@ -226,6 +262,9 @@ def _ratio_lines(a: dict[str, Any]) -> list[str]:
     lines = [f"ratios to {CONTROL} (medians; pass by pass in the JSON):"]
     for name, r in a["ratios"].items():
         m = r["median"]
+        arm = a["arms"].get(name) or {}
+        if arm.get("launcher") == "llama.cpp":
+            name = f"{name} ({llama_label(arm)})"
         lines.append(f"  {name:<16} decode {_x(m['decode_tok_s'])}  prefill {_x(m['prefill_tok_s'])}  "
                      f"PSS {_x(m['pss_steady_bytes'])}  peak {_x(m['pss_peak_bytes'])}  ready {_x(m['ready_s'])}")
     return lines
@@ -238,11 +277,44 @@ def _concurrency_and_llama_lines(a: dict[str, Any]) -> list[str]:
     if streams > 1:
         lines.append(f"{streams} concurrent streams, aggregate decode tok/s (medians [min–max]): " + ", ".join(
             f"{n} {_cell(arm, 'aggregate_decode_tok_s', '{:.1f}')}" for n, arm in a["arms"].items()))
-    if a.get("versus_llama_cpp"):
-        lines.append("relative to llama.cpp (medians): " + ", ".join(
-            f"{n} decode {_x(v['decode'])} prefill {_x(v['prefill'])}"
-            + (f" {streams}-stream aggregate {_x(v['aggregate_decode'])}" if "aggregate_decode" in v else "")
-            for n, v in a["versus_llama_cpp"].items()))
+    return lines + _llama_lines(a, streams)
+
+
+def _llama_lines(a: dict[str, Any], streams: int) -> list[str]:
+    """llama.cpp at its best (format and threads named), every arm against it and against llama.cpp
+    on the same file, and what llama.cpp repacked."""
+    v = a.get("versus_llama_cpp")
+    lines = []
+    if v and "against" not in v:  # an artifact from before the sweep: {arm: ratios} against its one arm
+        lines.append("relative to llama.cpp on the catalog's GGUF at every usable CPU (its format not recorded; "
+                     "medians): " + ", ".join(
+                         f"{n} decode {_x(r['decode'])} prefill {_x(r['prefill'])}"
+                         + (f" {streams}-stream aggregate {_x(r['aggregate_decode'])}" if "aggregate_decode" in r else "")
+                         for n, r in v.items()))
+    elif v:
+        best = v["against"]
+        swept = "; ".join(f"{x['gguf_type'] or '?'} at {x['threads']}: {_f(x['decode_tok_s'])}"
+                          for x in v["llama_cpp_arms"].values())
+        lines.append(f"llama.cpp at its best: {best['label']} ({best['arm']}), decode {best['decode_tok_s']:.1f} tok/s "
+                     f"— the best median decode of its arms (format at threads: tok/s — {swept})")
+
+        def ratios(r: dict[str, Any]) -> str:
+            return (f"decode {_x(r['decode'])} prefill {_x(r['prefill'])}"
+                    + (f" {streams}-stream aggregate {_x(r['aggregate_decode'])}" if "aggregate_decode" in r else ""))
+
+        if v["arms"]:
+            lines.append(f"relative to {best['label']} (medians): "
+                         + ", ".join(f"{n} {ratios(r)}" for n, r in v["arms"].items()))
+        for n, r in v["same_file"].items():
+            lines.append(f"  {n} on the same {r['against']['gguf_type']} file, relative to {r['against']['label']}: "
+                         f"{ratios(r)}")
+    repacks = []
+    for n, arm in a["arms"].items():
+        first = next((p for p in arm["passes"] if p.get("llama_cpp")), None)
+        if first:
+            repacks.append(f"  {n} ({llama_label(arm)}): {llama_log.describe(first['llama_cpp']['repack'])}")
+    if repacks:
+        lines += ["llama.cpp's repack at load (its log, first pass):", *repacks]
     return lines
 
 

@@ -158,6 +158,7 @@ def _one_start(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext,
     try:
         ready_mem = _until_ready(arm, client, server, ctx, rec)
         rec["effective"] = arm.readback(client, server)  # the artifact keeps the read-back as it came
+        rec.update(arm.from_log(server))  # e.g. what llama.cpp repacked at load (its log, by then complete)
         effective, problems = Effective.read(rec["effective"])
         if effective is not None:
             problems = arm.check(effective, len(ready_mem.processes))

@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         start_timeout: Annotated[float, typer.Option("--start-timeout", help="Seconds a server may take to become ready before its pass counts as crashed.")] = 1800.0,
         no_fidelity: Annotated[bool, typer.Option("--no-fidelity", help="Skip the fidelity prompts (agreement, KL, perplexity).")] = False,
         reference: Annotated[Optional[str], typer.Option("--reference", help="The arm fidelity is measured against (default: llama.cpp for a GGUF served as it is, else bf16, else stock).")] = None,
-        llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="The llama-server binary (default: a cached build, else PATH).")] = None,
+        llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="The llama-server binary (default: a cached build, else PATH); llama-quantize beside it writes the llama.cpp-q4_0 and llama.cpp-q4_k_m arms' files.")] = None,
+        llama_threads: Annotated[Optional[str], typer.Option("--llama-threads", help="llama-server's thread counts, comma list (or all): each llama.cpp arm runs once per count, as <arm>-t<N>; the best median is quoted as llama.cpp at its best (default: 1, 2 and every usable CPU).")] = None,
         build_llama_cpp: Annotated[bool, typer.Option("--build-llama-cpp", help="Build llama-server and llama-quantize once from llama-cpp-python's source archive (pip, cmake; several minutes), keeping its convert_hf_to_gguf.py, then bench if MODEL is given.")] = False,
         llama_cpp_isa: Annotated[Optional[str], typer.Option("--llama-cpp-isa", help="With --build-llama-cpp: build for this CPU's extensions up to this ISA only (avx2), kept apart for runs held to it with ATEN_CPU_CAPABILITY=avx2.")] = None,
         clips: Annotated[Optional[Path], typer.Option("--clips", help="A speech model only: a clip set's directory (its clips.json) instead of the shipped set.")] = None,
@@ -87,7 +88,8 @@ def register(app: typer.Typer) -> None:
         opts = BenchOptions(model=model, arms=arms, passes=passes, out=out, max_model_len=max_model_len,
                             record_profile=record_profile, profiles_dir=profiles_dir, plot=plot, seed=seed,
                             start_timeout_s=start_timeout, llama_server=llama_server, fidelity=not no_fidelity,
-                            concurrency=concurrency, soak_s=soak, reference=reference, argv=sys.argv)
+                            concurrency=concurrency, soak_s=soak, reference=reference, llama_threads=llama_threads,
+                            argv=sys.argv)
         emit(run_bench(opts, os.environ, progress), as_json)
 
 

@@ -244,7 +244,7 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
         "EDGECTL_COMPILE_CACHE": "1",
         "EDGECTL_EMBEDDING_PACK": str(plan.levers.embedding_pack),
     }
-    if plan.speech is None:  # a speech plan's weights stay dense: it has no group size
+    if plan.group_size:  # a dense speech plan has none (0)
         env["EDGECTL_INT4_GROUP_SIZE"] = str(plan.group_size)
     kernel = _KERNEL.get(str(plan.weight_format))
     if kernel:

@@ -338,6 +338,9 @@ class SpeechServe:
     max_upload_bytes: int = field(metadata=check(_at_least(1)))
     # KV held per transcription: the decoder's own tokens plus the cross-attention rows of one window
     kv_bytes_per_seq: int = field(metadata=check(_at_least(1)))
+    # False for an English-only model (tiny.en): served by edgectl's class that prompts it as it was
+    # trained (runtime/edgectl_runtime/vllm_plugin/whisper_english.py)
+    multilingual: bool = field(default=True, kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import json
 from typing import TYPE_CHECKING
 
 from edgectl.contract.plan import Compilation, Topology, WeightFormat
+from edgectl.contract.whisper_names import ENGLISH_ONLY_ARCHITECTURE
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Plan
@@ -72,6 +73,10 @@ def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
         quant = quantization_for(plan)
         if quant:
             args += ["--quantization", quant]
+        if plan.speech is not None and not plan.speech.multilingual:
+            # vLLM 0.32 prompts every Whisper with a language and a task; an English-only one then
+            # answers nothing. edgectl's class prompts it as it was trained.
+            args += ["--hf-overrides", json.dumps({"architectures": [ENGLISH_ONLY_ARCHITECTURE]})]
         if fused_norms(plan):
             args += ["--ir-op-priority", json.dumps(EDGECTL_NORMS, separators=(",", ":"))]
         if plan.topology is Topology.SINGLE_PROCESS:

@@ -28,6 +28,9 @@ CT2_ALIASES = {"decoder/projection/weight": "decoder/embeddings/weight"}
 # position's embedding not zeroed), as whisper-base and tiny.en hold them.
 CT2_REQUIRED_SCALARS = {"decoder/activation": 3, "decoder/pre_norm": 1, "decoder/scale_embeddings": 0,
                         "decoder/alibi": 0, "decoder/start_from_zero_embedding": 0}
+# openai-whisper's rule (whisper/model.py, ``Whisper.is_multilingual``: ``n_vocab >= 51865``): the
+# English-only models' vocabulary is one token shorter (tiny.en: 51864, docs/speech-research.md).
+MULTILINGUAL_MIN_VOCAB = 51865
 
 
 @dataclass(frozen=True)
@@ -125,3 +128,12 @@ def zero_k_biases(d: WhisperDims) -> list[ZeroSlice]:
     self_attn += [f"decoder/layer_{i}/self_attention/linear_0/bias" for i in range(d.decoder_layers)]
     cross = [f"decoder/layer_{i}/attention/linear_1/bias" for i in range(d.decoder_layers)]
     return [ZeroSlice(s, 1, 3) for s in self_attn] + [ZeroSlice(s, 0, 2) for s in cross]
+
+# vLLM 0.32 prompts every Whisper <|startoftranscript|><|lang|><|task|><|notimestamps|>
+# (vllm/model_executor/models/whisper.py, ``get_generation_prompt``), and an English-only model
+# (tiny.en) given a language and a task ends at once: empty text (docs/speech-research.md). edgectl's
+# vLLM plugin registers this architecture (runtime/edgectl_runtime/vllm_plugin/whisper_english.py:
+# the same model, prompted <|startoftranscript|><|notimestamps|>, no language detection); a server of
+# an English-only model names it with ``--hf-overrides '{"architectures": [...]}'`` (its config.json
+# keeps WhisperForConditionalGeneration, which transformers and stock vLLM read).
+ENGLISH_ONLY_ARCHITECTURE = "EdgectlWhisperEnglishOnlyForConditionalGeneration"

@@ -13,7 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgectl.contract.whisper_names import WhisperDims, hf_tensors
+from edgectl.contract.whisper_names import (
+    MULTILINGUAL_MIN_VOCAB,
+    WhisperDims,
+    hf_tensors,
+)
+from edgectl.errors import EdgectlError
 from edgectl.models import config_json
 from edgectl.models.facts import FULL_ATTENTION, ModelFacts, SpeechFacts
 from edgectl.models.safetensors_header import read_model_tensors
@@ -21,9 +26,6 @@ from edgectl.models.tokenizer_files import has_tokenizer
 from edgectl.models.weights import weights_from_config, weights_from_tensors
 
 WHISPER_MODEL_TYPE = "whisper"
-# openai-whisper's rule (whisper/model.py, ``Whisper.is_multilingual``: ``n_vocab >= 51865``): the
-# English-only models' vocabulary is one token shorter (tiny.en: 51864, docs/speech-research.md).
-MULTILINGUAL_MIN_VOCAB = 51865
 
 
 def speech_facts(path: Path, config: dict[str, Any]) -> tuple[SpeechFacts, int]:
@@ -64,7 +66,8 @@ def inspect_whisper(path: Path, config: dict[str, Any], architecture: str, name:
     dtype = config.get("dtype") or config.get("torch_dtype")
     dtype = dtype if isinstance(dtype, str) else None
     if require_tokenizer and not has_tokenizer(path):
-        raise config_json.bad_config(path, "has no tokenizer beside it (tokenizer.json); pull the model again")
+        raise EdgectlError(f"{path}: no tokenizer (tokenizer.json) beside config.json; vLLM needs it to turn "
+                           "Whisper's tokens into text: pull the model again (`edgectl models pull`)")
     tensors = [t for t in read_model_tensors(path) if t.name != "proj_out.weight"]  # tied: vLLM skips it
     unknown: list[str] = []
     if tensors:

@@ -113,13 +113,34 @@ def speech_sizes(speech: SpeechFacts, dtype: str) -> SpeechSizes:
     return SpeechSizes(speech.max_target_positions, p, blocks, per_block, work)
 
 
+W4A8_BLOCK = 32  # edgectl's int4 blocks (docs/kernels.md)
+
+
+def _weight_format(request: Request) -> Decided[WeightFormat]:
+    """Dense unless asked: edgectl's w4a8 kernels run Whisper's linear layers (the output head stays
+    dense), but cost words on this class (docs/speech.md "Weights"): not the default."""
+    asked = request.weight_format
+    if asked is None or asked in DTYPE_BYTES:
+        return Decided(WeightFormat.BF16, Reason(
+            "weight_format", "dense", Source.FLAG if asked else Source.DEFAULT,
+            "dense weights in the speech dtype: edgectl's w4a8 kernels serve Whisper's linear layers too, and are "
+            "measured against dense in the speech bench (docs/speech.md \"Weights\"); asked with --format w4a8"))
+    if asked == WeightFormat.W4A8:
+        return Decided(WeightFormat.W4A8, Reason(
+            "weight_format", WeightFormat.W4A8, Source.FLAG,
+            "asked: edgectl's int4 blocks of 32 with int8 activations for every linear layer but the output head "
+            "(the tied embedding, kept dense)"))
+    raise EdgectlError(f"--format {asked}: a speech model is served dense ({', '.join(DTYPE_BYTES)}) or as w4a8 "
+                       "(edgectl's kernels)")
+
+
 def choose_dtype(facts: HostFacts, request: Request) -> Decided[str]:
     """float16 weights as the checkpoint stores them where the CPU computes in bf16 natively, else float32."""
     asked = request.weight_format
     if asked in DTYPE_BYTES:
         return Decided(asked, Reason("speech_dtype", asked, Source.FLAG, "asked with --format"))
-    flags = set(facts.cpu.flags)
-    if {"avx512_bf16", "amx_bf16"} & flags:
+    isa = facts.cpu.isa  # usable (enabled by the OS), not merely advertised
+    if isa.avx512_bf16 or isa.amx_bf16:
         return Decided("bfloat16", Reason(
             "speech_dtype", "bfloat16", Source.PROBE,
             "the CPU has bf16 arithmetic (AVX512-BF16/AMX): Whisper's float16 weights are served in bf16, vLLM's "
@@ -136,32 +157,33 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         raise EdgectlError(f"{model.name} is not a speech model")
     why = Reasons()
     profile = why.take(choose_profile(profiles, facts))
-    if request.weight_format is not None and request.weight_format not in DTYPE_BYTES:
-        raise EdgectlError(f"--format {request.weight_format}: a speech model is served dense, in "
-                           f"{', '.join(DTYPE_BYTES)} (w4a16, w4a8 and bf16 are a text model's weight formats)")
+    fmt = why.take(_weight_format(request))
     check_request(replace(request, weight_format=None))  # the rest as for a text model
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(_compilation(request))
     memory_levers = why.take(_memory_levers(request.bench, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     dtype = why.take(choose_dtype(facts, request))
+    if fmt is WeightFormat.W4A8 and dtype != "bfloat16":
+        raise EdgectlError(f"--format w4a8 runs edgectl's kernels on bf16 activations; this CPU's speech dtype is "
+                           f"{dtype}: serve {model.name} dense (no --format)")
     sizes = speech_sizes(speech, dtype)
     seqs = request.max_num_seqs
     why.take(_concurrency(seqs, request))
     max_audio_s, max_upload = DEFAULT_MAX_AUDIO_S, DEFAULT_MAX_UPLOAD_BYTES
     why.take(_audio_limits(max_audio_s, max_upload, speech))
-    memory = why.take(_memory(model, sizes, seqs, dtype, max_audio_s, facts.memory.budget_bytes))
+    memory = why.take(_memory(model, fmt, sizes, seqs, dtype, max_audio_s, facts.memory.budget_bytes, profile))
     kv_per_seq = sizes.blocks_per_seq * sizes.kv_bytes_per_block
     timeouts = why.take(_timeouts(request))
     env = worker_environment(cpus.cpus, cpus.threads, topology, cpus.reserve_frontend_core)
     env.update({"VLLM_MAX_AUDIO_DECODE_DURATION_S": str(max_audio_s),
                 "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": str(math.ceil(max_upload / (1 << 20)))})
     return Plan(
-        model=ModelRef(model.name, model.path, model.architecture, "dense"),
+        model=ModelRef(model.name, model.path, model.architecture, "bf16" if fmt.is_int4 else "dense"),
         device_class=facts.device_class,
         profile=ProfileRef(profile.name, profile.file, profile.kind),
-        weight_format=WeightFormat.BF16,  # dense weights; their dtype is the speech section's
-        group_size=0,
+        weight_format=fmt,  # bf16: dense weights, their dtype the speech section's
+        group_size=W4A8_BLOCK if fmt.is_int4 else 0,
         quantize_lm_head=False,
         max_model_len=sizes.decoder_tokens,
         max_num_seqs=seqs,
@@ -186,7 +208,8 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         reasons=why.items,
         request=request,
         speech=SpeechServe(dtype=dtype, window_s=speech.window_s, encoder_positions=sizes.encoder_positions,
-                           max_audio_s=max_audio_s, max_upload_bytes=max_upload, kv_bytes_per_seq=kv_per_seq),
+                           max_audio_s=max_audio_s, max_upload_bytes=max_upload, kv_bytes_per_seq=kv_per_seq,
+                           multilingual=speech.multilingual),
     )
 
 
@@ -232,36 +255,70 @@ def _audio_limits(max_audio_s: int, max_upload: int, speech: SpeechFacts) -> Dec
         f"its decoded samples take {max_audio_s * speech.sample_rate * SAMPLE_BYTES / MiB:.0f} MiB"))
 
 
-def _memory(model: ModelFacts, sizes: SpeechSizes, seqs: int, dtype: str, max_audio_s: int,
-            budget: int | None) -> Decided[Memory]:
+@dataclass(frozen=True)
+class _RuntimeCost:
+    """What the worker holds beyond weights, KV and the encoder's work, and the start's peak ratio."""
+
+    bytes: int
+    peak_ratio: float
+    source: Source
+    detail: str
+
+
+def _runtime_cost(profile: Profile, seqs: int) -> _RuntimeCost:
+    """From the profile's speech figures where measured on this class, else the stated fallbacks."""
+    figures = profile.speech
+    if figures is None:
+        return _RuntimeCost(FALLBACK_SPEECH_PROCESS_BYTES, FALLBACK_SPEECH_PEAK_RATIO, Source.FALLBACK,
+                            f"runtime {FALLBACK_SPEECH_PROCESS_BYTES / MiB:.0f} MiB and load peak "
+                            f"{FALLBACK_SPEECH_PEAK_RATIO} (fallbacks: no speech figures on {profile.name})")
+    per = figures.per_transcription_bytes
+    runtime = int(figures.process_bytes.median + (per.median if per is not None else 0) * (seqs - 1))
+    peak = figures.load_peak_ratio.median if figures.load_peak_ratio is not None else FALLBACK_SPEECH_PEAK_RATIO
+    detail = (f"runtime {runtime / MiB:.0f} MiB: {figures.process_bytes.describe('bytes')} serving one transcription"
+              + (f", {per.describe('bytes')} more for each further one" if per is not None else "")
+              + (f"; load peak {figures.load_peak_ratio.describe('× steady')}" if figures.load_peak_ratio is not None
+                 else f"; load peak {FALLBACK_SPEECH_PEAK_RATIO} (fallback)")
+              + f" (measured on {profile.name})")
+    return _RuntimeCost(runtime, peak, profile.reason_source, detail)
+
+
+def _weights_bytes(model: ModelFacts, fmt: WeightFormat, dtype: str) -> tuple[int, str]:
+    params = model.num_params if model.num_params is not None else model.param_bytes.total // 2
+    if fmt is WeightFormat.W4A8:
+        packed = ledger.weights_bytes_for(model, fmt, W4A8_BLOCK, quantize_lm_head=False)[0]
+        return packed, f"{params / 1e6:.1f} M parameters, the linear layers in edgectl's int4 blocks"
+    return params * DTYPE_BYTES[dtype], f"{params / 1e6:.1f} M parameters in {dtype}"
+
+
+def _memory(model: ModelFacts, fmt: WeightFormat, sizes: SpeechSizes, seqs: int, dtype: str, max_audio_s: int,
+            budget: int | None, profile: Profile) -> Decided[Memory]:
     speech = model.speech
     assert speech is not None
-    params = model.num_params if model.num_params is not None else model.param_bytes.total // 2
-    weights = params * DTYPE_BYTES[dtype]
+    weights, weights_what = _weights_bytes(model, fmt, dtype)
     blocks = sizes.blocks_per_seq * seqs + 1  # vLLM keeps one null block
     kv = blocks * sizes.kv_bytes_per_block
-    runtime = FALLBACK_SPEECH_PROCESS_BYTES
+    cost = _runtime_cost(profile, seqs)
     # The decoded samples of the longest uploads, one per transcription at once: held only while
     # such uploads run, so they are room under the limits, not part of the steady total.
     audio = seqs * max_audio_s * speech.sample_rate * SAMPLE_BYTES
     workspace = sizes.encoder_work_bytes
-    total = weights + kv + runtime + workspace
-    limit = ledger.round_mib((total * FALLBACK_SPEECH_PEAK_RATIO + audio) * ledger.MAX_HEADROOM)
-    high = ledger.round_mib((total * FALLBACK_SPEECH_PEAK_RATIO + audio) * ledger.HIGH_HEADROOM)
-    memory = Memory(weights_bytes=weights, kv_cache_bytes=kv, rope_bytes=0, runtime_bytes=runtime,
+    total = weights + kv + cost.bytes + workspace
+    limit = ledger.round_mib((total * cost.peak_ratio + audio) * ledger.MAX_HEADROOM)
+    high = ledger.round_mib((total * cost.peak_ratio + audio) * ledger.HIGH_HEADROOM)
+    memory = Memory(weights_bytes=weights, kv_cache_bytes=kv, rope_bytes=0, runtime_bytes=cost.bytes,
                     workspace_bytes=workspace, total_bytes=total, high_bytes=high, limit_bytes=limit)
     if budget is not None and limit > budget:
         raise EdgectlError(
             f"{model.name} needs {limit / MiB:.0f} MiB with {seqs} transcription(s) at once, this host can give "
             f"{budget / MiB:.0f} MiB: ask for fewer with --max-num-seqs")
-    detail = (f"weights {weights / MiB:.0f} MiB ({params / 1e6:.1f} M parameters in {dtype}); KV {kv / MiB:.0f} MiB "
+    detail = (f"weights {weights / MiB:.0f} MiB ({weights_what}); KV {kv / MiB:.0f} MiB "
               f"({blocks} blocks of {sizes.kv_bytes_per_block / MiB:.2f} MiB: {sizes.blocks_per_seq} per transcription "
               f"for {sizes.decoder_tokens} decoder tokens and {sizes.encoder_positions} cross-attention rows, plus vLLM's "
-              f"null block); encoder work {sizes.encoder_work_bytes / MiB:.0f} MiB for one window; "
-              f"runtime {runtime / MiB:.0f} MiB (a fallback, not measured here); MemoryMax = (total × load peak "
-              f"{FALLBACK_SPEECH_PEAK_RATIO} (fallback) + {audio / MiB:.0f} MiB of decoded audio for the longest uploads) "
-              f"× {ledger.MAX_HEADROOM}")
-    return Decided(memory, Reason("memory", total, Source.FALLBACK, detail))
+              f"null block); encoder work {sizes.encoder_work_bytes / MiB:.0f} MiB for one window; {cost.detail}; "
+              f"MemoryMax = (total × load peak {cost.peak_ratio:.2f} + {audio / MiB:.0f} MiB of decoded audio for the "
+              f"longest uploads) × {ledger.MAX_HEADROOM}")
+    return Decided(memory, Reason("memory", total, cost.source, detail))
 
 
 def _timeouts(request: Request) -> Decided[Timeouts]:

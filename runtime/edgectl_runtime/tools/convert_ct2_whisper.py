@@ -32,6 +32,7 @@ from edgectl.contract.whisper_names import (
     CT2_REQUIRED_SCALARS,
     CT2_REVISION,
     CT2_SPEC,
+    MULTILINGUAL_MIN_VOCAB,
     WhisperDims,
     hf_tensors,
     zero_k_biases,
@@ -159,7 +160,7 @@ def convert(ct2_dir: Path, out_dir: Path) -> dict[str, Any]:
     have = {a["id"] for a in tokenizer["added_tokens"]}
     tokenizer["added_tokens"] += [t for t in timestamp_tokens(vocabulary, no_timestamps + 1, dims.vocab_size)
                                   if t["id"] not in have]
-    multilingual = dims.vocab_size >= 51865  # openai-whisper's rule (whisper/model.py, is_multilingual)
+    multilingual = dims.vocab_size >= MULTILINGUAL_MIN_VOCAB
     dtype = {np.dtype(np.float16): "float16", np.dtype(np.float32): "float32"}.get(
         tensors["model.decoder.embed_tokens.weight"].dtype)
     if dtype is None:

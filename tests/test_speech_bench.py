@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from models_helpers import run_cli
 
-from edgectl.bench.arms import BenchContext
+from edgectl.bench.arms import BenchContext, Crashed
 from edgectl.bench.speech import measure
 from edgectl.bench.speech import report as speech_report
-from edgectl.bench.speech.arms import ARMS, AnchorArm
+from edgectl.bench.speech.arms import ARMS, AnchorArm, StockSpeechArm, engine_root_cause
 from edgectl.bench.speech.runner import ClipPlan, rotated, run_grid
 
 # -- the clips --------------------------------------------------------------------------------------
@@ -204,6 +204,32 @@ def test_an_anchor_pass_runs_the_driver_once_per_measurement(tmp_path: Path) -> 
     assert "exited with code 1: error: the engine broke" in failed["error"]
 
 
+def test_a_vllm_server_that_fails_to_start_says_its_engines_root_cause() -> None:
+    log = ["(APIServer pid=1) WARNING 12-03 13:22:20 [system_utils.py:255] Found ulimit of 20000 and failed to "
+           "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors like "
+           "`OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n",
+           "(VllmWorker-0 pid=2) ERROR 12-03 13:23:59 [multiproc_executor.py:953]     raise ValueError(",
+           "(VllmWorker-0 pid=2) ERROR 12-03 13:23:59 [multiproc_executor.py:953] ValueError: Available memory on "
+           "node 0 (10.57/16.34 GiB) on startup is less than desired CPU memory utilization (0.92, 15.03 GiB).",
+           "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    assert engine_root_cause(log) == ("ValueError: Available memory on node 0 (10.57/16.34 GiB) on startup is less "
+                                      "than desired CPU memory utilization (0.92, 15.03 GiB).")
+    assert engine_root_cause(log[-1:]) is None
+
+    class ExitedServer:  # what the arm reads of a server that exited before it was ready
+        def returncode(self) -> int:
+            return 1
+
+        def log_tail(self, lines: int) -> list[str]:
+            return log[-lines:]
+
+    ctx = BenchContext(model_name="whisper-base", model_path="/m", vocab_size=0, kv_bytes_per_token=0,
+                       planned=None, planner=lambda o: None, runtime_python=sys.executable,  # type: ignore[arg-type]
+                       child_env={}, logs_dir=Path("/nonexistent"), usable_cpus=2, stock_plugins="")
+    with pytest.raises(Crashed, match=r"exited with code 1 .* \(root cause: ValueError: Available memory on node 0"):
+        StockSpeechArm(ARMS["stock"], ctx).wait_ready(None, ExitedServer(), deadline=0)  # type: ignore[arg-type]
+
+
 # -- the command line -------------------------------------------------------------------------------
 
 
@@ -230,4 +256,13 @@ def test_bad_speech_bench_options_are_one_error_line_and_leave_nothing(tmp_path:
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert says in done.stderr
+    assert not out.exists() and not (tmp_path / "m").exists()
+
+
+def test_a_speech_option_given_for_a_text_model_is_one_error_line(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = run_cli(["bench", "smollm2-135m", "--clips", str(tmp_path), "--out", str(out)],
+                   env={"EDGECTL_MODEL_CACHE": str(tmp_path / "m")}, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == "error: --clips: a speech model's option; smollm2-135m is a text model\n"
     assert not out.exists() and not (tmp_path / "m").exists()

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from edgectl import launch
 from edgectl.bench.arms import (
     ArmSpec,
     BenchContext,
+    Crashed,
     PreparedArm,
     WorkerArm,
     cache_config_info,
@@ -87,7 +89,6 @@ class StockSpeechArm(PreparedArm):
     """vLLM's OpenAI server given only the model (and how to reach it)."""
 
     launcher = "vllm-stock"
-    fidelity = None
 
     def __init__(self, spec: ArmSpec, ctx: BenchContext) -> None:
         super().__init__(spec, ctx)
@@ -108,6 +109,16 @@ class StockSpeechArm(PreparedArm):
     def env(self) -> dict[str, str]:
         # every general plugin but edgectl's (provenance.stock_plugins): vLLM as it ships
         return {**self.ctx.child_env, "VLLM_PLUGINS": self.ctx.stock_plugins}
+
+    def wait_ready(self, client: Client, server: ServerProcess, deadline: float) -> None:
+        try:
+            super().wait_ready(client, server, deadline)
+        except Crashed as exc:
+            # vLLM ends with "Engine core initialization failed. See root cause above.": say that cause
+            cause = engine_root_cause(server.log_tail(400))
+            if cause is None or cause in str(exc):
+                raise
+            raise Crashed(f"{exc} (root cause: {cause})", invalid=exc.invalid) from None
 
     def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
         models = client.get_json("/v1/models", timeout=30).get("data") or [{}]
@@ -133,6 +144,21 @@ class StockSpeechArm(PreparedArm):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "kv_cache_bytes": self.kv_cache_bytes, "max_num_seqs": self.max_num_seqs}
+
+
+_ERROR_LINE = re.compile(r"\b((?:\w+\.)*\w+(?:Error|Exception)): (.+)$")
+
+
+def engine_root_cause(log_lines: list[str]) -> str | None:
+    """The first exception other than RuntimeError in a vLLM server's log lines (``Type: message``):
+    the engine core's failure, which the server's own last line only points to."""
+    for line in log_lines:
+        if " WARNING " in line or " INFO " in line:  # e.g. vLLM's ulimit warning names an OSError it may cause
+            continue
+        m = _ERROR_LINE.search(line)
+        if m and m.group(1).split(".")[-1] != "RuntimeError":
+            return f"{m.group(1)}: {m.group(2).strip()}"
+    return None
 
 
 class AnchorArm:

@@ -247,7 +247,7 @@ def _drive(arm: AnchorArm, mode: str, concurrency: int, clips_json: Path, run_di
     if proc.returncode != 0:
         raise DriverFailed(f"the {arm.engine} driver ({mode}) exited with code {proc.returncode}: {tail}")
     try:
-        doc = json.loads(out)
+        doc: dict[str, Any] = json.loads(out)
     except ValueError:
         raise DriverFailed(f"the {arm.engine} driver ({mode}) printed no JSON result: {tail}") from None
     got = [str(c.get("id")) for c in doc.get("clips") or []]

@@ -45,6 +45,12 @@ class Planned:
         return text
 
 
+def _kv_dtype_name(plan: Plan) -> str:
+    if plan.kv_cache_dtype != "auto":
+        return str(plan.kv_cache_dtype)
+    return "bf16" if plan.speech is None else plan.speech.dtype  # "auto": the model's dtype
+
+
 def render_plan(plan: Plan) -> str:
     """The plan for a person: what runs, what it costs, and every reason."""
     m = plan.memory
@@ -67,7 +73,7 @@ def render_plan(plan: Plan) -> str:
         f"    runtime    {mib(m.runtime_bytes)}",
         f"    weights    {mib(m.weights_bytes)}",
         f"    KV cache   {mib(m.kv_cache_bytes)} ({plan.kv_bytes_per_token} B/token, "
-        f"{'bf16' if plan.kv_cache_dtype == 'auto' else plan.kv_cache_dtype})",
+        f"{_kv_dtype_name(plan)})",
         *([f"    RoPE       {mib(m.rope_bytes)}"] if plan.speech is None else []),
         f"    workspace  {mib(m.workspace_bytes)}",
         f"    total      {mib(m.total_bytes)}   MemoryHigh {mib(m.high_bytes)}   MemoryMax {mib(m.limit_bytes)}",

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
     from edgectl.models.facts import ModelFacts, SpeechFacts
     from edgectl.probe.facts import HostFacts
-    from edgectl.profiles import Profile
+    from edgectl.profiles import Figure, Profile
 
 MiB = 1 << 20
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -275,8 +275,8 @@ def _runtime_cost(profile: Profile, seqs: int) -> _RuntimeCost:
     per = figures.per_transcription_bytes
     runtime = int(figures.process_bytes.median + (per.median if per is not None else 0) * (seqs - 1))
     peak = figures.load_peak_ratio.median if figures.load_peak_ratio is not None else FALLBACK_SPEECH_PEAK_RATIO
-    detail = (f"runtime {runtime / MiB:.0f} MiB: {figures.process_bytes.describe('bytes')} serving one transcription"
-              + (f", {per.describe('bytes')} more for each further one" if per is not None else "")
+    detail = (f"runtime {runtime / MiB:.0f} MiB: {_in_mib(figures.process_bytes)} serving one transcription"
+              + (f", {_in_mib(per)} more for each further one" if per is not None else "")
               + (f"; load peak {figures.load_peak_ratio.describe('× steady')}" if figures.load_peak_ratio is not None
                  else f"; load peak {FALLBACK_SPEECH_PEAK_RATIO} (fallback)")
               + f" (measured on {profile.name})")
@@ -289,6 +289,12 @@ def _weights_bytes(model: ModelFacts, fmt: WeightFormat, dtype: str) -> tuple[in
         packed = ledger.weights_bytes_for(model, fmt, W4A8_BLOCK, quantize_lm_head=False)[0]
         return packed, f"{params / 1e6:.1f} M parameters, the linear layers in edgectl's int4 blocks"
     return params * DTYPE_BYTES[dtype], f"{params / 1e6:.1f} M parameters in {dtype}"
+
+
+def _in_mib(fig: Figure) -> str:
+    spread = f", range {fig.min / MiB:.0f}–{fig.max / MiB:.0f}" if fig.min is not None and fig.max is not None else ""
+    passes = f", {fig.passes} passes" if fig.passes else ""
+    return f"{fig.median / MiB:.1f} MiB (median{passes}{spread}; {fig.source.key})"
 
 
 def _memory(model: ModelFacts, fmt: WeightFormat, sizes: SpeechSizes, seqs: int, dtype: str, max_audio_s: int,

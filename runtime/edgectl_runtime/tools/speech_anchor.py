@@ -118,10 +118,12 @@ class FasterWhisper:
         return " ".join(s.text.strip() for s in segments).strip()
 
     def transcribe_batch(self, audios: Sequence[np.ndarray]) -> list[str]:
-        spans, start = [], 0.0
+        # the pipeline turns seconds back into samples with int(s * rate): a quarter sample past
+        # each boundary keeps float rounding from moving it one sample back into the clip before
+        spans, start = [], 0
         for a in audios:
-            spans.append({"start": start, "end": start + len(a) / SAMPLE_RATE})
-            start += len(a) / SAMPLE_RATE
+            spans.append({"start": (start + 0.25) / SAMPLE_RATE, "end": (start + len(a) + 0.25) / SAMPLE_RATE})
+            start += len(a)
         segments, _info = self._batched.transcribe(np.concatenate(audios), clip_timestamps=spans,
                                                    batch_size=len(audios), **self._OPTIONS)
         texts: list[list[str]] = [[] for _ in audios]
@@ -195,14 +197,16 @@ class TreeSampler:
     def __init__(self, interval_s: float = SAMPLE_INTERVAL_S) -> None:
         self._interval_s = interval_s
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # mark() runs on the sampling thread and the main one
         self.peak_bytes = 0
         self.samples = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def mark(self) -> int:
         pss = tree_mem(os.getpid()).pss_bytes
-        self.peak_bytes = max(self.peak_bytes, pss)
-        self.samples += 1
+        with self._lock:
+            self.peak_bytes = max(self.peak_bytes, pss)
+            self.samples += 1
         return pss
 
     def _run(self) -> None:

@@ -2,8 +2,7 @@
 
 Its refusals and readers are checked everywhere; the runs need the real whisper-base, as the pull
 keeps it (``<model cache>/ct2/whisper-base`` for faster-whisper, the converted
-``<model cache>/whisper-base`` for whisper.cpp's ggml file), and are skipped, saying so, when it is
-not pulled. They transcribe the shipped warm-up clip, started as the bench starts them
+``<model cache>/whisper-base`` for whisper.cpp's ggml file), pulled once by conftest's fixture. They transcribe the shipped warm-up clip, started as the bench starts them
 (edgectl/launch.py, the runtime interpreter). The int8 sequential run is the short one; the
 workers, batched and whisper.cpp runs take tens of seconds each and are marked ``slow``.
 """
@@ -87,12 +86,10 @@ def warmup_set(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ct2_whisper_base() -> Path:
-    d = cache_dir(os.environ) / "ct2" / "whisper-base"
-    if not (d / "model.bin").is_file():
-        pytest.skip(f"whisper-base is not pulled ({d} has no model.bin): edgectl models pull whisper-base")
+def ct2_whisper_base(pulled_whisper_base: Path) -> Path:
+    """The CTranslate2 originals the pull keeps (conftest's fixture pulls whisper-base once)."""
     pytest.importorskip("faster_whisper")
-    return d
+    return cache_dir(os.environ) / "ct2" / "whisper-base"
 
 
 def run_anchor(args: list[str]) -> dict:
@@ -141,10 +138,8 @@ def test_faster_whisper_batched_gives_the_sequential_text(ct2_whisper_base: Path
 
 
 @pytest.mark.slow  # tens of seconds on a real model
-def test_whisper_cpp_transcribes_the_warmup_clip(warmup_set: Path, tmp_path: Path) -> None:
-    hf = cache_dir(os.environ) / "whisper-base"
-    if not (hf / "model.safetensors").is_file():
-        pytest.skip(f"whisper-base is not pulled ({hf} has no model.safetensors): edgectl models pull whisper-base")
+def test_whisper_cpp_transcribes_the_warmup_clip(warmup_set: Path, tmp_path: Path, pulled_whisper_base: Path) -> None:
+    hf = pulled_whisper_base
     pytest.importorskip("pywhispercpp")
     ggml = tmp_path / "ggml-whisper-base.bin"
     done = subprocess.run(launch.command(RUNTIME_PYTHON, launch.WHISPER_GGML, [str(hf), str(ggml)]),

@@ -3,8 +3,8 @@ int8, 1 pass each, on a subset of the shipped clips (the ~5 s and ~30 s clips an
 
 It checks that the speech bench runs end to end against the real servers and drivers: the worker's
 settings read back, each figure measured, the artifact complete and written. Never a timing: the
-numbers of a 1-pass run on a shared machine mean nothing. Skipped, saying why, when whisper-base is
-not pulled (`edgectl models pull whisper-base`); it pulls nothing itself.
+numbers of a 1-pass run on a shared machine mean nothing. whisper-base is pulled once by conftest's
+fixture.
 """
 
 from __future__ import annotations
@@ -17,20 +17,9 @@ from pathlib import Path
 import pytest
 from models_helpers import run_cli
 
-from edgectl.errors import EdgectlError
-from edgectl.models.cache import resolve_model
-
 pytestmark = pytest.mark.engine
 
 SUBSET = ("s01-clean", "s05-white20", "s07-pink10", "s12-clean", "rtf-5s", "rtf-30s")
-
-
-@pytest.fixture(scope="module")
-def pulled_whisper_base() -> Path:
-    try:
-        return resolve_model("whisper-base", os.environ)
-    except EdgectlError as exc:
-        pytest.skip(f"whisper-base is not pulled here: {exc.message}")
 
 
 def clip_subset(tmp_path: Path) -> Path:

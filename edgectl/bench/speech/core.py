@@ -106,7 +106,7 @@ def run_speech_bench(opts: SpeechBenchOptions, environ: Mapping[str, str], progr
     ctx = BenchContext(
         model_name=model_name, model_path=str(model_path), vocab_size=0, kv_bytes_per_token=0,
         planned=planned.plan if planned else None,  # type: ignore[arg-type]  # only the worker arm reads it
-        planner=_no_other_plans, runtime_python=python, child_env=child_env, logs_dir=path.with_suffix(".logs"),
+        planner=_planner(opts.model, environ, facts), runtime_python=python, child_env=child_env, logs_dir=path.with_suffix(".logs"),
         usable_cpus=len(facts.topology.usable_cpus or []) or 1, stock_plugins=stock_plugins,
         start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}), quiet_s=opts.quiet_s)
     anchor_models = _anchor_models(names, opts.model, model_path, ctx, environ, progress)
@@ -157,8 +157,14 @@ def _check_request(opts: SpeechBenchOptions) -> None:
     _check_writable(opts.out, "--out")
 
 
-def _no_other_plans(overrides: dict[str, Any]) -> Any:
-    raise EdgectlError("the speech bench plans only the planned arm")
+def _planner(model: str, environ: Mapping[str, str], facts: Any) -> Callable[[dict[str, Any]], Any]:
+    """The plan of a worker arm with overrides (its dtype, its weight format), as the text bench plans its levers."""
+    from edgectl.contract.plan import Request
+    from edgectl.inputs import make_plan
+
+    def plan_with(overrides: dict[str, Any]) -> Any:
+        return make_plan(Request.from_flat(model=model, **overrides), environ, facts=facts).plan
+    return plan_with
 
 
 def _clip_set(opts: SpeechBenchOptions, environ: Mapping[str, str], progress: Progress) -> Path:

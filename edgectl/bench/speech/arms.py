@@ -2,9 +2,9 @@
 
 - ``planned``: edgectl's worker on edgectl's plan for the model, the text bench's
   ``arms.WorkerArm`` as it is (read-back ``GET /edgectl/effective``, checked against the plan);
-  ``planned-float16``, ``planned-float32`` and ``planned-w4a8`` (not run unless asked): the same plan in
-  float16 or float32, or
-  with the linear layers on edgectl's w4a8 kernels, each planned by the planner with that override.
+  ``planned-float16``, ``planned-float32`` and ``planned-w4a8`` (not run unless asked): the same
+  plan in float16 or float32, or with the linear layers on edgectl's w4a8 kernels, each planned by
+  the planner with that override.
 - ``stock``: vLLM as it ships, ``python -m vllm.entrypoints.openai.api_server --model DIR`` with
   its defaults; only the served name, host and port are given so the bench can reach it, and
   edgectl's plugin is left out (``VLLM_PLUGINS``). Read-back: ``/v1/models`` (the model it loaded,

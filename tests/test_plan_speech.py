@@ -20,6 +20,7 @@ from plan_helpers import (
     profile_yaml,
     reasons_by_decision,
     shape,
+    with_cpu,
     with_memory,
 )
 
@@ -70,12 +71,17 @@ def test_memory_ledger_adds_weights_kv_encoder_work_and_audio(whisper):
     assert m.limit_bytes >= (m.total_bytes + audio) * 1.25 - MIB
 
 
-def test_dtype_follows_the_cpu(whisper):
-    assert speech_plan(whisper).speech.dtype == "bfloat16"  # AMX
+def test_dtype_keeps_the_word_error_rate(whisper):
+    spr = host_facts("xeon-spr-amx-2s")
+    assert "avx512_fp16" in spr.cpu.flags
+    assert speech_plan(whisper).speech.dtype == "float16"  # Sapphire Rapids computes float16
+    assert speech_plan(whisper).memory.weights_bytes == whisper.num_params * 2
     avx2 = speech_plan(whisper, host="kvm-epyc-avx2-2c")
-    assert avx2.speech.dtype == "float32"  # no bf16 arithmetic
+    assert avx2.speech.dtype == "float32"  # no float16 arithmetic
     assert avx2.memory.weights_bytes == whisper.num_params * 4
-    assert speech_plan(whisper, weight_format="float16").speech.dtype == "float16"  # asked
+    no_fp16 = with_cpu(spr, flags=tuple(f for f in spr.cpu.flags if f != "avx512_fp16"))
+    assert plan(no_fp16, whisper, frozen_profiles(), Request(model="whisper-base")).speech.dtype == "float32"
+    assert speech_plan(whisper, weight_format="bfloat16").speech.dtype == "bfloat16"  # asked: faster, fewer words
 
 
 def test_worker_settings_for_whisper(whisper):
@@ -89,7 +95,7 @@ def test_worker_settings_for_whisper(whisper):
     from edgectl.contract.vllm_args import server_args
 
     args = server_args(p)
-    assert args[args.index("--dtype") + 1] == "bfloat16"
+    assert args[args.index("--dtype") + 1] == "float16"
     assert args[args.index("--kv-cache-memory-bytes") + 1] == str(p.kv_cache_bytes)
 
 

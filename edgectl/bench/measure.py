@@ -24,6 +24,7 @@ a cache is caught rather than timed.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from edgectl.bench.prompts import DECODE_TOKENS
@@ -76,17 +77,20 @@ def decode(client: Client, model: str, prompt: str, timeout_s: float = 900) -> d
     }
 
 
-def concurrent_decode(client: Client, model: str, prompts: list[str], timeout_s: float = 900) -> dict[str, Any]:
-    """``len(prompts)`` decode streams at once; the aggregate rate of the streams that overlapped."""
-    n = len(prompts)
+def at_once(calls: Sequence[Callable[[], dict[str, Any]]], timeout_s: float, name: Callable[[int], str], *,
+            what: str) -> list[dict[str, Any]]:
+    """Every call started together (one thread each, released by one barrier); their results, in
+    order. A call that failed or gave no answer before the timeout fails the whole measurement,
+    naming it (an HTTP failure as it is)."""
+    n = len(calls)
     results: list[dict[str, Any] | BaseException | None] = [None] * n
     start = threading.Barrier(n)
 
     def one(i: int) -> None:
         try:
             start.wait(timeout=60)
-            results[i] = decode(client, model, prompts[i], timeout_s)
-        except (HttpFailed, MeasurementFailed, threading.BrokenBarrierError) as exc:
+            results[i] = calls[i]()
+        except (HttpFailed, MeasurementFailed, OSError, threading.BrokenBarrierError) as exc:
             results[i] = exc
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
@@ -99,9 +103,16 @@ def concurrent_decode(client: Client, model: str, prompts: list[str], timeout_s:
         i, r = failed[0]
         if isinstance(r, HttpFailed):
             raise r
-        raise MeasurementFailed(f"{len(failed)} of {n} concurrent streams failed; stream {i + 1}: "
+        raise MeasurementFailed(f"{len(failed)} of {n} concurrent {what} failed; {name(i)}: "
                                 f"{r if r is not None else 'no answer before the timeout'}")
-    streams: list[dict[str, Any]] = [r for r in results if isinstance(r, dict)]
+    return [r for r in results if isinstance(r, dict)]
+
+
+def concurrent_decode(client: Client, model: str, prompts: list[str], timeout_s: float = 900) -> dict[str, Any]:
+    """``len(prompts)`` decode streams at once; the aggregate rate of the streams that overlapped."""
+    n = len(prompts)
+    streams = at_once([lambda i=i: decode(client, model, prompts[i], timeout_s) for i in range(n)], timeout_s,
+                      lambda i: f"stream {i + 1}", what="streams")
     firsts = [s["t_first"] for s in streams]
     lasts = [s["t_last"] for s in streams]
     together = min(lasts) - max(firsts)  # the window in which every stream was decoding

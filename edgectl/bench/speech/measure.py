@@ -21,24 +21,20 @@ own process (``edgectl_runtime.tools.speech_anchor``), from the audio file to th
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgectl.client import Client, HttpFailed
+from edgectl.bench.measure import MeasurementFailed, at_once
+from edgectl.client import Client
 from edgectl.contract.speech_clips import read_clip_set
 
 CONCURRENT_CLIPS = 4  # the issue's "four clips at once"
 SHORT_S, WINDOW_S = 5.0, 30.0  # the clips the real-time factors are quoted for
 # [(clip id, reference, hypothesis)] -> {"wer": corpus word error rate (0.0: every word right), …}
 Score = Callable[[list[tuple[str, str, str]]], dict[str, Any]]
-
-
-class MeasurementFailed(Exception):
-    """An answer came back, but not one the measurement can use (the pass is invalid)."""
 
 
 @dataclass(frozen=True)
@@ -131,34 +127,12 @@ def one_by_one(client: Client, model: str, clips: Sequence[Clip]) -> list[dict[s
 
 def together(client: Client, model: str, clips: Sequence[Clip], timeout_s: float = 900) -> dict[str, Any]:
     """``clips`` sent at once from one thread each; the aggregate audio seconds per second."""
-    n = len(clips)
-    results: list[dict[str, Any] | BaseException | None] = [None] * n
-    start = threading.Barrier(n)
-
-    def one(i: int) -> None:
-        try:
-            start.wait(timeout=60)
-            results[i] = transcribe(client, model, clips[i], timeout_s)
-        except (HttpFailed, OSError, threading.BrokenBarrierError) as exc:
-            results[i] = exc
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s + 120)
-    failed = [(i, r) for i, r in enumerate(results) if not isinstance(r, dict)]
-    if failed:
-        i, r = failed[0]
-        if isinstance(r, HttpFailed):
-            raise r
-        raise MeasurementFailed(f"{len(failed)} of {n} concurrent transcriptions failed; clip {clips[i].id}: "
-                                f"{r if r is not None else 'no answer before the timeout'}")
-    done: list[dict[str, Any]] = [r for r in results if isinstance(r, dict)]
+    done = at_once([lambda c=c: transcribe(client, model, c, timeout_s) for c in clips], timeout_s,
+                   lambda i: f"clip {clips[i].id}", what="transcriptions")
     first, last = min(r["t_sent"] for r in done), max(r["t_done"] for r in done)
     return {"aggregate_audio_s_per_s": aggregate(clips, first, last), "clips": [_without_clock(r) for r in done],
             "wall_s": last - first, "mode": "requests",
-            "method": f"{n} transcription requests sent at once, one thread each; audio seconds / (first sent → "
+            "method": f"{len(clips)} transcription requests sent at once, one thread each; audio seconds / (first sent → "
                       "last answer)"}
 
 

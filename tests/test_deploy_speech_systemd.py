@@ -61,7 +61,7 @@ def test_deploy_hears_survives_kill_and_refuses_bad_audio(systemd_sandbox, pulle
     r = edgectl(sb, "deploy", "whisper-base", "--name", name, "--port", str(port), "--json")
     assert r.returncode == 0, f"deploy failed:\n{r.stdout}\n{r.stderr}"
     result = json.loads(r.stdout)
-    assert result["plan"]["speech"]["dtype"] in ("float16", "float32")
+    assert result["plan"]["speech"]["dtype"] in ("bfloat16", "float16", "float32")
     assert result["answer"].strip(), result  # deploy's own transcription of the shipped clip
     state = sb.show(unit, "ActiveState", "SubState", "StatusText", "NRestarts", "MainPID", "MemoryMax",
                     "DynamicUser", "NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp")

@@ -71,17 +71,19 @@ def test_memory_ledger_adds_weights_kv_encoder_work_and_audio(whisper):
     assert m.limit_bytes >= (m.total_bytes + audio) * 1.25 - MIB
 
 
-def test_dtype_keeps_the_word_error_rate(whisper):
+def test_dtype_is_the_fastest_that_keeps_the_word_error_rate(whisper):
     spr = host_facts("xeon-spr-amx-2s")
-    assert "avx512_fp16" in spr.cpu.flags
-    assert speech_plan(whisper).speech.dtype == "float16"  # Sapphire Rapids computes float16
+    assert spr.cpu.isa.amx_bf16 and "avx512_fp16" in spr.cpu.flags
+    assert speech_plan(whisper).speech.dtype == "bfloat16"  # AMX multiplies bf16; the best logits exact
     assert speech_plan(whisper).memory.weights_bytes == whisper.num_params * 2
+    no_bf16 = with_cpu(spr, isa=replace(spr.cpu.isa, amx_bf16=False, avx512_bf16=False))
+    assert plan(no_bf16, whisper, frozen_profiles(), Request(model="whisper-base")).speech.dtype == "float16"
+    neither = with_cpu(no_bf16, flags=tuple(f for f in spr.cpu.flags if f != "avx512_fp16"))
+    assert plan(neither, whisper, frozen_profiles(), Request(model="whisper-base")).speech.dtype == "float32"
     avx2 = speech_plan(whisper, host="kvm-epyc-avx2-2c")
-    assert avx2.speech.dtype == "float32"  # no float16 arithmetic
+    assert avx2.speech.dtype == "float32"  # no bf16 or float16 arithmetic
     assert avx2.memory.weights_bytes == whisper.num_params * 4
-    no_fp16 = with_cpu(spr, flags=tuple(f for f in spr.cpu.flags if f != "avx512_fp16"))
-    assert plan(no_fp16, whisper, frozen_profiles(), Request(model="whisper-base")).speech.dtype == "float32"
-    assert speech_plan(whisper, weight_format="bfloat16").speech.dtype == "bfloat16"  # asked: faster, fewer words
+    assert speech_plan(whisper, weight_format="float16").speech.dtype == "float16"  # asked
 
 
 def test_worker_settings_for_whisper(whisper):
@@ -95,7 +97,7 @@ def test_worker_settings_for_whisper(whisper):
     from edgectl.contract.vllm_args import server_args
 
     args = server_args(p)
-    assert args[args.index("--dtype") + 1] == "float16"
+    assert args[args.index("--dtype") + 1] == "bfloat16"
     assert args[args.index("--kv-cache-memory-bytes") + 1] == str(p.kv_cache_bytes)
 
 
@@ -150,9 +152,9 @@ def test_w4a8_when_asked_runs_edgectls_kernels_on_the_linear_layers(whisper):
     assert saved == pytest.approx(linear * 2 * (1 - 20 / 64), rel=0.02)
 
 
-def test_an_english_only_model_is_served_by_edgectls_class():
+def test_an_english_only_model_is_served_by_edgectls_class(whisper):
     from edgectl.contract.vllm_args import server_args
-    from edgectl.contract.whisper_names import ENGLISH_ONLY_ARCHITECTURE
+    from edgectl.contract.whisper_names import ARCHITECTURE, ENGLISH_ONLY_ARCHITECTURE
 
     tiny = inspect_model(data_dir() / "catalog" / "whisper-tiny-en", name="whisper-tiny-en", require_tokenizer=False)
     p = plan(host_facts("xeon-spr-amx-2s"), tiny, frozen_profiles(), Request(model="whisper-tiny-en"))
@@ -160,6 +162,9 @@ def test_an_english_only_model_is_served_by_edgectls_class():
     args = server_args(p)
     assert json.loads(args[args.index("--hf-overrides") + 1]) == {"architectures": [ENGLISH_ONLY_ARCHITECTURE]}
     assert "--hf-overrides" not in server_args(p, stock=True)  # stock vLLM has no such class
+    # a multilingual one by edgectl's class with the exact best logits
+    base = server_args(speech_plan(whisper))
+    assert json.loads(base[base.index("--hf-overrides") + 1]) == {"architectures": [ARCHITECTURE]}
     # tiny.en: 4 decoder layers of d_model 384 → a block across its 8 attention layers is
     # 128 × 2 × 384 × 2 B × 8 = 1.5 MiB, 12 blocks per transcription
     assert p.speech.kv_bytes_per_seq == 12 * 128 * 2 * 384 * 2 * 8

@@ -181,12 +181,13 @@ def test_the_audio_transcribed_is_counted(service, audio):
 
 
 def test_the_dtype_is_the_isas_and_the_engine_runs_it(service):
-    """float16 where the CPU computes it (AVX512-FP16), float32 elsewhere (this tier: the plan an AVX2
-    user gets); the KV tensors read back in that dtype (the worker refuses to serve otherwise)."""
+    """bf16 where the CPU multiplies it (AVX512-BF16, AMX), float16 where it computes only that
+    (AVX512-FP16), float32 elsewhere (this tier: the plan an AVX2 user gets); the KV tensors read back in
+    that dtype (the worker refuses to serve otherwise)."""
     base, plan = service
     isa = isa_helpers.host_isa()
     fp16 = isa.get("avx512f") and "avx512_fp16" in isa_helpers.probe_facts()["cpu"]["flags"]
-    want = "float16" if fp16 else "float32"
+    want = "bfloat16" if isa.get("avx512_bf16") or isa.get("amx_bf16") else "float16" if fp16 else "float32"
     assert plan["speech"]["dtype"] == want, (plan["speech"], isa)
     eff = effective(base)
     assert set(eff["kv_tensor_dtypes"]) == {want}, eff["kv_tensor_dtypes"]

@@ -48,9 +48,19 @@ def test_english_is_the_only_language_and_none_is_english(english_only) -> None:
 def test_the_plugin_registers_it_lazily() -> None:
     from vllm.model_executor.models.registry import ModelRegistry
 
-    from edgectl.contract.whisper_names import ENGLISH_ONLY_ARCHITECTURE
-    from edgectl_runtime.vllm_plugin import register_whisper_english
+    from edgectl.contract.whisper_names import ARCHITECTURE, ENGLISH_ONLY_ARCHITECTURE
+    from edgectl_runtime.vllm_plugin import register_whisper
 
-    register_whisper_english()
-    assert ENGLISH_ONLY_ARCHITECTURE in ModelRegistry.get_supported_archs()
+    register_whisper()
+    assert {ARCHITECTURE, ENGLISH_ONLY_ARCHITECTURE} <= set(ModelRegistry.get_supported_archs())
     assert ModelRegistry.models[ENGLISH_ONLY_ARCHITECTURE].module_name == "edgectl_runtime.vllm_plugin.whisper_english"
+    assert ModelRegistry.models[ARCHITECTURE].module_name == "edgectl_runtime.vllm_plugin.whisper_exact_top"
+
+
+def test_it_keeps_the_exact_best_logits(english_only) -> None:
+    from edgectl_runtime.vllm_plugin.whisper_exact_top import (
+        WhisperExactTopForConditionalGeneration,
+    )
+
+    cls, _ = english_only
+    assert issubclass(cls, WhisperExactTopForConditionalGeneration)

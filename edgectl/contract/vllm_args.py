@@ -10,7 +10,7 @@ import json
 from typing import TYPE_CHECKING
 
 from edgectl.contract.plan import Compilation, Topology, WeightFormat
-from edgectl.contract.whisper_names import ENGLISH_ONLY_ARCHITECTURE
+from edgectl.contract.whisper_names import ARCHITECTURE, ENGLISH_ONLY_ARCHITECTURE
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Plan
@@ -73,10 +73,11 @@ def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
         quant = quantization_for(plan)
         if quant:
             args += ["--quantization", quant]
-        if plan.speech is not None and not plan.speech.multilingual:
-            # vLLM 0.32 prompts every Whisper with a language and a task; an English-only one then
-            # answers nothing. edgectl's class prompts it as it was trained.
-            args += ["--hf-overrides", json.dumps({"architectures": [ENGLISH_ONLY_ARCHITECTURE]})]
+        if plan.speech is not None:
+            # edgectl's Whisper classes (edgectl/contract/whisper_names.py): the best logits exact, and an
+            # English-only model prompted as it was trained (vLLM 0.32's prompt makes it answer nothing).
+            arch = ARCHITECTURE if plan.speech.multilingual else ENGLISH_ONLY_ARCHITECTURE
+            args += ["--hf-overrides", json.dumps({"architectures": [arch]})]
         if fused_norms(plan):
             args += ["--ir-op-priority", json.dumps(EDGECTL_NORMS, separators=(",", ":"))]
         if plan.topology is Topology.SINGLE_PROCESS:

@@ -129,11 +129,15 @@ def zero_k_biases(d: WhisperDims) -> list[ZeroSlice]:
     cross = [f"decoder/layer_{i}/attention/linear_1/bias" for i in range(d.decoder_layers)]
     return [ZeroSlice(s, 1, 3) for s in self_attn] + [ZeroSlice(s, 0, 2) for s in cross]
 
-# vLLM 0.32 prompts every Whisper <|startoftranscript|><|lang|><|task|><|notimestamps|>
-# (vllm/model_executor/models/whisper.py, ``get_generation_prompt``), and an English-only model
-# (tiny.en) given a language and a task ends at once: empty text (docs/speech-research.md). edgectl's
-# vLLM plugin registers this architecture (runtime/edgectl_runtime/vllm_plugin/whisper_english.py:
-# the same model, prompted <|startoftranscript|><|notimestamps|>, no language detection); a server of
-# an English-only model names it with ``--hf-overrides '{"architectures": [...]}'`` (its config.json
-# keeps WhisperForConditionalGeneration, which transformers and stock vLLM read).
+# edgectl's vLLM plugin registers two Whisper architectures (runtime/edgectl_runtime/vllm_plugin/), and a
+# server of a Whisper model names one with ``--hf-overrides '{"architectures": [...]}'`` (its config.json
+# keeps WhisperForConditionalGeneration, which transformers and stock vLLM read):
+# - ARCHITECTURE (whisper_exact_top.py): vLLM's Whisper with each row's best logits recomputed in float32:
+#   in bf16 the rounded logits cost words (docs/speech.md "Which dtype").
+# - ENGLISH_ONLY_ARCHITECTURE (whisper_english.py, derived from it): vLLM 0.32 prompts every Whisper
+#   <|startoftranscript|><|lang|><|task|><|notimestamps|> (vllm/model_executor/models/whisper.py,
+#   ``get_generation_prompt``), and an English-only model (tiny.en) given a language and a task ends at
+#   once: empty text (docs/speech-research.md). This class prompts <|startoftranscript|><|notimestamps|>,
+#   with no language detection.
+ARCHITECTURE = "EdgectlWhisperForConditionalGeneration"
 ENGLISH_ONLY_ARCHITECTURE = "EdgectlWhisperEnglishOnlyForConditionalGeneration"

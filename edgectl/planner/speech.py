@@ -4,7 +4,7 @@ Shares the text planner's decisions where they are the same question (the profil
 topology, the CPUs and threads, the memory levers, the worker's environment) and sizes what an
 encoder-decoder holds instead of a context:
 
-    dtype                    the dense weights' dtype, from the probe (bf16 where the CPU has it)
+    dtype                    the dense weights' dtype, from the probe (bf16 where the CPU multiplies it)
     concurrency              transcriptions decoded at once (``--max-num-seqs``)
     encoder batch            windows the encoder takes in one step (``--max-num-batched-tokens``)
     KV cache                 per transcription: the decoder's own tokens and one window's
@@ -134,27 +134,34 @@ def _weight_format(request: Request) -> Decided[WeightFormat]:
                        "(edgectl's kernels)")
 
 
-# What bf16 costs Whisper's word error rate (docs/speech.md "Which dtype"): the speech bench on
-# x86_64-amx, whisper-base, the shipped clip set, 3 interleaved passes.
-BF16_WER_COST = ("in bf16 whisper-base heard 18.6% of the shipped set's words wrong, in float16 16.7%, as "
-                 "faster-whisper on the same weights (results/2026-12-03-x86_64-amx-whisper-base-speech.json)")
+# What bf16 costs Whisper's word error rate (docs/speech.md "Which dtype"): whisper-base on x86_64-amx, the
+# shipped clip set. Logits rounded to bf16 cost words; edgectl's Whisper class recomputes each step's best
+# logits in float32 (runtime/edgectl_runtime/vllm_plugin/whisper_exact_top.py), which gives back most of them.
+BF16_WER_COST = ("whisper-base in bf16 with its best logits in float32 heard 17.5% of the shipped set's words wrong, "
+                 "16.7% in float16 and in faster-whisper int8 on the same weights, 18.6% with bf16 logits "
+                 "(docs/speech.md \"Which dtype\")")
 
 
 def choose_dtype(facts: HostFacts, request: Request) -> Decided[str]:
-    """The dtype that keeps the word error rate: float16, as the checkpoint stores it, where the CPU
-    computes it (AVX512-FP16), else float32; bf16 only when asked (faster, but it costs words)."""
+    """bf16 where the CPU multiplies bf16 (AVX512-BF16 or AMX): the fastest here, within a point of the word
+    error rate of float16 once the best logits are exact; else float16 where the CPU computes it
+    (AVX512-FP16), as the checkpoint stores it; else float32, which every CPU computes."""
     asked = request.weight_format
     if asked in DTYPE_BYTES:
         return Decided(asked, Reason("speech_dtype", asked, Source.FLAG, "asked with --format"))
     isa = facts.cpu.isa  # usable (enabled by the OS), not merely advertised
+    if isa.avx512_bf16 or isa.amx_bf16:
+        return Decided("bfloat16", Reason(
+            "speech_dtype", "bfloat16", Source.PROBE,
+            f"the CPU multiplies bf16 ({'AMX' if isa.amx_bf16 else 'AVX512-BF16'}): the fastest dtype here; "
+            f"{BF16_WER_COST}; --format float16 or float32 for the last words"))
     if isa.avx512f and "avx512_fp16" in facts.cpu.flags:
         return Decided("float16", Reason(
             "speech_dtype", "float16", Source.PROBE,
-            f"the CPU computes float16 (AVX512-FP16): Whisper's weights as stored; not bf16: {BF16_WER_COST}; "
-            "bf16 is faster (--format bfloat16, docs/speech.md)"))
+            "the CPU computes float16 (AVX512-FP16) and not bf16: Whisper's weights as stored"))
     return Decided("float32", Reason(
         "speech_dtype", "float32", Source.PROBE,
-        f"no float16 arithmetic on this CPU: float32, which every x86 and Arm CPU computes; not bf16: {BF16_WER_COST}"))
+        "no bf16 or float16 arithmetic on this CPU: float32, which every x86 and Arm CPU computes"))
 
 
 def _w4a8_dtype(facts: HostFacts, model: ModelFacts) -> Decided[str]:

@@ -8,8 +8,9 @@ worker: ``vllm/plugins/__init__.py`` ``load_general_plugins``), before any model
   registers it; the config object is pickled to the children, so the class must be importable
   everywhere, which the entry point guarantees);
 - registers the ``edgectl_gguf`` load format (``gguf_loader.py``: a model straight from a GGUF);
-- registers, lazily (imported only by a server that names it), the English-only Whisper
-  architecture (``whisper_english.py``: tiny.en prompted without a language and a task);
+- registers, lazily (imported only by a server that names them), edgectl's two Whisper
+  architectures (``whisper_exact_top.py``: the best logits of each step in float32;
+  ``whisper_english.py``: tiny.en prompted without a language and a task);
 - registers edgectl's fused RMSNorm as provider ``edgectl`` of vLLM's norm IR ops
   (``fused_norm.py``), used only by a server whose ``ir_op_priority`` names it;
 - installs the RoPE cap if ``EDGECTL_ROPE_CAP=1`` (off by default: the plugin is loaded by
@@ -35,7 +36,7 @@ def register() -> None:
     from edgectl_runtime.kernels import cpu_int4  # registers the quantization method
     from edgectl_runtime.vllm_plugin import fused_norm, gguf_loader, rope  # noqa: F401 (gguf_loader registers)
 
-    register_whisper_english()
+    register_whisper()
     request_amx()
     capped = rope.install(os.environ)
     norms = fused_norm.register()
@@ -47,14 +48,16 @@ def register() -> None:
                  norms or "unavailable", "on" if capped else "off", pack)
 
 
-def register_whisper_english() -> None:
-    """The English-only Whisper under its own architecture name, as a ``module:Class`` string
+def register_whisper() -> None:
+    """edgectl's Whisper classes under their architecture names, as ``module:Class`` strings
     (``ModelRegistry.register_model``, vllm/model_executor/models/registry.py): nothing is imported
-    until a server names it (the registry is already loaded by the loader registered above)."""
+    until a server names one (the registry is already loaded by the loader registered above)."""
     from vllm.model_executor.models.registry import ModelRegistry
 
-    from edgectl.contract.whisper_names import ENGLISH_ONLY_ARCHITECTURE
+    from edgectl.contract.whisper_names import ARCHITECTURE, ENGLISH_ONLY_ARCHITECTURE
 
+    ModelRegistry.register_model(ARCHITECTURE, "edgectl_runtime.vllm_plugin.whisper_exact_top:"
+                                               "WhisperExactTopForConditionalGeneration")
     ModelRegistry.register_model(ENGLISH_ONLY_ARCHITECTURE, "edgectl_runtime.vllm_plugin.whisper_english:"
                                                             "WhisperEnglishOnlyForConditionalGeneration")
 

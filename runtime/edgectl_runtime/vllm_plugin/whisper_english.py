@@ -10,7 +10,8 @@ end-of-text at once, and answers empty text (docs/speech-research.md, checked wi
 This class is the same model with that prompt: English is the only language it accepts (none means
 English, with no detection pass), and it only transcribes. vLLM imports this module only when a
 server names its architecture (``edgectl.contract.whisper_names.ENGLISH_ONLY_ARCHITECTURE``, registered
-lazily by the plugin's ``register``); everything else (weights, processor, KV) is the parent's.
+lazily by the plugin's ``register``); everything else (weights, processor, KV, the exact best logits of
+``whisper_exact_top.py``) is the parent's.
 
 Checked against the real engine (2026-12-03, x86_64-amx; ``vllm.entrypoints.openai.api_server --model
 <cache>/whisper-tiny-en --hf-overrides '{"architectures": ["EdgectlWhisperEnglishOnlyForConditionalGeneration"]}'``,
@@ -23,14 +24,17 @@ from __future__ import annotations
 
 from vllm.config.speech_to_text import SpeechToTextParams
 from vllm.inputs import ExplicitEncoderDecoderPrompt, PromptType, TextPrompt
-from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
+
+from edgectl_runtime.vllm_plugin.whisper_exact_top import (
+    WhisperExactTopForConditionalGeneration,
+)
 
 # The prompt an English-only Whisper was trained on (openai-whisper, whisper/tokenization.py
 # ``sot_sequence``: no language or task token when the tokenizer is not multilingual).
 ENGLISH_ONLY_PROMPT = "<|startoftranscript|><|notimestamps|>"
 
 
-class WhisperEnglishOnlyForConditionalGeneration(WhisperForConditionalGeneration):
+class WhisperEnglishOnlyForConditionalGeneration(WhisperExactTopForConditionalGeneration):
     supports_explicit_language_detection = False
     supported_languages = {"en": "English"}
 

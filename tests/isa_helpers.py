@@ -140,7 +140,7 @@ AVX2_CAPS = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN's JIT
     # torch's CPU wheel does its float GEMMs in MKL, which picks its code from cpuid (AVX-512 and
-    # AMX here) unless capped; MKL_VERBOSE's first line names the ISA it took.
+    # AMX on x86_64-amx) unless capped; MKL_VERBOSE's first line names the ISA it took.
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     # inductor adds -march=native to every C++ kernel it compiles unless config.cpp.march is set
     # (torch/_inductor/cpp_builder.py _get_cpu_arch_cflags, lines 998-1025; config.py line 1697,

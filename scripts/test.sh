@@ -17,13 +17,17 @@ VENV=${EDGECTL_PREFIX:-/opt/edgectl}/venv
 cd "$REPO"
 
 avx2_tier() {
-    # ATEN_CPU_CAPABILITY: PyTorch's kernels; ONEDNN_MAX_CPU_ISA: oneDNN's JIT; tests/isa_avx2's
+    # ATEN_CPU_CAPABILITY: PyTorch's kernels and inductor's vector ISA; ONEDNN_MAX_CPU_ISA: oneDNN's
+    # JIT; MKL_ENABLE_INSTRUCTIONS: MKL's GEMMs; TORCHINDUCTOR_CPP_MARCH: the -march inductor
+    # compiles its C++ with (else native); GLIBC_TUNABLES: glibc's string functions; tests/isa_avx2's
     # sitecustomize: torch.cpu._is_avx512_supported() & co., which vLLM asks; EDGECTL_KERNEL_ISA:
-    # edgectl's own kernels (runtime/edgectl_runtime/kernels/ops); EDGECTL_TEST_ISA: what
-    # tests/test_isa_tier.py checks each of them read back.
+    # edgectl's own kernels (runtime/edgectl_runtime/kernels/ops). The same values, and why, are
+    # tests/isa_helpers.py AVX2_CAPS; EDGECTL_TEST_ISA: what tests/test_isa_tier.py checks each of
+    # them read back, and where it disassembles what inductor compiled and the kernels selected.
     echo "== the AVX2 tier: the tests marked isa_avx2, held to AVX2"
-    EDGECTL_TEST_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 EDGECTL_KERNEL_ISA=avx2 \
-        PYTHONPATH="$REPO/tests/isa_avx2${PYTHONPATH:+:$PYTHONPATH}" \
+    EDGECTL_TEST_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        TORCHINDUCTOR_CPP_MARCH=x86-64-v3 GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD \
+        EDGECTL_KERNEL_ISA=avx2 PYTHONPATH="$REPO/tests/isa_avx2${PYTHONPATH:+:$PYTHONPATH}" \
         "$VENV/bin/pytest" -p no:cacheprovider -m isa_avx2 "$@"
 }
 

@@ -4,11 +4,19 @@
 ``isa_avx2`` once more as the **AVX2 tier**, with (scripts/test.sh, ``avx2_tier``)::
 
     EDGECTL_TEST_ISA=avx2                    # names the tier: the tests below expect AVX2
-    ATEN_CPU_CAPABILITY=avx2                 # PyTorch's kernels (and inductor's code) at AVX2
+    ATEN_CPU_CAPABILITY=avx2                 # PyTorch's kernels (and inductor's vector ISA) at AVX2
     ONEDNN_MAX_CPU_ISA=AVX2                  # oneDNN's JIT at AVX2: no AVX-512, bf16 or AMX code
+    MKL_ENABLE_INSTRUCTIONS=AVX2             # MKL's dispatch (torch's float GEMMs) at AVX2
+    TORCHINDUCTOR_CPP_MARCH=x86-64-v3        # inductor compiles its C++ for AVX2, not -march=native
+    GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX512F,...  # glibc's string functions: no EVEX variants
     EDGECTL_KERNEL_ISA=avx2                  # edgectl's own kernels (runtime/edgectl_runtime/kernels/ops)
     PYTHONPATH=tests/isa_avx2                # vLLM asks torch.cpu._is_avx512_supported() & co.:
                                              # tests/isa_avx2/sitecustomize.py answers False
+
+(:data:`AVX2_CAPS` has the values and why each is needed.) Settings are not proof: the tier also
+disassembles the code it ran — every shared object inductor compiled, and the level of edgectl's
+kernels the run selected — and fails on any instruction above AVX2 (tests/isa_disassembly.py,
+tests/test_isa_tier.py).
 
 ``EDGECTL_TEST_ISA`` is what the tier's own check (tests/test_isa_tier.py) holds every layer to,
 so an environment that did not take fails there instead of passing on the wrong ISA.
@@ -68,6 +76,11 @@ def probe_facts() -> dict:
     return facts
 
 
+def machine_isa() -> dict[str, bool]:
+    """This machine's own ISA (``cpu.isa`` of ``edgectl probe``), whatever the run holds it to."""
+    return dict(_probe_json()["cpu"]["isa"])
+
+
 def host_isa() -> dict[str, bool]:
     """The usable ISA of the run (``cpu.isa`` of :func:`probe_facts`)."""
     return dict(probe_facts()["cpu"]["isa"])
@@ -117,8 +130,37 @@ def vllm_packs_bf16_gemm(isa: dict[str, bool]) -> bool:
     return bool(isa.get("amx_tile")) or avx512(isa)
 
 
+# The variables that hold a process on this CPU to AVX2, with the values the AVX2 tier gives
+# them (scripts/test.sh avx2_tier sets the same; test_isa_tier.py checks that it did, and reads
+# each layer back):
+AVX2_CAPS = {
+    # ATen's dispatch (aten/src/ATen/native/DispatchStub.cpp), and inductor's vector ISA:
+    # torch/_inductor/cpu_vec_isa.py pick_vec_isa() (lines 649-667) maps ATEN_CPU_CAPABILITY
+    # through get_isa_from_cpu_capability() (lines 565-592) to VecAVX2 (-mavx2 -mfma -mf16c).
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN's JIT
+    # torch's CPU wheel does its float GEMMs in MKL, which picks its code from cpuid (AVX-512 and
+    # AMX on x86_64-amx) unless capped; MKL_VERBOSE's first line names the ISA it took.
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    # inductor adds -march=native to every C++ kernel it compiles unless config.cpp.march is set
+    # (torch/_inductor/cpp_builder.py _get_cpu_arch_cflags, lines 998-1025; config.py line 1697,
+    # config.cpp.march = TORCHINDUCTOR_CPP_MARCH): with its AVX2 vector ISA, g++ -march=native
+    # still uses AVX-512VL's EVEX forms and ymm16-31 on an AVX-512 host. x86-64-v3 is the
+    # x86-64 psABI level of AVX2 (with FMA, F16C, BMI1/2, LZCNT, MOVBE).
+    "TORCHINDUCTOR_CPP_MARCH": "x86-64-v3",
+    # glibc picks memcpy, strlen & co. by cpuid at load time; on AVX-512VL hosts it takes their
+    # EVEX variants (sysdeps/x86_64/multiarch/ifunc-impl-list.c). glibc.cpu.hwcaps turns the
+    # features off for that choice (sysdeps/x86/cpu-tunables.c, the names it accepts); read back
+    # with ld.so --list-diagnostics.
+    "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD",
+    "EDGECTL_KERNEL_ISA": "avx2",  # edgectl's kernels (runtime/edgectl_runtime/kernels/ops)
+}
+# what a process started for the run must be given to run at the run's ISA (e.g. a systemd unit,
+# which inherits nothing: tests/test_faults_systemd.py), set or not
+ISA_CAPS = tuple(AVX2_CAPS)
+
 # what a test that builds its own subprocess environment passes on, so the subprocess runs at the run's ISA
-TIER_VARIABLES = ("EDGECTL_TEST_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "EDGECTL_KERNEL_ISA")
+TIER_VARIABLES = ("EDGECTL_TEST_ISA", *ISA_CAPS)
 
 
 def tier_environment(pythonpath: list[str]) -> dict[str, str]:

@@ -15,9 +15,9 @@ writer refuses to write it (tests/test_watchdog.py). In order, sharing one engin
 The SIGSTOP of a deployment made by ``edgectl deploy`` is in tests/test_deploy_systemd.py too. Times are printed
 (``pytest -s``), never asserted: the issue's bound (serving again within 60 s) is read from them.
 
-The AVX2 path on a bigger CPU: the variables that hold the ISA down (``ATEN_CPU_CAPABILITY``,
-``ONEDNN_MAX_CPU_ISA``, ``EDGECTL_KERNEL_ISA``, and a ``PYTHONPATH`` entry named ``isa_avx2``), when
-set for the test run, are passed on to the unit, so the worker under systemd runs that path too.
+The AVX2 path on a bigger CPU: the variables that hold the ISA down (tests/isa_helpers.py
+``ISA_CAPS``, and a ``PYTHONPATH`` entry named ``isa_avx2``), when set for the test run, are passed
+on to the unit, so the worker under systemd runs that path too.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from isa_helpers import ISA_CAPS
 from sandbox import host_dirs_restored, systemd_sandbox, unique_name  # noqa: F401  (the fixture)
 
 from edgectl.contract.plan import Plan
@@ -43,7 +44,6 @@ pytestmark = [pytest.mark.systemd, pytest.mark.engine]
 
 EDGECTL = "/opt/edgectl/venv/bin/edgectl"
 PYTHON = "/opt/edgectl/venv/bin/python"
-ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "EDGECTL_KERNEL_ISA")
 
 
 def _isa_environment() -> dict[str, str]:

@@ -8,6 +8,12 @@ an environment that did not take (a variable dropped on the way to a subprocess,
 sitecustomize that no longer patches, a vLLM that asks something else) fails here, rather than
 letting the tier's other tests pass on AVX-512. Natively each layer must read back what
 ``edgectl probe`` finds.
+
+In the tier, settings are then checked against the code: a graph compiled by inductor in the
+run's environment, and the level of edgectl's kernels the run selects, are disassembled
+(tests/isa_disassembly.py) and the tier fails on any instruction above AVX2. That the check can
+fail is shown twice: on the kernels' AVX-512 level (tests/test_isa_disassembly.py) and here, on
+the same graph compiled for this CPU (``-march=native``), where the host has AVX-512.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
+import isa_disassembly
 import isa_helpers
 import pytest
 from installed import RUNTIME_PYTHON
@@ -37,6 +45,11 @@ import torch
 # oneDNN prints the ISA it dispatches to (ONEDNN_MAX_CPU_ISA applied) with its first primitive
 with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
     torch._C._nn.mkldnn_linear(torch.randn(8, 64).to_mkldnn(), torch.randn(32, 64).to_mkldnn())
+# MKL names the ISA it took (MKL_ENABLE_INSTRUCTIONS applied) in its verbose mode's first line;
+# torch's float GEMM is MKL's sgemm in the CPU wheel
+with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
+    torch.mm(torch.randn(64, 64), torch.randn(64, 64))
+from torch._inductor import cpp_builder, cpu_vec_isa  # what inductor would compile its C++ for
 import vllm._custom_ops  # noqa: F401  (loads vLLM's C library for this CPU: vllm/platforms/cpu.py)
 libs = sorted({os.path.basename(line.rsplit(" ", 1)[-1]).split(".", 1)[0]
                for line in open("/proc/self/maps").read().splitlines()
@@ -48,6 +61,8 @@ print(json.dumps({
     "amx_tile": bool(torch.cpu._is_amx_tile_supported()),
     "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
     "vllm_libraries": libs,
+    "inductor_vec_isa": str(cpu_vec_isa.pick_vec_isa()),
+    "inductor_arch_flags": cpp_builder._get_cpu_arch_cflags(cpp_builder.get_cpp_compiler()),
 }))
 """
 
@@ -63,7 +78,10 @@ def runtime_isa() -> tuple[dict, str]:
     onednn = [line.split("isa:", 1)[1].strip() for line in done.stdout.splitlines()
               if line.startswith("onednn_verbose") and ",cpu,isa:" in line]
     assert len(onednn) == 1, done.stdout[-3000:]
-    return read_json_line(done.stdout), onednn[0]
+    mkl = [line.split(" architecture ", 1)[1] for line in done.stdout.splitlines()
+           if line.startswith("MKL_VERBOSE") and " architecture " in line]
+    assert len(mkl) == 1, done.stdout[-3000:]
+    return {**read_json_line(done.stdout), "mkl": mkl[0]}, onednn[0]
 
 
 def test_the_tier_is_one_there_is():
@@ -72,7 +90,9 @@ def test_the_tier_is_one_there_is():
     if isa_helpers.TIER == "avx2":
         # what scripts/test.sh sets for the tier; a runtime process inherits it (int4_helpers.runtime_env)
         env = runtime_env()
-        assert env.get("ATEN_CPU_CAPABILITY") == "avx2" and env.get("ONEDNN_MAX_CPU_ISA") == "AVX2", env
+        for name, value in isa_helpers.AVX2_CAPS.items():
+            items = env.get(name, "").split(":") if name == "GLIBC_TUNABLES" else [env.get(name)]
+            assert value in items, f"{name}={env.get(name)!r}: the tier sets {value!r} (scripts/test.sh, isa_helpers)"
         assert str(REPO / "tests" / "isa_avx2") in env["PYTHONPATH"].split(os.pathsep), env["PYTHONPATH"]
 
 
@@ -114,6 +134,129 @@ def test_vllm_loads_the_library_of_the_runs_isa(runtime_isa):
     assert got["vllm_libraries"] == [expected], got
     if isa_helpers.TIER == "avx2":
         assert got["vllm_libraries"] == ["_C_AVX2"], got
+
+
+@pytest.mark.runtime
+def test_mkl_dispatches_at_the_runs_isa(runtime_isa):
+    """MKL's own report of the code it runs (``MKL_ENABLE_INSTRUCTIONS`` applied)."""
+    got, _ = runtime_isa
+    if isa_helpers.TIER == "avx2":
+        assert "(Intel(R) AVX2)" in got["mkl"] and "AVX-512" not in got["mkl"], got["mkl"]
+    elif isa_helpers.avx512(isa_helpers.host_isa()):
+        assert "AVX-512" in got["mkl"], got["mkl"]
+
+
+@pytest.mark.runtime
+def test_inductor_compiles_for_the_runs_isa(runtime_isa):
+    """Inductor's vector ISA (from ATEN_CPU_CAPABILITY) and its -march (TORCHINDUCTOR_CPP_MARCH;
+    unset: native)."""
+    got, _ = runtime_isa
+    if isa_helpers.TIER == "avx2":
+        assert (got["inductor_vec_isa"], got["inductor_arch_flags"]) == ("avx2", ["march=x86-64-v3"]), got
+    elif not os.environ.get("TORCHINDUCTOR_CPP_MARCH") and os.uname().machine == "x86_64":
+        assert got["inductor_arch_flags"] == ["march=native"], got
+
+
+# ld.so --list-diagnostics prints glibc's view of cpuid after its tunables, e.g.
+# "x86.cpu_features.features[0x1].active[0x1]=0x21ac0b38": entry 1 is cpuid leaf 7, register 1 EBX,
+# where AVX512F is bit 16 and AVX512VL bit 31 (Intel SDM vol. 2, CPUID leaf 07H)
+_LD_SO = "/lib64/ld-linux-x86-64.so.2"
+_LEAF7_EBX = "x86.cpu_features.features[0x1].active[0x1]="
+
+
+def test_glibc_dispatches_at_the_runs_isa():
+    """glibc picks its string functions' variants from the features it holds active: in the tier
+    neither AVX512F nor AVX512VL (which its EVEX variants need)."""
+    if not os.path.exists(_LD_SO):
+        pytest.skip(f"no x86-64 glibc loader at {_LD_SO}")
+    done = subprocess.run([_LD_SO, "--list-diagnostics"], env=runtime_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    ebx = [int(line.split("=", 1)[1], 16) for line in done.stdout.splitlines() if line.startswith(_LEAF7_EBX)]
+    assert len(ebx) == 1, done.stdout[-2000:]
+    active = {"avx512f": bool(ebx[0] >> 16 & 1), "avx512vl": bool(ebx[0] >> 31 & 1)}
+    isa = isa_helpers.host_isa()
+    assert active == {"avx512f": bool(isa["avx512f"]), "avx512vl": bool(isa["avx512vl"])}, (active, isa)
+    if isa_helpers.TIER == "avx2":
+        assert active == {"avx512f": False, "avx512vl": False}, active
+
+
+# --- the code itself: what inductor compiled and the kernels selected, disassembled
+
+# A graph whose C++ g++ -march=native compiles with EVEX instructions on an AVX-512 host even
+# with inductor's AVX2 vector ISA (uint8 and bf16 conversions, a gather, float64): measured on
+# x86_64-amx; the check must then catch it (test_the_check_catches_a_graph_compiled_for_this_cpu).
+_COMPILE_A_GRAPH = r"""
+import json, os
+import torch
+
+def graph(x, u, idx, h):
+    a = torch.nn.functional.gelu(x) * u.float()
+    b = (x.to(torch.bfloat16) * h).float()
+    c = a.cumsum(-1) + b.amax(-1, keepdim=True)
+    d = torch.gather(c, 1, idx) + (idx // 3).float()
+    e = (x.double() * 1.5).sum(-1)
+    return d.sum(-1) + e.float() + torch.argmax(c, -1).float() + x.var(-1)
+
+torch.manual_seed(0)
+args = (torch.randn(37, 203), torch.randint(0, 255, (37, 203), dtype=torch.uint8),
+        torch.randint(0, 203, (37, 5)), torch.randn(203).bfloat16())
+torch.testing.assert_close(torch.compile(graph, backend="inductor")(*args), graph(*args), atol=1e-3, rtol=1e-3)
+
+from edgectl_runtime.kernels import ops  # the level EDGECTL_KERNEL_ISA selects, as the engine loads it
+print(json.dumps({"kernel_library": str(ops.LIBRARY), "kernel_isa": ops.load()}))
+"""
+
+
+def _compile_a_graph(cache_dir: Path, extra: dict[str, str] | None = None) -> tuple[dict, list[Path]]:
+    """Compile the graph above in a runtime process of the run (its ISA environment), with
+    inductor's cache in a fresh ``cache_dir``: what it read back, and every shared object it built."""
+    env = runtime_env({"TORCHINDUCTOR_CACHE_DIR": str(cache_dir), **(extra or {})})
+    done = subprocess.run([RUNTIME_PYTHON, "-c", _COMPILE_A_GRAPH], env=env, capture_output=True, text=True,
+                          timeout=900, cwd=str(REPO))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return read_json_line(done.stdout), sorted(cache_dir.rglob("*.so"))
+
+
+def _tier_only() -> None:
+    if isa_helpers.TIER != "avx2":
+        pytest.skip("natively the compiled code may use this CPU's whole ISA: the AVX2 tier disassembles it")
+
+
+@pytest.fixture(scope="module")
+def compiled_in_the_run(tmp_path_factory) -> tuple[dict, list[Path]]:
+    _tier_only()
+    return _compile_a_graph(tmp_path_factory.mktemp("inductor-cache"))
+
+
+@pytest.mark.runtime
+def test_no_instruction_above_avx2_in_what_inductor_compiled(compiled_in_the_run):
+    _, objects = compiled_in_the_run
+    assert objects, "inductor compiled no shared object for the graph: there was nothing to check"
+    found = [f for path in objects for f in isa_disassembly.check_shared_object(path)]
+    assert not found, isa_disassembly.report(found)
+
+
+@pytest.mark.runtime
+def test_no_instruction_above_avx2_in_the_kernels_the_run_selected(compiled_in_the_run):
+    """The code of the level the run's environment selected (before its name: a level that names
+    itself avx2 but is compiled above it must fail too)."""
+    got, _ = compiled_in_the_run
+    found = isa_disassembly.check_kernel_unit(Path(got["kernel_library"]), got["kernel_isa"])
+    assert not found, isa_disassembly.report(found)
+    assert got["kernel_isa"] == "avx2", got
+
+
+@pytest.mark.runtime
+def test_the_check_catches_a_graph_compiled_for_this_cpu(tmp_path):
+    """The same graph, the same environment but inductor's default -march=native: on an AVX-512
+    host the disassembly must find AVX-512 in it (what the tier's TORCHINDUCTOR_CPP_MARCH stops)."""
+    _tier_only()
+    if not isa_helpers.avx512(isa_helpers.machine_isa()):
+        pytest.skip("this CPU has no AVX-512: -march=native cannot emit it")
+    _, objects = _compile_a_graph(tmp_path / "inductor-cache", {"TORCHINDUCTOR_CPP_MARCH": "native"})
+    found = [f for path in objects for f in isa_disassembly.check_shared_object(path)]
+    assert found, f"no AVX-512 found in {len(objects)} objects compiled with -march=native: the check is blind"
 
 
 # --- inside the engine: the plan an AVX2 user gets, served at AVX2

@@ -1,12 +1,17 @@
 """The AVX2 path on an AVX-512 machine (a test and bench tier, never installed).
 
-Use::
+Use (the whole set, with why each is needed: tests/isa_helpers.py ``AVX2_CAPS``)::
 
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 PYTHONPATH=tests/isa_avx2 COMMAND
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+    TORCHINDUCTOR_CPP_MARCH=x86-64-v3 GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX512F,... \
+    EDGECTL_KERNEL_ISA=avx2 PYTHONPATH=tests/isa_avx2 COMMAND
 
 - ``ATEN_CPU_CAPABILITY=avx2``: torch's ATen kernels dispatch to their AVX2 builds, and inductor
-  generates AVX2 C++ for the compiled mode (``torch/_inductor/cpu_vec_isa.py`` ``pick_vec_isa``).
-- ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's JIT stops at AVX2 (no AVX-512, AVX512-BF16 or AMX code).
+  generates AVX2 vector code for the compiled mode (``torch/_inductor/cpu_vec_isa.py``
+  ``pick_vec_isa``); ``TORCHINDUCTOR_CPP_MARCH=x86-64-v3`` has g++ compile it for AVX2 too (else
+  ``-march=native``, which on an AVX-512 host still emits EVEX instructions).
+- ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's JIT stops at AVX2 (no AVX-512, AVX512-BF16 or AMX code);
+  ``MKL_ENABLE_INSTRUCTIONS=AVX2`` the same for MKL; ``GLIBC_TUNABLES`` for glibc's own choice.
 - this file: ``torch.cpu._is_avx512_supported()`` and its siblings read cpuid, not
   ``ATEN_CPU_CAPABILITY``, and vLLM asks them which C library to load (``vllm/platforms/cpu.py:639-660``:
   ``_C``, ``_C_AVX512`` or ``_C_AVX2``, when ``vllm._custom_ops`` is first imported), which attention

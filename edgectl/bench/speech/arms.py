@@ -2,9 +2,9 @@
 
 - ``planned``: edgectl's worker on edgectl's plan for the model, the text bench's
   ``arms.WorkerArm`` as it is (read-back ``GET /edgectl/effective``, checked against the plan);
-  ``planned-float16``, ``planned-float32`` and ``planned-w4a8`` (not run unless asked): the same
-  plan in float16 or float32, or with the linear layers on edgectl's w4a8 kernels, each planned by
-  the planner with that override.
+  ``planned-float16``, ``planned-float32``, ``planned-compiled`` and ``planned-w4a8`` (not run
+  unless asked): the same plan in float16 or float32, in vLLM's compiled mode, or with the linear
+  layers on edgectl's w4a8 kernels, each planned by the planner with that override.
 - ``stock``: vLLM as it ships, ``python -m vllm.entrypoints.openai.api_server --model DIR`` with
   its defaults; only the served name, host and port are given so the bench can reach it, and
   edgectl's plugin is left out (``VLLM_PLUGINS``). Read-back: ``/v1/models`` (the model it loaded,
@@ -52,6 +52,8 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
             "edgectl's plan with the weights and activations in float16, as the checkpoint stores them"),
     ArmSpec("planned-float32", "worker", {"weight_format": "float32"},
             "edgectl's plan with the weights and activations in float32 (what a CPU without bf16 arithmetic gets)"),
+    ArmSpec("planned-compiled", "worker", {"compilation": "default"},
+            "edgectl's plan with vLLM's compiled mode (it compiles Whisper's decoder, not the encoder)"),
     ArmSpec("planned-w4a8", "worker", {"weight_format": "w4a8"},
             "edgectl's plan with Whisper's linear layers on edgectl's int4 kernels (w4a8, blocks of 32)"),
     ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "

@@ -41,8 +41,12 @@ echo "llama.cpp: building llama-server and llama-quantize of llama-cpp-python $V
 printf 'llama-cpp-python==%s --hash=sha256:%s\n' "$VERSION" "$SHA256" > "$ARCHIVE_DIR/requirements.txt"
 "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-binary llama-cpp-python \
     --require-hashes -r "$ARCHIVE_DIR/requirements.txt" -d "$ARCHIVE_DIR" 2>&1 | grep -v "is ignored: it is neither" || true
-[ -f "$ARCHIVE_DIR/llama_cpp_python-$VERSION.tar.gz" ] || { echo "error: pip did not download llama-cpp-python $VERSION's source archive with sha256 $SHA256; see above" >&2; exit 1; }
-"$PY" - "$ARCHIVE_DIR/llama_cpp_python-$VERSION.tar.gz" <<'PYEOF'
+ARCHIVE="$ARCHIVE_DIR/llama_cpp_python-$VERSION.tar.gz"
+if [ ! -f "$ARCHIVE" ] || ! echo "$SHA256  $ARCHIVE" | sha256sum -c --quiet >/dev/null 2>&1; then
+  echo "error: pip did not download llama-cpp-python $VERSION's source archive with sha256 $SHA256; see above" >&2
+  exit 1
+fi
+"$PY" - "$ARCHIVE" <<'PYEOF'
 import os, sys
 from pathlib import Path
 from edgectl.errors import EdgectlError

@@ -125,10 +125,11 @@ def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,
 
 
 def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress, jobs: int | None = None,
-                    isa: str | None = None) -> Path:
+                    isa: str | None = None, archive: Path | None = None) -> Path:
     """Download llama-cpp-python's source archive, build llama-server from its vendor/llama.cpp:
     for this CPU, or (``isa="avx2"``) for its extensions up to AVX2 + FMA only, kept apart as
-    ``<version>-avx2`` for runs held to AVX2."""
+    ``<version>-avx2`` for runs held to AVX2. ``archive``: a source archive already at hand, built
+    instead of the newest one pip finds (scripts/llama_cpp.sh downloads one pinned by sha256)."""
     if isa is not None and isa not in HELD_ISAS:
         raise EdgectlError(f"--llama-cpp-isa {isa}: use {', '.join(HELD_ISAS)} (or leave it out for this CPU's own)")
     for tool in ("cmake", "c++", "cc"):
@@ -144,14 +145,8 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
     options = isa_options(flags)
     with tempfile.TemporaryDirectory(prefix="edgectl-llama-build-", dir=root) as tmp:
         tmpdir = Path(tmp)
-        progress(f"downloading the {PACKAGE} source archive with pip")
-        # --no-binary for this package only: build dependencies may come as wheels.
-        _run([python, "-m", "pip", "download", "--no-deps", "--no-binary", PACKAGE, PACKAGE, "-d", str(tmpdir)],
-             "pip download", environ, tmpdir / "pip.log")
-        archives = sorted(tmpdir.glob("llama_cpp_python-*.tar.gz"))
-        if not archives:
-            raise EdgectlError(f"pip downloaded no {PACKAGE} source archive (see {tmpdir}/pip.log)", exit_code=EXIT_FAILED)
-        archive = archives[-1]
+        if archive is None:
+            archive = _download_archive(python, environ, tmpdir, progress)
         version = archive.name[len("llama_cpp_python-"):-len(".tar.gz")]
         progress(f"extracting vendor/llama.cpp from {archive.name}")
         src = _extract_vendor(archive, tmpdir / "src")
@@ -182,6 +177,18 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
             f"that built it{f', held to {isa}' if isa else ''}: {' '.join(options)}\n")
     progress(f"built {dest / BINARY} and {dest / QUANTIZE}; the source's converter is in {root / name / CONVERT_DIR}")
     return dest / BINARY
+
+
+def _download_archive(python: str, environ: Mapping[str, str], tmpdir: Path, progress: Progress) -> Path:
+    """The newest llama-cpp-python source archive, downloaded with pip into ``tmpdir``."""
+    progress(f"downloading the {PACKAGE} source archive with pip")
+    # --no-binary for this package only: build dependencies may come as wheels.
+    _run([python, "-m", "pip", "download", "--no-deps", "--no-binary", PACKAGE, PACKAGE, "-d", str(tmpdir)],
+         "pip download", environ, tmpdir / "pip.log")
+    archives = sorted(tmpdir.glob("llama_cpp_python-*.tar.gz"))
+    if not archives:
+        raise EdgectlError(f"pip downloaded no {PACKAGE} source archive (see {tmpdir}/pip.log)", exit_code=EXIT_FAILED)
+    return archives[-1]
 
 
 def _keep_converter(src: Path, dest: Path) -> None:

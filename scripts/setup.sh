@@ -18,7 +18,8 @@ fi
 # systemd, util-linux: the service manager, and unshare/nsenter for the test sandbox.
 # espeak-ng, sox: the speech bench's and the tests' audio, spoken and mixed on the machine.
 # binutils (objdump, readelf; g++ pulls it in too): the AVX2 tier disassembles compiled code (tests/isa_disassembly.py).
-APT_PACKAGES="python3 python3-venv python3-dev gcc g++ binutils pkg-config libsystemd-dev systemd util-linux procps espeak-ng sox"
+# cmake: builds llama.cpp, the bench's comparison arm (scripts/llama_cpp.sh, `edgectl bench --build-llama-cpp`).
+APT_PACKAGES="python3 python3-venv python3-dev gcc g++ binutils cmake pkg-config libsystemd-dev systemd util-linux procps espeak-ng sox"
 missing=""
 for p in $APT_PACKAGES; do
   dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

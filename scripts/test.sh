@@ -1,7 +1,8 @@
 #!/bin/sh
-# Sets everything up, then runs ruff and mypy, the whole test suite against the installed edgectl, then its
-# AVX2 tier: the tests marked isa_avx2 once more, with PyTorch, oneDNN, vLLM and edgectl's kernels
-# held to AVX2 (tests/isa_helpers.py). Fails if any of them fails.
+# Sets everything up (scripts/setup.sh, then llama.cpp's llama-server and llama-quantize, built once by
+# scripts/llama_cpp.sh), then runs ruff and mypy, the whole test suite against the installed edgectl,
+# then its AVX2 tier: the tests marked isa_avx2 once more, with PyTorch, oneDNN, vLLM and edgectl's
+# kernels held to AVX2 (tests/isa_helpers.py). Fails if any of them fails.
 #   sh scripts/test.sh                     both passes
 #   sh scripts/test.sh ARGS...             one pass on this machine's own ISA, ARGS go to pytest
 #                                          (e.g. -m "not engine and not systemd" for the fast tier)
@@ -13,6 +14,7 @@ if [ "${1:-}" = "--isa" ] && [ "${2:-}" != "avx2" ]; then
     exit 2
 fi
 sh "$REPO/scripts/setup.sh"
+sh "$REPO/scripts/llama_cpp.sh"
 VENV=${EDGECTL_PREFIX:-/opt/edgectl}/venv
 cd "$REPO"
 

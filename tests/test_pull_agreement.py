@@ -65,8 +65,8 @@ def test_a_refused_gguf_of_ones_own_leaves_nothing(pulled_smollm2, tmp_path):
 
 @pytest.mark.engine
 def test_edgectl_and_llama_server_agree_on_smollm2(pulled_smollm2, tmp_path):
-    """The real check: both servers on SmolLM2's GGUF, next tokens compared (needs the llama.cpp
-    build of `edgectl bench --build-llama-cpp`)."""
+    """The real check: both servers on SmolLM2's GGUF, next tokens compared (needs a llama.cpp build:
+    the test command makes one, scripts/llama_cpp.sh; else `edgectl bench --build-llama-cpp`)."""
     found = find_llama_server(dict(os.environ))
     if found.path is None:
         pytest.skip(found.origin)

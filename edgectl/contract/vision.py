@@ -39,7 +39,8 @@ def _between(low: int, high: int | None = None) -> Callable[[int], str | None]:
         if value < low:
             return f"expected a number >= {low}, got {value!r}"
         if high is not None and value > high:
-            return f"{value} is above {high}, Pillow's decompression-bomb threshold (vLLM's loader would refuse first)"
+            return (f"{value} is above {high}, Pillow's decompression-bomb threshold (vLLM's Image.open warns "
+                    "above it and refuses above twice it)")
         return None
     return rule
 

@@ -5,9 +5,10 @@ The image comes as a URL (OpenAI's ``image_url.url``). A ``data:`` URI is read w
 must be an image's and its data base64 (vLLM decodes nothing else: vllm/multimodal/media/connector.py,
 ``_load_data_url``), the bytes an image of a supported format, its header readable, its size at
 least one pixel each way and at most the plan's ``max_pixels``, and its pixels decoded to the end
-(a PNG or JPEG cut short is refused here; Pillow refuses it to vLLM too, but only after the
-request was queued). An http(s) URL is refused unless the plan allows remote images; then vLLM
-fetches it and its own loader checks it. A ``file:`` URL is always refused.
+(a PNG or JPEG cut short is refused here, before the request reaches vLLM's parser). An http(s)
+URL is refused unless the plan allows remote images; then vLLM fetches it and its own loader
+checks it (vllm/multimodal/media/image.py, ``ImageMediaIO.load_bytes``). A ``file:`` URL is
+always refused.
 
 The size is read from the header before any pixel is decoded, so a 40000 x 40000 image costs its
 header only. Pillow's ``Image.open`` would refuse such an image itself, with its own
@@ -31,10 +32,10 @@ from PIL import Image, ImageFile
 
 from edgectl_runtime.service.audio_upload import BAD_REQUEST, Refusal
 
-# Pillow's names for the formats served, and how a message writes them. OpenAI's image inputs are
-# these four, so a client written for its API sends nothing else. vLLM's loader would open 37
-# (vllm/multimodal/image.py: ALLOWED_IMAGE_FORMATS: TIFF, BMP, PSD, FITS, DDS, …): each one more
-# decoder of untrusted bytes in the server, for images no camera or OpenAI client sends.
+# Pillow's names for the formats served, and how a message writes them: OpenAI's four image inputs
+# (docs/vision-guard.md). vLLM's loader would open 37 (vllm/multimodal/image.py:
+# ALLOWED_IMAGE_FORMATS: TIFF, BMP, PSD, FITS, DDS, …): each one more decoder of untrusted bytes
+# in the server, for images no camera or OpenAI client sends.
 SUPPORTED_FORMATS = {"PNG": "PNG", "JPEG": "JPEG", "WEBP": "WebP", "GIF": "GIF"}
 _SUPPORTED = "PNG, JPEG, WebP or GIF"
 _DATA_URI_EXAMPLE = "data:image/png;base64,<the image's bytes in base64>"

@@ -14,7 +14,7 @@ pytest.importorskip("PIL")
 from image_files import data_uri, encoded, photo_like, png_declaring  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from edgectl_runtime.service.audio_upload import Refusal  # noqa: E402
+from edgectl_runtime.service.guarded_request import Refusal  # noqa: E402
 from edgectl_runtime.service.image_check import (  # noqa: E402
     ImageSeen,
     check_image_bytes,

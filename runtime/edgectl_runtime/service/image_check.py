@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageFile
 
-from edgectl_runtime.service.audio_upload import BAD_REQUEST, Refusal
+from edgectl_runtime.service.guarded_request import BAD_REQUEST, Refusal
 
 # Pillow's names for the formats served, and how a message writes them: OpenAI's four image inputs
 # (docs/vision-guard.md). vLLM's loader would open 37 (vllm/multimodal/image.py:

@@ -7,8 +7,8 @@ parts, as vLLM's chat parser finds them: vllm/renderers/chat_utils.py,
 check each (``image_check.check_image_url``, in a thread: it decodes) and either answer the
 refusal itself, in OpenAI's error shape naming the image's place in the messages, or hand the
 same body, byte for byte, to the app. A body that is not JSON, or not a chat request, is the app's
-to answer. Everything else passes through untouched. (vLLM builds its middleware stack before
-edgectl can add to it, so this wraps the app, as ``audio_guard.AudioGuard`` does.)
+to answer. Everything else passes through untouched. (It wraps the app, as ``audio_guard.AudioGuard``
+does, with the same body reading, replay and error shape: guarded_request.py.)
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from edgectl.contract.vision import ImageLimits
-from edgectl_runtime.service.audio_guard import (
-    _ERROR_TYPES,
-    _ClientGone,
-    _read_body,
-    _replay,
+from edgectl_runtime.service.guarded_request import (
+    BAD_REQUEST,
+    TOO_LARGE,
+    ClientGone,
+    Refusal,
+    read_bounded_body,
+    replay,
+    send_refusal,
 )
-from edgectl_runtime.service.audio_upload import BAD_REQUEST, TOO_LARGE, Refusal
 from edgectl_runtime.service.image_check import check_image_url
 
 log = logging.getLogger("edgectl.runtime")
@@ -53,19 +55,15 @@ class ImageGuard:
             await self._app(scope, receive, send)
             return
         limit = self._limits.max_request_bytes
-        too_big = Refusal(TOO_LARGE, "too_big",
-                          f"the request is bigger than this server's limit of {limit:,} bytes ({limit / 2**20:.1f} MiB, "
-                          "max_request_bytes) for a chat completion, its images included: send fewer or smaller "
-                          "images (JPEG compresses a photograph the most)")
-        declared = {k.lower(): v for k, v in scope.get("headers", [])}.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            await _refuse(send, too_big, None, close=True)  # refused before its body is read
-            return
         try:
-            body = await _read_body(receive, limit)
-        except _ClientGone:
+            body = await read_bounded_body(scope, receive, limit)
+        except ClientGone:
             return
         if body is None:
+            too_big = Refusal(TOO_LARGE, "too_big",
+                              f"the request is bigger than this server's limit of {limit:,} bytes "
+                              f"({limit / 2**20:.1f} MiB, max_request_bytes) for a chat completion, its images "
+                              "included: send fewer or smaller images (JPEG compresses a photograph the most)")
             await _refuse(send, too_big, None, close=True)
             return
         # In a thread: parsing a 20 MB body takes tens of milliseconds, decoding its images more.
@@ -75,7 +73,7 @@ class ImageGuard:
             return
         pending = [body]
         del body  # held only until the app takes it
-        await _replay(self._app, scope, receive, send, pending)
+        await replay(self._app, scope, receive, send, pending)
 
     def check(self, body: bytes) -> tuple[Refusal, str | None] | None:
         """Why the request is refused and the field it names (None: the request as a whole), or None
@@ -124,16 +122,6 @@ def image_parts(request: Any) -> Iterator[tuple[str, object]]:
             yield f"messages[{i}].content[{j}]", url
 
 
-def error_body(status: int, message: str, param: str | None) -> bytes:
-    """OpenAI's error shape, as vLLM's ErrorResponse has it; ``param`` the field at fault."""
-    return json.dumps({"error": {"message": message, "type": _ERROR_TYPES.get(status, "BadRequestError"),
-                                 "param": param, "code": status}}).encode()
-
-
 async def _refuse(send, refusal: Refusal, param: str | None, close: bool) -> None:
     log.info("chat completion's image refused, %d (%s): %s", refusal.status, refusal.reason, refusal.message)
-    headers = [(b"content-type", b"application/json")]
-    if close:  # the body was not read to its end: the connection cannot carry another request
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
-    await send({"type": "http.response.body", "body": error_body(refusal.status, refusal.message, param)})
+    await send_refusal(send, refusal, param, close)

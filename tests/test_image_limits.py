@@ -23,6 +23,14 @@ def test_a_text_plan_has_no_vision_part_and_its_json_none(text_plan):
     assert Plan.from_dict(text_plan.to_dict()) == text_plan
 
 
+def test_a_vision_plan_says_so_and_a_text_plan_still_says_text(text_plan):
+    vision = replace(text_plan, vision=VisionServe())
+    assert (vision.modality, text_plan.modality) == ("vision", "text")
+    # derived from the vision part, never written: the JSON differs by that part alone
+    assert "modality" not in vision.to_dict()
+    assert {k: v for k, v in vision.to_dict().items() if k != "vision"} == text_plan.to_dict()
+
+
 def test_a_vision_plan_reads_back_equal(text_plan):
     limits = ImageLimits(max_pixels=1024 * 1024, max_images_per_request=3, max_request_bytes=4_000_000,
                          allow_remote_urls=True)

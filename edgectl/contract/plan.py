@@ -384,7 +384,10 @@ class Plan:
 
     @property
     def modality(self) -> str:
-        """What the served model takes in: ``speech`` (audio in, text out) or ``text``."""
+        """What the served model takes in: ``vision`` (images and text in, text out: a plan with a
+        ``vision`` part), ``speech`` (audio in, text out: a ``speech`` part) or ``text``."""
+        if self.vision is not None:
+            return "vision"
         return "text" if self.speech is None else "speech"
 
     @property

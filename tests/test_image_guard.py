@@ -2,7 +2,8 @@
 driven in-process through the app as the worker wraps it (``worker._guarded`` inside ``DrainGuard``):
 a small Starlette app stands in for vLLM's and records the bodies it was given. Every bad image is
 answered by the guard in OpenAI's error shape, naming the image and the fix, and never reaches the
-app; the app answers the next good request after each; a good request reaches it byte for byte."""
+app; the app answers the next good request after each; a good request reaches it byte for byte,
+and its images are counted once the app answers 2xx."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from starlette.responses import JSONResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
+from edgectl.contract.effective import Effective  # noqa: E402
 from edgectl.contract.plan import Plan  # noqa: E402
 from edgectl.contract.vision import ImageLimits, VisionServe  # noqa: E402
 from edgectl_runtime.service.http_app import DrainGuard  # noqa: E402
@@ -51,6 +53,9 @@ class StandIn:
     async def chat(self, request) -> JSONResponse:
         self.loop_threads.append(threading.get_ident())
         self.bodies.append(await request.body())
+        if b'"model": "nope"' in self.bodies[-1]:  # vLLM's answer to an unknown model
+            return JSONResponse({"error": {"message": "The model `nope` does not exist.", "type": "NotFoundError",
+                                           "param": "model", "code": 404}}, status_code=404)
         return JSONResponse({"choices": [{"message": {"role": "assistant", "content": "42"}}]})
 
     async def models(self, request) -> JSONResponse:
@@ -65,17 +70,19 @@ def text_plan() -> Plan:
     return make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2))
 
 
-def worker_app(plan: Plan, stand_in: StandIn):
+def worker_app(plan: Plan, stand_in: StandIn, service: Service | None = None):
     """The app as the worker serves it (worker.serve: DrainGuard(_guarded(app, plan, service), service))."""
-    service = Service(plan, Notes())
+    service = service or Service(plan, Notes())
     return DrainGuard(_guarded(stand_in.app(), plan, service), service)
 
 
 @pytest.fixture()
 def served(text_plan):
     stand_in = StandIn()
-    with TestClient(worker_app(replace(text_plan, vision=VisionServe(images=LIMITS)), stand_in)) as client:
-        yield client, stand_in
+    plan = replace(text_plan, vision=VisionServe(images=LIMITS))
+    service = Service(plan, Notes())
+    with TestClient(worker_app(plan, stand_in, service)) as client:
+        yield client, stand_in, service
 
 
 def body_of(request: dict) -> bytes:
@@ -94,7 +101,7 @@ GOOD = {fmt: data_uri(encoded(fmt), f"image/{fmt.lower()}") for fmt in ("PNG", "
 
 
 def test_good_images_reach_the_app_byte_for_byte(served):
-    client, stand_in = served
+    client, stand_in, _ = served
     sent = [body_of(chat(GOOD["PNG"], GOOD["JPEG"])), body_of(chat(GOOD["WEBP"])), body_of(chat(GOOD["GIF"])),
             body_of(chat())]
     for body in sent:
@@ -128,7 +135,7 @@ def _bad_cases() -> list[tuple[str, bytes, int, str, tuple[str, ...]]]:
 
 @pytest.mark.parametrize(("name", "body", "status", "reason", "words"), _bad_cases(), ids=lambda v: v if isinstance(v, str) else None)
 def test_each_bad_case_is_refused_by_the_guard_and_the_app_answers_after_it(served, name, body, status, reason, words):
-    client, stand_in = served
+    client, stand_in, service = served
     r = client.post(CHAT, content=body, headers={"content-type": "application/json"})
     error = error_of(r, status)
     for word in words:
@@ -140,10 +147,39 @@ def test_each_bad_case_is_refused_by_the_guard_and_the_app_answers_after_it(serv
     assert client.post(CHAT, content=good).status_code == 200  # the service keeps serving
     assert client.get("/v1/models").status_code == 200
     assert stand_in.bodies == [good]
+    assert (service.images_served, service.image_requests) == (1, 1)  # the good one only
+
+
+def test_the_images_answered_2xx_are_counted_and_nothing_else(served):
+    client, stand_in, service = served
+    assert (service.images_served, service.image_requests) == (0, 0)  # counting from the start
+    for request in (chat(GOOD["PNG"], GOOD["JPEG"]), chat(GOOD["WEBP"])):
+        assert client.post(CHAT, content=body_of(request)).status_code == 200
+    assert (service.images_served, service.image_requests) == (3, 2)
+    assert client.post(CHAT, content=body_of(chat())).status_code == 200  # no image: not an image request
+    assert client.post(CHAT, content=body_of(chat(GOOD["PNG"]) | {"model": "nope"})).status_code == 404
+    assert client.post(CHAT, content=body_of(chat(GOOD["PNG"], "data:image/png;base64,AAAA"))).status_code == 400
+    assert (service.images_served, service.image_requests) == (3, 2) and len(stand_in.bodies) == 4
+
+
+def test_the_workers_report_carries_the_counts(served, text_plan):
+    fastapi = pytest.importorskip("fastapi")
+    from edgectl_runtime.service.http_app import add_edgectl_routes
+
+    client, _, service = served
+    assert client.post(CHAT, content=body_of(chat(GOOD["PNG"], GOOD["GIF"]))).status_code == 200
+    reports = []
+    for worker_state in (service, Service(text_plan, Notes())):  # a vision plan's worker, a text plan's
+        app = fastapi.FastAPI()
+        add_edgectl_routes(app, worker_state)
+        with TestClient(app) as worker:
+            reports.append(Effective.from_dict(worker.get("/edgectl/effective").json()))
+    assert (reports[0].images_served, reports[0].image_requests) == (2, 1)
+    assert (reports[1].images_served, reports[1].image_requests) == (None, None)
 
 
 def test_the_second_image_is_named_when_it_is_the_bad_one(served):
-    client, _ = served
+    client, _, _ = served
     error = error_of(client.post(CHAT, content=body_of(chat(GOOD["PNG"], "data:image/png;base64,AAAA"))), 400)
     assert error["param"] == "messages[0].content[2]" and error["message"].startswith("image 2 (messages[0].content[2])")
 
@@ -158,12 +194,12 @@ def test_a_remote_url_reaches_the_app_when_the_plan_allows_it(text_plan):
 
 
 def test_what_is_not_a_chat_with_images_is_the_apps_to_answer(served):
-    client, stand_in = served
+    client, stand_in, service = served
     bodies = [b"{not json", b"[1, 2]", body_of({"messages": "hi"}),
               body_of({"messages": [{"role": "user", "content": "plain text"}]})]
     for body in bodies:
         assert client.post(CHAT, content=body).status_code == 200
-    assert stand_in.bodies == bodies
+    assert stand_in.bodies == bodies and (service.images_served, service.image_requests) == (0, 0)
 
 
 def test_image_parts_are_found_as_vllms_chat_parser_finds_them():
@@ -209,9 +245,9 @@ def run_raw(guard: ImageGuard, headers: list[tuple[bytes, bytes]], chunks: list[
     return sent, len(asked)
 
 
-def test_a_body_over_the_limit_is_refused_without_reading_it_all():
+def test_a_body_over_the_limit_is_refused_without_reading_it_all(text_plan):
     stand_in = StandIn()
-    guard = ImageGuard(stand_in.app(), LIMITS)
+    guard = ImageGuard(stand_in.app(), Service(text_plan, Notes()), LIMITS)
     chunk = b" " * 16384
     chunks = [chunk] * (LIMITS.max_request_bytes // len(chunk) + 10)
     sent, asked = run_raw(guard, [(b"content-length", str(len(chunk) * len(chunks)).encode())], chunks)
@@ -221,17 +257,18 @@ def test_a_body_over_the_limit_is_refused_without_reading_it_all():
     assert json.loads(sent[1]["body"])["error"]["param"] is None and stand_in.bodies == []
 
 
-def test_a_body_in_many_chunks_is_replayed_whole():
+def test_a_body_in_many_chunks_is_replayed_whole(text_plan):
     stand_in = StandIn()
     body = body_of(chat(GOOD["PNG"]))
-    sent, _ = run_raw(ImageGuard(stand_in.app(), LIMITS), [], [body[i:i + 1000] for i in range(0, len(body), 1000)])
+    guard = ImageGuard(stand_in.app(), Service(text_plan, Notes()), LIMITS)
+    sent, _ = run_raw(guard, [], [body[i:i + 1000] for i in range(0, len(body), 1000)])
     assert sent[0]["status"] == 200 and stand_in.bodies == [body]
 
 
 def test_the_images_are_checked_off_the_event_loop(served, monkeypatch):
     from edgectl_runtime.service import image_guard
 
-    client, stand_in = served
+    client, stand_in, _ = served
     checked_on, real = [], image_guard.check_image_url
 
     def recorded(*args, **kwargs):

@@ -1,4 +1,4 @@
-"""The wrapper that checks a chat completion's images before vLLM sees them.
+"""The wrapper that checks a chat completion's images before vLLM sees them, and counts the images served.
 
 For ``POST /v1/chat/completions`` on a vision plan: read the JSON body (at most the plan's
 ``max_request_bytes``), find every image part of every message (``image_url`` and ``input_image``
@@ -6,8 +6,8 @@ parts, as vLLM's chat parser finds them: vllm/renderers/chat_utils.py,
 ``_parse_chat_message_content_mm_part``), refuse more images than ``max_images_per_request``, then
 check each (``image_check.check_image_url``, in a thread: it decodes) and either answer the
 refusal itself, in OpenAI's error shape naming the image's place in the messages, or hand the
-same body, byte for byte, to the app. A body that is not JSON, or not a chat request, is the app's
-to answer. Everything else passes through untouched. (It wraps the app, as ``audio_guard.AudioGuard``
+same body, byte for byte, to the app. When the app answers 2xx, the request's images are added
+to the Service's count. A body that is not JSON, or not a chat request, is the app's to answer. Everything else passes through untouched. (It wraps the app, as ``audio_guard.AudioGuard``
 does, with the same body reading, replay and error shape: guarded_request.py.)
 """
 
@@ -30,6 +30,7 @@ from edgectl_runtime.service.guarded_request import (
     send_refusal,
 )
 from edgectl_runtime.service.image_check import check_image_url
+from edgectl_runtime.service.state import Service
 
 log = logging.getLogger("edgectl.runtime")
 
@@ -43,9 +44,11 @@ IMAGE_PART_TYPES = ("image_url", "input_image")
 class ImageGuard:
     """The app as uvicorn sees it: a chat completion's images checked before vLLM decodes them."""
 
-    def __init__(self, app, limits: ImageLimits) -> None:
+    def __init__(self, app, service: Service, limits: ImageLimits) -> None:
         self._app = app
+        self._service = service
         self._limits = limits
+        service.count_images()
 
     def __getattr__(self, name: str):
         return getattr(self._app, name)
@@ -67,21 +70,23 @@ class ImageGuard:
             await _refuse(send, too_big, None, close=True)
             return
         # In a thread: parsing a 20 MB body takes tens of milliseconds, decoding its images more.
-        refused = await asyncio.to_thread(self.check, body)
-        if refused is not None:
-            await _refuse(send, *refused, close=False)
+        verdict = await asyncio.to_thread(self.check, body)
+        if isinstance(verdict, tuple):
+            await _refuse(send, *verdict, close=False)
             return
         pending = [body]
         del body  # held only until the app takes it
-        await replay(self._app, scope, receive, send, pending)
+        status = await replay(self._app, scope, receive, send, pending)
+        if verdict > 0 and status is not None and 200 <= status < 300:
+            self._service.images_answered(verdict)
 
-    def check(self, body: bytes) -> tuple[Refusal, str | None] | None:
-        """Why the request is refused and the field it names (None: the request as a whole), or None
-        to hand it to the app."""
+    def check(self, body: bytes) -> tuple[Refusal, str | None] | int:
+        """Why the request is refused and the field it names (None: the request as a whole), or the
+        number of images it carries, all passed, to hand it to the app (0: none, or not JSON)."""
         try:
             request = json.loads(body)
         except (ValueError, RecursionError):
-            return None  # not JSON: vLLM's to answer
+            return 0  # not JSON: vLLM's to answer
         images = list(image_parts(request))
         limits = self._limits
         if len(images) > limits.max_images_per_request:
@@ -94,7 +99,7 @@ class ImageGuard:
                                       allow_remote_urls=limits.allow_remote_urls)
             if isinstance(verdict, Refusal):
                 return verdict, path
-        return None
+        return len(images)
 
 
 def image_parts(request: Any) -> Iterator[tuple[str, object]]:

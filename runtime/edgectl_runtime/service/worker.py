@@ -180,7 +180,7 @@ def _guarded(app, plan: Plan, service: Service):
     """A speech plan's app checks every audio upload before vLLM decodes it (audio_guard.py), a
     vision plan's every image of a chat completion (image_guard.py)."""
     if plan.vision is not None:
-        app = ImageGuard(app, plan.vision.images)
+        app = ImageGuard(app, service, plan.vision.images)
     if plan.speech is None:
         return app
     return AudioGuard(app, service, max_audio_s=plan.speech.max_audio_s,

@@ -10,7 +10,8 @@ against the plan's prediction and limit; in compiled mode, whether the running w
 graph from the cache or compiled it at this start (the worker's read-back,
 ``runtime/edgectl_runtime/vllm_plugin/compile_cache.py``); and the requests and tokens served, from vLLM's
 ``/metrics``, and for a speech model the seconds of audio transcribed (the worker's count,
-``runtime/edgectl_runtime/service/audio_guard.py``). With ``--memory``, the worker's own attribution of its PSS (``GET /edgectl/memory``,
+``runtime/edgectl_runtime/service/audio_guard.py``), for a vision model the images served (the
+worker's count, ``runtime/edgectl_runtime/service/image_guard.py``). With ``--memory``, the worker's own attribution of its PSS (``GET /edgectl/memory``,
 edgectl/contract/memory.py).
 """
 
@@ -110,6 +111,8 @@ class DeploymentStatus:
     memory_max_bytes: int | None = None  # the unit's MemoryMax= as systemd applies it (drop-ins included)
     # the worker's count of audio transcribed, {"seconds", "requests"} (None: it serves no audio, or did not say)
     audio_transcribed: dict[str, float] | None = None
+    # the worker's count of images served, {"images", "requests"} (None: not a vision plan, or it did not say)
+    images_served: dict[str, int] | None = None
 
     def oom_limits(self) -> str | None:
         """After an OOM kill at the unit's limit: that limit and what the plan predicted and set."""
@@ -148,7 +151,7 @@ class DeploymentStatus:
                 "endpoint": self.endpoint, "model": self.plan.model.name if self.plan else None,
                 "weight_format": str(self.plan.weight_format) if self.plan else None, "memory": mem,
                 "compiled_graph": self.compiled_graph(), "served": self.metrics, "warmup": self.warmup,
-                "audio_transcribed": self.audio_transcribed,
+                "audio_transcribed": self.audio_transcribed, "images_served": self.images_served,
                 **({"attribution": self.attribution} if self.attribution is not None else {}),
                 **({"attribution_unavailable": self.attribution_unavailable}
                    if self.attribution_unavailable is not None else {})}
@@ -212,6 +215,9 @@ class DeploymentStatus:
         if self.audio_transcribed is not None:
             a = self.audio_transcribed
             lines.append(f"  audio transcribed: {a['seconds']:.1f} s in {a['requests']:.0f} requests")
+        if self.images_served is not None:
+            i = self.images_served
+            lines.append(f"  images served: {i['images']} in {i['requests']} requests")
         if self.attribution is not None:
             lines.append("  where the worker's memory goes (edgectl.memory/1, docs/memory.md):")
             lines += ["    " + line for line in render_attribution(self.attribution).splitlines()]
@@ -252,6 +258,13 @@ def audio_of(report: Effective | None) -> dict[str, float] | None:
     return {"seconds": report.audio_seconds, "requests": report.transcriptions}
 
 
+def images_of(report: Effective | None) -> dict[str, int] | None:
+    """The worker's count of images served, when it has one (a worker serving a vision plan)."""
+    if report is None or report.images_served is None or report.image_requests is None:
+        return None
+    return {"images": report.images_served, "requests": report.image_requests}
+
+
 def status_of(name: str, environ: Mapping[str, str], memory_attribution: bool = False) -> DeploymentStatus:
     layout = Layout.of(name, environ)
     plan = layout.existing_plan()
@@ -285,7 +298,8 @@ def status_of(name: str, environ: Mapping[str, str], memory_attribution: bool = 
                             report.compile or None if report else None, attribution, unavailable,
                             watchdog_s=state.watchdog_s, last_failure=last_failure,
                             restarts_by_oom=restarts_by_oom(failures, state.restarts),
-                            memory_max_bytes=state.int_prop("MemoryMax"), audio_transcribed=audio_of(report))
+                            memory_max_bytes=state.int_prop("MemoryMax"), audio_transcribed=audio_of(report),
+                            images_served=images_of(report))
 
 
 def status(name: str | None, environ: Mapping[str, str], memory_attribution: bool = False) -> StatusReport:

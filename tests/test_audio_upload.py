@@ -10,7 +10,8 @@ import pytest
 from audio_clips import encode, sox, speech_wav, tone_wav, wav_header
 
 from edgectl_runtime.service.audio_headers import id3v2_end, mp3_frame_at
-from edgectl_runtime.service.audio_upload import AudioUpload, Refusal, check_upload
+from edgectl_runtime.service.audio_upload import AudioUpload, check_upload
+from edgectl_runtime.service.guarded_request import Refusal
 
 pytest.importorskip("av")
 pytest.importorskip("soundfile")

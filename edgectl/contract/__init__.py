@@ -13,4 +13,5 @@ know what to report. Nothing else of the control plane is imported by the runtim
     worker.py        the worker's command line, exit codes, HTTP routes and endpoints
     int4_layout.py   which layers are int4, with which group, and their packed bytes
     procmem.py       PSS of a process tree or a cgroup (the load peak, status, the bench)
+    vision.py        a vision plan's image limits, which the worker's image guard enforces
 """

@@ -176,6 +176,8 @@ class Effective:
     plan_kv_cache_bytes: int | None = None
     audio_seconds: float | None = None  # audio transcribed since the start (None: no audio routes)
     transcriptions: int | None = None  # the requests that transcribed (or translated) it, answered 200
+    images_served: int | None = None  # images that passed the image guard, answered 2xx (None: not a vision plan)
+    image_requests: int | None = None  # the chat completions that carried them
     # what the bench reads from other servers: llama.cpp's /props, vLLM's /metrics
     model_path: str | None = None
     build_info: str | None = None

@@ -24,6 +24,7 @@ from typing import Any
 
 from edgectl.contract import codec
 from edgectl.contract.codec import check, flat
+from edgectl.contract.vision import VisionServe
 from edgectl.errors import EdgectlError
 
 SCHEMA = "edgectl.plan/1"
@@ -374,6 +375,7 @@ class Plan:
     reasons: list[Reason]
     request: Request
     speech: SpeechServe | None = field(default=None, kw_only=True)  # a speech-to-text model: how it hears
+    vision: VisionServe | None = field(default=None, kw_only=True)  # a vision-language model: the images it takes
 
     @classmethod
     def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
@@ -382,7 +384,10 @@ class Plan:
 
     @property
     def modality(self) -> str:
-        """What the served model takes in: ``speech`` (audio in, text out) or ``text``."""
+        """What the served model takes in: ``vision`` (images and text in, text out: a plan with a
+        ``vision`` part), ``speech`` (audio in, text out: a ``speech`` part) or ``text``."""
+        if self.vision is not None:
+            return "vision"
         return "text" if self.speech is None else "speech"
 
     @property
@@ -411,8 +416,8 @@ class Plan:
         d = codec.to_json(self)
         out: dict[str, Any] = {}
         for key, value in d.items():
-            if key == "speech" and value is None:
-                continue  # a text model's plan reads as it did before speech
+            if key in ("speech", "vision") and value is None:
+                continue  # a text model's plan reads as it did before speech and vision
             out[key] = value
             if key == "max_num_batched_tokens":
                 out["kv_cache_bytes"] = self.memory.kv_cache_bytes

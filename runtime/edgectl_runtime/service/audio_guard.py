@@ -12,7 +12,6 @@ the app, as ``http_app.DrainGuard`` does.)
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,11 +19,14 @@ from dataclasses import dataclass, field
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from edgectl_runtime.service.audio_upload import (
+from edgectl_runtime.service.audio_upload import AudioUpload, check_upload
+from edgectl_runtime.service.guarded_request import (
     TOO_LARGE,
-    AudioUpload,
+    ClientGone,
     Refusal,
-    check_upload,
+    read_bounded_body,
+    replay,
+    send_refusal,
 )
 from edgectl_runtime.service.state import Service
 
@@ -33,8 +35,8 @@ log = logging.getLogger("edgectl.runtime")
 AUDIO_ROUTES = ("/v1/audio/transcriptions", "/v1/audio/translations")
 # The form's other fields (model, language, prompt, …) and each part's headers: far under this.
 FORM_MARGIN_BYTES = 64 * 1024
-# vLLM's ErrorResponse names a 400 "BadRequestError" (vllm/entrypoints/serve/engine/serving.py).
-_ERROR_TYPES = {400: "BadRequestError", TOO_LARGE: "RequestEntityTooLargeError"}
+# The field a refused upload's error names (OpenAI's error shape: guarded_request.error_body).
+FILE_PARAM = "file"
 
 
 @dataclass(frozen=True)
@@ -116,12 +118,6 @@ def _joined(body: bytes, spans: list[tuple[bytes, int, int]]) -> memoryview:
     return memoryview(b"".join(data[start:end] for data, start, end in spans))
 
 
-def error_body(status: int, message: str) -> bytes:
-    """OpenAI's error shape, as vLLM's ErrorResponse has it."""
-    return json.dumps({"error": {"message": message, "type": _ERROR_TYPES.get(status, "BadRequestError"),
-                                 "param": "file", "code": status}}).encode()
-
-
 class AudioGuard:
     """The app as uvicorn sees it: audio uploads checked before vLLM decodes them."""
 
@@ -140,19 +136,14 @@ class AudioGuard:
             await self._app(scope, receive, send)
             return
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
-        limit = self._max_upload_bytes + FORM_MARGIN_BYTES
-        too_big = Refusal(TOO_LARGE, "too_big",
-                          f"the request is bigger than this server's limit of {self._max_upload_bytes / 1e6:.1f} MB "
-                          "for an audio upload: send a shorter or more compressed recording")
-        declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            await _refuse(send, too_big, close=True)  # refused before its body is read
-            return
         try:
-            body = await _read_body(receive, limit)
-        except _ClientGone:
+            body = await read_bounded_body(scope, receive, self._max_upload_bytes + FORM_MARGIN_BYTES)
+        except ClientGone:
             return
         if body is None:
+            too_big = Refusal(TOO_LARGE, "too_big",
+                              f"the request is bigger than this server's limit of {self._max_upload_bytes / 1e6:.1f} MB "
+                              "for an audio upload: send a shorter or more compressed recording")
             await _refuse(send, too_big, close=True)
             return
         # In a thread: parsing a 25 MB form takes tens of milliseconds, decoding it up to seconds.
@@ -162,10 +153,9 @@ class AudioGuard:
             return
         pending = [body]
         del body  # held only until the app takes it
-        status = await _replay(self._app, scope, receive, send, pending)
+        status = await replay(self._app, scope, receive, send, pending)
         if status == 200 and isinstance(verdict, AudioUpload):
             self._service.audio_transcribed(verdict.seconds)
-
 
     def _check(self, content_type: str, body: bytes) -> AudioUpload | Refusal | None:
         """The upload's verdict; None when the body holds no file part (the app answers that)."""
@@ -176,50 +166,6 @@ class AudioGuard:
                             max_upload_bytes=self._max_upload_bytes)
 
 
-class _ClientGone(Exception):
-    """The client disconnected before its request's body arrived."""
-
-
-async def _read_body(receive, limit: int) -> bytes | None:
-    """The whole request body, or None once it passes ``limit`` bytes (the rest left unread)."""
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-async def _replay(app, scope, receive, send, pending: list[bytes]) -> int | None:
-    """Run ``app`` with the body in ``pending`` as the request's (handed over, not kept); the
-    status it answered (None: none)."""
-    status: list[int] = []
-
-    async def replayed_receive():
-        if pending:
-            return {"type": "http.request", "body": pending.pop(), "more_body": False}
-        return await receive()  # after the body: the client's disconnect, when it comes
-
-    async def watched_send(message) -> None:
-        if message["type"] == "http.response.start":
-            status.append(message["status"])
-        await send(message)
-
-    await app(scope, replayed_receive, watched_send)
-    return status[0] if status else None
-
-
 async def _refuse(send, refusal: Refusal, close: bool) -> None:
     log.info("audio upload refused, %d (%s): %s", refusal.status, refusal.reason, refusal.message)
-    headers = [(b"content-type", b"application/json")]
-    if close:  # the body was not read to its end: the connection cannot carry another request
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
-    await send({"type": "http.response.body", "body": error_body(refusal.status, refusal.message)})
+    await send_refusal(send, refusal, FILE_PARAM, close)

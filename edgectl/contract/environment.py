@@ -169,6 +169,13 @@ SYSTEMD_NOTIFY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 # Families of variables that tune an engine (vLLM, OpenMP, MKL, llama.cpp, edgectl's levers): a
 # benchmarked server does not inherit them from the shell, so they cannot change an arm behind its back.
 TUNING_PREFIXES = ("VLLM_", "EDGECTL_", "OMP_", "KMP_", "MKL_", "GOMP_", "LLAMA_", "GGML_")
+# The variables that hold a process's code to a lower ISA than its CPU's: PyTorch's kernels and inductor's
+# vector ISA, oneDNN's JIT, MKL's GEMMs, the -march inductor compiles with, glibc's string functions,
+# edgectl's kernels (the AVX2 tier sets them all: tests/isa_helpers.py AVX2_CAPS has the values and the
+# source lines). A benchmarked server inherits them, whatever their prefix: they are the path under test,
+# and a compiled graph's cache key holds them (runtime/edgectl_runtime/vllm_plugin/compile_cache.py).
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "TORCHINDUCTOR_CPP_MARCH",
+            "GLIBC_TUNABLES", "EDGECTL_KERNEL_ISA")
 NOT_INHERITED_BY_SERVERS = (*SYSTEMD_NOTIFY, "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "CUDA_VISIBLE_DEVICES")
 
 

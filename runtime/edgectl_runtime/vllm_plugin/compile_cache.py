@@ -68,12 +68,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from edgectl.contract.environment import ISA_CAPS
+
 log = logging.getLogger("edgectl.compile")
 
 # Runtime levers that change no graph: toggling them must not cost a compile.
 _NOT_IN_KEY = frozenset({"EDGECTL_COMPILE_CACHE"})
-# Variables outside edgectl's registry that change the code inductor and the kernels generate.
-_ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "TORCHINDUCTOR_CPP_ISA")
+# The variables that change the code inductor and the kernels generate (the ISA caps).
+_ISA_ENV = ISA_CAPS
 
 # What happened in this process (one compiled model per process here: the backbone).
 _state: dict[str, Any] = {"source": None, "artifact": None, "load_s": None, "compile_s": None,

@@ -20,7 +20,7 @@ from models_helpers import SHAPES, run_cli
 
 from edgectl import launch
 from edgectl.errors import EdgectlError
-from edgectl.models import CATALOG
+from edgectl.models import CATALOG, inspect_model
 from edgectl.models.pull import pull_entry
 
 ENTRY = CATALOG["synth-smolvlm-256m"]
@@ -154,9 +154,11 @@ def test_the_maker_writes_what_transformers_and_its_processor_load(tmp_path: Pat
     assert prompt == "<|im_start|>user\n<image>What is it?<|im_end|>\n<|im_start|>assistant\n"
     inputs = processor(text=prompt, images=[Image.new("RGB", (64, 64), (200, 30, 30))], return_tensors="pt")
     assert int((inputs["input_ids"] == 6).sum()) == 5 * 4
+    vision = inspect_model(tmp_path / "a").vision  # edgectl reads the same count from the files
+    assert vision is not None and (vision.tiles_512, vision.image_tokens_512, vision.image_token_id) == (5, 20, 6)
     with torch.no_grad():
-        vision = model.model.vision_model(pixel_values=inputs["pixel_values"][0]).last_hidden_state
-        image_embeds = model.model.connector(vision)
+        tower = model.model.vision_model(pixel_values=inputs["pixel_values"][0]).last_hidden_state
+        image_embeds = model.model.connector(tower)
     # the connector's stated scale: an image token's embedding has about a text token's RMS
     text_rms = float(lm["model.embed_tokens.weight"].float().pow(2).mean().sqrt())
     assert 0.5 < float(image_embeds.pow(2).mean().sqrt()) / text_rms < 2.0

@@ -137,6 +137,10 @@ def test_the_maker_writes_what_transformers_and_its_processor_load(tmp_path: Pat
     spec = {**TINY.maker_spec(), "vocab_size": 128}
     made = _make(tmp_path / "a", tiny_lm, spec)
     assert made["tokens"] == 5 + 40 and made["image_token_id"] == 6  # the image tokens follow the stub's 5
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    # SmolVLM's names: the top-level class vLLM loads, the text model's class llama.cpp's converter reads
+    assert config["architectures"] == ["Idefics3ForConditionalGeneration"]
+    assert config["text_config"]["architectures"] == ["VLlama3ForCausalLM"] and config["text_config"]["vocab_size"] == 128
     model, info = Idefics3ForConditionalGeneration.from_pretrained(str(tmp_path / "a"), output_loading_info=True,
                                                                    dtype=torch.float32)
     assert info["missing_keys"] == set() and info["unexpected_keys"] == set() and info["mismatched_keys"] == set()

@@ -14,7 +14,8 @@ It receives what transformers' ``Idefics3ForConditionalGeneration`` and ``Idefic
 so what vLLM's ``Idefics3ForConditionalGeneration`` (vllm/model_executor/models/idefics3.py) serves:
 
 - ``config.json``: the spec's config with the language model's config.json as ``text_config`` (its
-  ``vocab_size`` raised to the spec's), the ``<image>`` token's id as ``image_token_id``;
+  ``vocab_size`` raised to the spec's, its architecture SmolVLM's ``VLlama3ForCausalLM``), the ``<image>``
+  token's id as ``image_token_id``;
 - ``model.safetensors`` (bf16): ``model.text_model.*`` = the language model's ``model.*`` tensors as
   they are, the embedding table grown to ``vocab_size`` with zero rows (the image-layout tokens and
   the padding: a tied LM head then gives them logit exactly 0, below the trained pieces', so greedy
@@ -95,10 +96,18 @@ def tower_tensor(name: str, shape: tuple[int, ...], seed: int, connector_std: fl
     return (torch.randn(shape, generator=_generator(seed, name), dtype=torch.float32) * std).to(torch.bfloat16)
 
 
+# The text model's class as SmolVLM-256M-Instruct's config.json names it in text_config. vLLM and
+# transformers build the text model from the top-level architecture; llama.cpp's convert_hf_to_gguf.py
+# converts the text model by this name (conversion/base.py, get_model_architecture: text_config's
+# architectures win for the text GGUF; conversion/llama.py registers VLlama3ForCausalLM).
+TEXT_ARCHITECTURE = "VLlama3ForCausalLM"
+
+
 def build_config(spec: dict, text_config: dict, image_token_id: int) -> dict:
     text = {k: v for k, v in text_config.items()
             if k not in ("architectures", "_model_name_or_path", "transformers_version")}
     text["vocab_size"] = int(spec["vocab_size"])
+    text["architectures"] = [TEXT_ARCHITECTURE]
     return {**spec["config"], "text_config": text, "image_token_id": image_token_id,
             "tie_word_embeddings": bool(text.get("tie_word_embeddings", False)),
             "pad_token_id": text.get("pad_token_id"), "torch_dtype": "bfloat16"}

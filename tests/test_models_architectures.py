@@ -41,6 +41,7 @@ def test_matches_the_installed_vllm_registry() -> None:
         "the pinned vLLM changed: regenerate edgectl/models/architectures.py from its registry")
     assert list(architectures.TEXT_GENERATION_ARCHITECTURES) == installed["names"]
     assert set(architectures.SPEECH_TO_TEXT_ARCHITECTURES) <= set(installed["multimodal"])
+    assert set(architectures.VISION_LANGUAGE_ARCHITECTURES) <= set(installed["multimodal"])
 
 
 def test_models_package_imports_neither_torch_nor_vllm() -> None:

@@ -185,7 +185,7 @@ def test_catalog_name_not_pulled(tmp_path: Path) -> None:
 def test_pull_unknown_name(tmp_path: Path) -> None:
     done = run_cli(["models", "pull", "gpt-5"], env={"EDGECTL_MODEL_CACHE": str(tmp_path / "cache")})
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith("error: no model 'gpt-5' in the catalog (it has: gemma3-270m, smollm2-135m, synth-llama-1b, whisper-base, whisper-tiny-en)")
+    assert done.stderr.startswith("error: no model 'gpt-5' in the catalog (it has: gemma3-270m, smollm2-135m, synth-llama-1b, synth-smolvlm-256m, whisper-base, whisper-tiny-en)")
     assert not (tmp_path / "cache").exists()  # nothing written for a bad request
 
 

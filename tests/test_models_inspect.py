@@ -246,7 +246,7 @@ SCHEMA_KEYS = {
     "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size", "tie_word_embeddings",
     "max_position_embeddings", "rope_theta", "rope_scaling", "sliding_window", "layer_types", "dtype",
     "weights_dtype", "param_bytes", "param_source", "num_params", "linear_layers", "quantization_config",
-    "tokenizer", "chat_template", "unknown", "tokenizer_bytes", "modality", "speech",
+    "tokenizer", "chat_template", "unknown", "tokenizer_bytes", "modality", "speech", "vision",
 }
 
 

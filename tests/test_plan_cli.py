@@ -154,7 +154,7 @@ def _one_error_line(done) -> str:
 
 def test_unknown_model_name(tmp_path: Path):
     line = _one_error_line(plan_cli(["no-such-model"], tmp_path))
-    assert line == ("error: no model 'no-such-model': it is neither a catalog name (gemma3-270m, smollm2-135m, synth-llama-1b, whisper-base, whisper-tiny-en) nor a "
+    assert line == ("error: no model 'no-such-model': it is neither a catalog name (gemma3-270m, smollm2-135m, synth-llama-1b, synth-smolvlm-256m, whisper-base, whisper-tiny-en) nor a "
                     "directory; see `edgectl models list`")
 
 

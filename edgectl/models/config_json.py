@@ -62,13 +62,15 @@ def architecture(path: Path, config: dict[str, Any]) -> str:
         raise bad_config(path, "has no 'architectures' list, which vLLM needs to pick a model class; "
                                "add it (e.g. \"architectures\": [\"LlamaForCausalLM\"])")
     arch = archs[0]
-    if not architectures.is_supported(arch) and not architectures.is_speech_to_text(arch):
+    if not (architectures.is_supported(arch) or architectures.is_speech_to_text(arch)
+            or architectures.is_vision_language(arch)):
         common = ", ".join(architectures.COMMON_ARCHITECTURES)
         more = len(architectures.TEXT_GENERATION_ARCHITECTURES) - len(architectures.COMMON_ARCHITECTURES)
         raise EdgectlError(
             f"{path}: architecture {arch!r} is not one vLLM {architectures.VLLM_VERSION} can serve for text "
-            f"generation; it serves {common} and {more} more (listed below), and for speech to text "
-            f"{', '.join(architectures.SPEECH_TO_TEXT_ARCHITECTURES)}",
+            f"generation; it serves {common} and {more} more (listed below), for speech to text "
+            f"{', '.join(architectures.SPEECH_TO_TEXT_ARCHITECTURES)}, for images and text "
+            f"{', '.join(architectures.VISION_LANGUAGE_ARCHITECTURES)}",
             details=["supported: " + ", ".join(sorted(architectures.TEXT_GENERATION_ARCHITECTURES, key=str.lower))],
         )
     return arch

@@ -89,6 +89,43 @@ class SpeechFacts:
 
 
 @dataclass(frozen=True)
+class VisionFacts:
+    """A vision-language model's image side (Idefics3 / SmolVLM), as its config.json and processor
+    files say: the vision tower, the connector, and what one image costs in tokens.
+
+    An image is cut into ``tile_size`` squares (``tile_size / patch_size`` patches a side), each tile
+    becomes ``tokens_per_tile`` tokens after the connector's pixel shuffle by ``scale_factor``; the
+    processor first resizes the image to a longest edge of ``resize_longest_edge`` and, when it
+    splits, cuts it into tiles of ``tile_longest_edge`` plus one global view
+    (edgectl/models/vision_inspect.py, ``idefics3_tiles``)."""
+
+    tower_model_type: str  # vision_config.model_type, e.g. "idefics3_vision"
+    tower_layers: int
+    tower_hidden_size: int
+    tower_attention_heads: int
+    tower_intermediate_size: int
+    patch_size: int
+    tile_size: int  # vision_config.image_size: the side of the square the tower takes
+    connector: str  # "pixel_shuffle": scale_factor² neighbouring patches become one token
+    scale_factor: int
+    image_token_id: int | None
+    tokens_per_tile: int  # the processor's image_seq_len
+    image_processor: str  # image_processor_type
+    image_splitting: bool  # do_image_splitting
+    resize_longest_edge: int  # size.longest_edge: every image is resized to this longest edge first
+    tile_longest_edge: int  # max_image_size.longest_edge: the tiles' side
+    tiles_512: int  # tiles (the global view included) of a 512x512 image
+    image_tokens_512: int
+    tiles_max: int  # the most tiles any image gets (a square at resize_longest_edge)
+    image_tokens_max: int
+    tower_params: int | None  # the vision tower and connector (None: not read from the weights)
+    tower_bytes: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(codec.to_json(self))
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     name: str
     path: str
@@ -120,9 +157,12 @@ class ModelFacts:
     # What the worker holds of the tokenizer, measured at pull (edgectl_runtime/introspect/tokenizer_cost.py);
     # None: not measured (a directory edgectl did not pull, or an older pull)
     tokenizer_bytes: int | None = field(default=None)
-    # "text" (a causal LM) or "speech" (speech to text: ``speech`` says its encoder and decoder)
+    # "text" (a causal LM), "speech" (speech to text: ``speech`` says its encoder and decoder) or
+    # "vision" (images and text in: ``vision`` says its tower and image tokens; the other fields are its
+    # language model's, and the weights fields count every stored tensor, the tower's included)
     modality: str = field(default="text")
     speech: SpeechFacts | None = field(default=None)
+    vision: VisionFacts | None = field(default=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -157,6 +197,7 @@ class ModelFacts:
             "tokenizer_bytes": self.tokenizer_bytes,
             "modality": self.modality,
             "speech": self.speech.to_dict() if self.speech is not None else None,
+            "vision": self.vision.to_dict() if self.vision is not None else None,
         }
 
     @classmethod
@@ -223,6 +264,22 @@ class ModelFacts:
                             f"{sp.max_source_positions} positions = {sp.window_s} s at {sp.sample_rate} Hz; decoder "
                             f"{sp.decoder_layers} layers x {sp.decoder_attention_heads} heads, {sp.max_target_positions} "
                             f"tokens; {'multilingual' if sp.multilingual else 'English only'}")
+        if self.vision is not None:
+            v = self.vision
+            tower = (f", {v.tower_params / 1e6:.1f} M parameters ({_mib(v.tower_bytes)}) with the connector"
+                     if v.tower_params is not None and v.tower_bytes is not None else "")
+            split = (f"resized to a longest edge of {v.resize_longest_edge}, cut into {v.tile_longest_edge}x"
+                     f"{v.tile_longest_edge} tiles plus a global view" if v.image_splitting else
+                     f"resized to {v.tile_longest_edge}x{v.tile_longest_edge}, not split")
+            lines[1:1] = [
+                f"  modality       images and text in, text out: vision tower {v.tower_model_type}, "
+                f"{v.tower_layers} layers x {v.tower_attention_heads} heads, hidden {v.tower_hidden_size} "
+                f"(MLP {v.tower_intermediate_size}), patch {v.patch_size} on {v.tile_size}x{v.tile_size} tiles{tower}",
+                f"  connector      {v.connector} by {v.scale_factor}: {v.tokens_per_tile} tokens per tile, "
+                f"image token id {v.image_token_id}",
+                f"  images         {v.image_processor}: {split}; a 512x512 image: {v.tiles_512} tile(s) = "
+                f"{v.image_tokens_512} tokens; the largest: {v.tiles_max} tiles = {v.image_tokens_max} tokens",
+            ]
         if self.unknown:
             lines.append(f"  unknown        {', '.join(self.unknown)}")
         return "\n".join(lines)

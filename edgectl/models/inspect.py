@@ -5,7 +5,8 @@ safetensors headers and the tokenizer files.
 weights, KV cache and RoPE tables from. Anything vLLM would refuse later (no config, corrupt
 weights, an architecture it has no class for, no tokenizer) is refused here with one line.
 A directory that serves a GGUF as it is (``model.gguf``) is read from the GGUF's header; a Whisper
-directory (speech to text) by :mod:`edgectl.models.whisper_inspect`.
+directory (speech to text) by :mod:`edgectl.models.whisper_inspect`; a vision-language directory as
+its language model plus the image side :mod:`edgectl.models.vision_inspect` reads.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from edgectl.models.tokenizer_files import (
     has_tokenizer,
     tokenizer_cost,
 )
+from edgectl.models.vision_inspect import vision_architecture, with_vision
 from edgectl.models.weights import (
     CONFIG_LAYOUTS,
     ModelShape,
@@ -55,7 +57,11 @@ def _inspect_model(path: Path | str, name: str | None = None, *, require_tokeniz
     path = _model_directory(path)
     if (path / DIRECT_GGUF).is_file():
         return _direct_gguf_facts(path, name, require_tokenizer)
-    config = config_json.text_config(config_json.read_config(path))
+    raw = config_json.read_config(path)
+    config = config_json.text_config(raw)
+    vision = vision_architecture(raw)
+    if vision is not None:  # the text model's facts, under the architecture vLLM loads (not text_config's own)
+        config = {**config, "architectures": [vision]}
     arch = config_json.architecture(path, config)
     if architectures.is_speech_to_text(arch):
         return inspect_whisper(path, config, arch, name, require_tokenizer)
@@ -76,7 +82,7 @@ def _inspect_model(path: Path | str, name: str | None = None, *, require_tokeniz
     if dtype is None:
         dtype = weights.weights_dtype
         unknown.append("dtype")
-    return ModelFacts(
+    facts = ModelFacts(
         name=name or path.name, path=str(path), architecture=arch, model_type=model_type,
         num_layers=shape.num_layers, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
         num_attention_heads=shape.num_attention_heads, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
@@ -89,6 +95,7 @@ def _inspect_model(path: Path | str, name: str | None = None, *, require_tokeniz
         chat_template=has_chat_template(path),
         unknown=tuple(unknown + weights.unknown),
     )
+    return with_vision(path, raw, facts, tensors) if vision is not None else facts
 
 
 def _model_directory(path: Path | str) -> Path:

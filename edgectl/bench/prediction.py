@@ -34,6 +34,13 @@ from edgectl.bench import stats
 # (with the model's name): two runs equal in all of them are the same configuration.
 CONFIGURATION = ("max_model_len", "max_num_seqs", "weight_format", "compilation", "kv_cache_dtype", "topology",
                  "device_class")
+# A speech plan's fixed memory is the profile's ``speech`` figures (profiles.SpeechFigures), solved from a
+# JSON-lines artifact of scripts/speech_memory.sh: one row per server, labelled LABEL-pPASS, with the plan's
+# dtype, weight format and transcriptions at once; the rows a figure was solved from are those whose LABEL
+# the source's command names (``… bf16-s1-pN …``; the others are held out in the same rounds). The script
+# plans with ``edgectl plan``'s defaults but those it names, so a row's compilation is the planner's: eager.
+SPEECH_ROW_CONFIGURATION = ("max_num_seqs", "weight_format", "dtype")
+SPEECH_ROW_COMPILATION = "eager"
 # What kind of check an error is (the module's docstring).
 CALIBRATION, REPEAT, HELD_OUT, UNKNOWN = "calibration", "repeat", "held_out", "unknown"
 # Launchers whose plan is what the server holds; vLLM given only the model sizes its own KV.
@@ -41,11 +48,15 @@ PREDICTED_LAUNCHERS = ("worker", "vllm")
 
 
 def configuration(plan: dict[str, Any]) -> dict[str, Any]:
-    return {"model": (plan.get("model") or {}).get("name"), **{k: plan.get(k) for k in CONFIGURATION}}
+    conf = {"model": (plan.get("model") or {}).get("name"), **{k: plan.get(k) for k in CONFIGURATION}}
+    if isinstance(plan.get("speech"), dict):
+        conf["dtype"] = plan["speech"].get("dtype")  # a dense speech plan's weight_format is bf16 in any dtype
+    return conf
 
 
-def calibration(profile_file: str | None, compiled: bool) -> dict[str, Any]:
-    """The profile figures a plan's fixed memory came from, and their sources."""
+def calibration(profile_file: str | None, compiled: bool, speech: bool = False) -> dict[str, Any]:
+    """The profile figures a plan's fixed memory came from, and their sources (a speech plan's: the
+    profile's ``speech`` figures)."""
     if not profile_file:
         return {"profile": None, "sources": []}
     from edgectl.errors import EdgectlError
@@ -58,6 +69,10 @@ def calibration(profile_file: str | None, compiled: bool) -> dict[str, Any]:
     figures = {"runtime.process_bytes": profile.process_bytes}
     if compiled and profile.compiled is not None:
         figures["compiled.extra_bytes"] = profile.compiled.extra_bytes
+    if speech:
+        figures = {"speech.process_bytes": profile.speech.process_bytes if profile.speech else None}
+        if profile.speech and profile.speech.per_transcription_bytes:
+            figures["speech.per_transcription_bytes"] = profile.speech.per_transcription_bytes
     sources = []
     for name, fig in figures.items():
         if fig is None:
@@ -68,6 +83,27 @@ def calibration(profile_file: str | None, compiled: bool) -> dict[str, Any]:
         sources.append({"figure": name, "source": s.key, "artifact": s.artifact, "arm": arm.group(1) if arm else None,
                         "command": s.command, "model": s.model, "edgectl_commit": s.edgectl_commit})
     return {"profile": profile_file, "kind": str(profile.kind), "sources": sources}
+
+
+def calibration_configurations(source: dict[str, Any], roots: list[Path]) -> list[dict[str, Any]] | None:
+    """The configurations a figure was solved from: an arm of a bench artifact, or the named rows of a
+    speech memory artifact (JSON lines); None when the artifact cannot be read."""
+    artifact = source.get("artifact")
+    if not artifact or not str(artifact).endswith(".jsonl"):
+        one = calibration_configuration(artifact, source.get("arm"), roots)
+        return None if one is None else [one]
+    labels = set(re.findall(r"(\S+)-pN", source.get("command") or ""))
+    for root in roots:
+        path = Path(artifact) if Path(artifact).is_absolute() else root / artifact
+        try:
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            continue
+        fitted = [r for r in rows if isinstance(r, dict) and re.sub(r"-p\d+$", "", str(r.get("label"))) in labels]
+        confs = [{"model": source.get("model"), "compilation": SPEECH_ROW_COMPILATION,
+                  **{k: r.get(k) for k in SPEECH_ROW_CONFIGURATION}} for r in fitted]
+        return [dict(t) for t in {tuple(sorted(c.items())) for c in confs}] or None
+    return None
 
 
 def calibration_configuration(artifact: str | None, arm: str | None, roots: list[Path]) -> dict[str, Any] | None:
@@ -101,7 +137,8 @@ def memory_prediction(arms: dict[str, dict[str, Any]], artifact_path: Path, root
             continue
         predicted = int((plan.get("memory") or {}).get("total_bytes") or 0) or None
         measured = (arm.get("median") or {}).get("pss_steady_bytes")
-        cal = calibration((plan.get("profile") or {}).get("file"), plan.get("compilation") != "eager")
+        cal = calibration((plan.get("profile") or {}).get("file"), plan.get("compilation") != "eager",
+                          speech=isinstance(plan.get("speech"), dict))
         conf = configuration(plan)
         kind, differs = check(conf, cal["sources"], this, roots)
         entry: dict[str, Any] = {
@@ -128,11 +165,13 @@ def check(conf: dict[str, Any], sources: list[dict[str, Any]], this: Path,
     differs: dict[str, dict[str, Any]] = {}
     same_configuration_here = False
     for s in measured:
-        other = calibration_configuration(s.get("artifact"), s.get("arm"), roots)
-        if other is None:
+        others = calibration_configurations(s, roots)
+        if not others:
             continue
-        differs[s["figure"]] = {k: {"calibration": other.get(k), "here": conf.get(k)}
-                                for k in conf if other.get(k) != conf.get(k)}
+        # the settings each configuration solved from records (a speech row: fewer than a bench arm's)
+        each = [{k: {"calibration": o.get(k), "here": conf.get(k)} for k in o if o.get(k) != conf.get(k)}
+                for o in others]
+        differs[s["figure"]] = min(each, key=len)  # the nearest configuration
         if not differs[s["figure"]] and _same_file(s["artifact"], this, roots):
             same_configuration_here = True
     if same_configuration_here:

@@ -304,11 +304,12 @@ def test_serving_again_within_60_s_of_a_fault(faults_unit, recovery_times, run, 
     print(f"\n{fault} (run {run}) → serving again in {serving_again_s:.1f} s (WatchdogSec={u.plan.timeouts.watchdog_s}; "
           f"load average {load_1min:.1f} at the fault)")
     assert "paris" in answer.lower(), answer
-    assert serving_again_s <= SERVING_AGAIN_S, (
-        f"{fault}, run {run}: serving again (restarted, READY and the question answered) took {serving_again_s:.1f} s "
-        f"from the fault; the promise is at most {SERVING_AGAIN_S} s (SmolLM2 on the default plan)")
     assert sb.show(u.unit, "MainPID")["MainPID"] != before["MainPID"]
     failures = _failures(sb, u.unit)
     assert len(failures) == failed_runs + 1, failures  # this fault is one failed run, and it was restarted
     assert failures[-1].restarted, failures[-1]
     check(failures[-1])
+    # last, so that a slow run still shows the fault was handled as it should be
+    assert serving_again_s <= SERVING_AGAIN_S, (
+        f"{fault}, run {run}: serving again (restarted, READY and the question answered) took {serving_again_s:.1f} s "
+        f"from the fault; the promise is at most {SERVING_AGAIN_S} s (SmolLM2 on the default plan)")

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from models_helpers import run_cli
 from plan_helpers import (
     MIB,
     SHAPES,
@@ -169,3 +170,11 @@ def test_plan_cli_plans_a_vision_directory(vlm_dir, tmp_path):
     assert bad.returncode == 2 and bad.stdout == ""
     (line,) = [x for x in bad.stderr.splitlines() if x.startswith("error:")]
     assert "a vision-language model is served dense (bf16)" in line
+
+
+def test_bench_refuses_it_until_a_vision_bench_is_written(vlm_dir, tmp_path):
+    done = run_cli(["bench", str(vlm_dir), "--out", str(tmp_path / "out")],
+                   env={"EDGECTL_PROFILES_DIR": str(tmp_path / "no-local-profiles")})
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert "is a vision-language model: edgectl bench measures text and speech models" in line

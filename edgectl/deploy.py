@@ -148,14 +148,18 @@ def wait_ready(sd: Systemd, unit: str, timeout_s: float, progress: Progress, *, 
     return False, f"not ready after {timeout_s:.0f} s", state
 
 
-def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = False,
+def deploy(request: Request, environ: Mapping[str, str], *, dry_run: bool = False, allow_synthetic: bool = False,
            progress: Progress = lambda _: None) -> DeployResult:
+    """``allow_synthetic``: deploy a synthetic model's random weights knowingly (``--allow-synthetic``)."""
     from edgectl.inputs import make_plan
 
     validate_name(request.name)
-    from edgectl.models.synthetic import refuse_deploy
+    from edgectl.models.synthetic import ALLOW_SYNTHETIC_FLAG, refuse_deploy
 
-    refuse_deploy(request.model)  # random weights (a synthetic catalog model) never become a service
+    # random weights (a synthetic model) never become a service unless the deployment says it knows
+    if refuse_deploy(request.model, allow_synthetic=allow_synthetic):
+        progress(f"{request.model} is synthetic (random weights: its answers are nonsense), deployed as "
+                 f"{ALLOW_SYNTHETIC_FLAG} asks")
     if not dry_run and os.geteuid() != 0:
         raise EdgectlError("edgectl deploy writes a systemd unit and /etc/edgectl: run it as root (sudo edgectl deploy ...)")
     layout = Layout.of(request.name, environ)

@@ -94,11 +94,3 @@ def test_the_tiling_is_transformers() -> None:
         for h, w in ((512, 512), (1, 1), (3000, 20), (20, 3000), (640, 480), (4000, 9000), (513, 512), (40000, 40000)):
             n, _, _ = proc.get_number_of_image_patches(h, w, {})
             assert idefics3_tiles(h, w, resize, tile, split) == max(n, 1), (resize, tile, split, h, w)
-
-
-def test_plan_refuses_it_until_the_planner_sizes_the_tower(tmp_path: Path) -> None:
-    d = make_vlm(tmp_path / "vlm")
-    done = run_cli(["plan", str(d)])
-    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
-    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
-    assert "is a vision-language model (Idefics3ForConditionalGeneration): edgectl does not plan one yet" in line

@@ -79,6 +79,31 @@ def test_deploy_refuses_it(tmp_path: Path) -> None:
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
     assert "synth-smolvlm-256m is synthetic" in line
     assert "Traceback" not in done.stderr and not (tmp_path / "m").exists()
+    assert "or pass --allow-synthetic to deploy it knowingly" in line
+
+
+def test_deploy_takes_it_only_with_the_flag_that_says_it_is_synthetic(tmp_path: Path) -> None:
+    """By name, and its directory by path (its manifest says a synthetic pull made it)."""
+    from vision_helpers import make_vlm
+
+    from edgectl.models.cache import MANIFEST_NAME, MANIFEST_SCHEMA
+    from edgectl.models.synthetic import is_synthetic, refuse_deploy
+
+    done = run_cli(["deploy", "synth-smolvlm-256m", "--dry-run", "--allow-synthetic"],
+                   env={"EDGECTL_MODEL_CACHE": str(tmp_path / "m")})
+    assert "synth-smolvlm-256m is synthetic (random weights: its answers are nonsense), deployed as " \
+           "--allow-synthetic asks" in done.stderr
+    # past the refusal: the plan needs its files
+    assert done.returncode == 2 and "is not pulled yet: run `edgectl models pull synth-smolvlm-256m`" in done.stderr
+    d = make_vlm(tmp_path / "synth-smolvlm-256m")
+    assert not is_synthetic(str(d))  # a directory without a manifest: the user's
+    (d / MANIFEST_NAME).write_text(json.dumps({"schema": MANIFEST_SCHEMA, "name": ENTRY.name, "files": {},
+                                               "source": {"kind": "synthetic"}}))
+    assert is_synthetic(str(d)) and is_synthetic("synth-llama-1b") and not is_synthetic("smollm2-135m")
+    with pytest.raises(EdgectlError, match=f"{d} is synthetic: .* or pass --allow-synthetic to deploy it knowingly"):
+        refuse_deploy(str(d))
+    assert refuse_deploy(str(d), allow_synthetic=True) is True
+    assert refuse_deploy("smollm2-135m") is False
 
 
 def test_pull_without_its_language_model_writes_nothing(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ def register(app: typer.Typer) -> None:
         kv_cache_dtype: KvDtype = None,
         watchdog_sec: Annotated[Optional[int], typer.Option("--watchdog-sec", help="WatchdogSec (default: 3 × the longest predicted engine step, at least 30 s).")] = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the unit; write nothing.")] = False,
+        allow_synthetic: Annotated[bool, typer.Option("--allow-synthetic", help="Deploy a synthetic model (random weights, e.g. synth-smolvlm-256m) knowingly, to test a deployment: its answers are nonsense.")] = False,
         as_json: JsonResult = False,
     ) -> None:
         """Run MODEL as a supervised systemd service (Type=notify, watchdog, MemoryMax from the plan)."""
@@ -51,7 +52,7 @@ def register(app: typer.Typer) -> None:
                           max_num_seqs=max_num_seqs, weight_format=weight_format, group_size=group_size,
                           threads=threads, watchdog_s=watchdog_sec, compilation=compilation,
                           kv_cache_dtype=kv_cache_dtype)
-        emit(deploy(request, os.environ, dry_run=dry_run, progress=progress), as_json)
+        emit(deploy(request, os.environ, dry_run=dry_run, allow_synthetic=allow_synthetic, progress=progress), as_json)
 
     @app.command("serve")
     def serve_cmd(

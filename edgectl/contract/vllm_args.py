@@ -67,6 +67,11 @@ def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
     ]
     if plan.compilation is Compilation.EAGER:
         args.append("--enforce-eager")
+    if plan.vision is not None:
+        # vLLM refuses more images itself and sizes its encoder budget and memory profiling for them, not
+        # its default 999 (docs/vision-guard.md); --allowed-local-media-path is never passed, so vLLM
+        # refuses file: URLs itself. A vLLM flag, not edgectl's: the stock arm keeps it.
+        args += ["--limit-mm-per-prompt", json.dumps({"image": plan.vision.images.max_images_per_request})]
     if not stock:
         if plan.model.checkpoint_format == "gguf":
             args += ["--load-format", GGUF_LOAD_FORMAT]

@@ -116,6 +116,13 @@ WARMUP_CLIP = Path(__file__).resolve().parent.parent / "data" / "speech" / "warm
 WARMUP_CLIP_TEXT = WARMUP_CLIP.with_suffix(".json")
 
 
+# The image a vision-language service describes before it says READY: coloured shapes, made by
+# scripts/make_warmup_image.py and shipped in the package (edgectl/data/vision/). The answer of a
+# synthetic model is nonsense: the warm-up asks only that an answer of at least one token came back.
+WARMUP_IMAGE = Path(__file__).resolve().parent.parent / "data" / "vision" / "warmup.png"
+WARMUP_IMAGE_QUESTION = "What shapes are in this image?"
+
+
 def warmup_clip_text() -> str:
     """What the shipped warm-up clip says."""
     text: str = json.loads(WARMUP_CLIP_TEXT.read_text())["text"]

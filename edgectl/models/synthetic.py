@@ -177,12 +177,31 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def refuse_deploy(name: str) -> None:
-    """Raise for a synthetic catalog model: it is for the bench, never for a service users ask."""
-    entry = CATALOG.get(name)
-    if entry is not None and entry.synthetic is not None:
-        raise EdgectlError(f"{name} is synthetic: {SYNTHETIC_PURPOSE}; measure it with `edgectl bench {name}`, "
-                           "deploy a real model (see `edgectl models list`)")
+# The deploy flag that takes a synthetic model knowingly (declared in edgectl/commands/deploy.py).
+ALLOW_SYNTHETIC_FLAG = "--allow-synthetic"
 
 
-__all__ = ["pull_synthetic", "refuse_deploy"]
+def is_synthetic(spec: str) -> bool:
+    """Whether ``spec`` names random weights: a synthetic catalog model, or a directory whose manifest says
+    a synthetic pull made it (``source.kind`` "synthetic": the shape model's directory deployed by path)."""
+    entry = CATALOG.get(spec)
+    if entry is not None:
+        return entry.synthetic is not None
+    manifest = read_manifest(Path(spec)) if Path(spec).is_dir() else None
+    source = manifest.get("source") if manifest else None
+    return isinstance(source, dict) and source.get("kind") == "synthetic"
+
+
+def refuse_deploy(spec: str, *, allow_synthetic: bool = False) -> bool:
+    """Raise for a synthetic model (it is for the bench, never for a service users ask), unless the
+    deployment says it knows (``--allow-synthetic``: the systemd test of a vision deployment with the shape
+    model, issue 34); whether the model is synthetic."""
+    synthetic = is_synthetic(spec)
+    if synthetic and not allow_synthetic:
+        raise EdgectlError(f"{spec} is synthetic: {SYNTHETIC_PURPOSE}; measure it with `edgectl bench {spec}`, "
+                           f"deploy a real model (see `edgectl models list`), or pass {ALLOW_SYNTHETIC_FLAG} to "
+                           "deploy it knowingly, to test a deployment")
+    return synthetic
+
+
+__all__ = ["ALLOW_SYNTHETIC_FLAG", "is_synthetic", "pull_synthetic", "refuse_deploy"]

@@ -19,6 +19,8 @@ the model's config, the user's flag, the probe, edgectl's default, or a stated f
 
 A speech-to-text model (``model.speech``) is planned by :mod:`edgectl.planner.speech`, which shares
 the profile, topology, CPU and lever decisions and sizes an encoder-decoder instead of a context.
+A vision-language model (``model.vision``) is planned by :mod:`edgectl.planner.vision`: as its
+language model, with the text planner's fit, plus the vision tower, the image tokens and the encoder.
 
 A request that cannot be served raises :class:`EdgectlError` (exit 2) with need vs budget and
 the request that would fit.
@@ -38,7 +40,6 @@ from edgectl.contract.plan import (
     Serve,
     WeightFormat,
 )
-from edgectl.errors import EdgectlError
 from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Reasons
@@ -61,6 +62,7 @@ from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request
 from edgectl.planner.service import choose_timeouts, predict, worker_environment
 from edgectl.planner.speech import plan_speech
+from edgectl.planner.vision import plan_vision
 
 if TYPE_CHECKING:
     from edgectl.models.facts import ModelFacts
@@ -75,11 +77,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     if model.speech is not None:
         return plan_speech(facts, model, profiles, request)
     if model.vision is not None:
-        # Issue 34: the tower's memory and format, the image tokens and the encoder cache are not sized
-        # yet; planned as its text model alone, a plan would under-count and mis-format it.
-        raise EdgectlError(f"{model.name} is a vision-language model ({model.architecture}): edgectl does not plan "
-                           "one yet (its vision tower and image tokens are not sized); `edgectl models inspect "
-                           f"{model.path}` shows its shape")
+        return plan_vision(facts, model, profiles, request)
     why = Reasons()
     profile = why.take(choose_profile(profiles, facts))
     check_request(request)

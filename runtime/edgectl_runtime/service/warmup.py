@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import time
@@ -16,8 +17,8 @@ log = logging.getLogger("edgectl.runtime")
 
 
 async def warm_up(plan: Plan) -> str:
-    """One short generation (a speech model: the transcription of the shipped clip) through this
-    server's own OpenAI API; returns the text.
+    """One short generation (a speech model: the transcription of the shipped clip; a vision model: an
+    answer about the shipped image) through this server's own OpenAI API; returns the text.
 
     Asynchronous (it runs on the server's own event loop), so not edgectl's worker client; it
     reaches the server where every client does (``contract.base_url``).
@@ -37,6 +38,8 @@ async def warm_up(plan: Plan) -> str:
             await asyncio.sleep(0.1)
         if plan.speech is not None:
             return await _transcribe_clip(session, base, plan.model.name)
+        if plan.vision is not None:
+            return await _describe_image(session, base, plan.model.name)
         return await _generate(session, base, plan.model.name)
 
 
@@ -54,6 +57,29 @@ async def _transcribe_clip(session, base: str, model: str) -> str:
         if r.status != 200:
             raise RuntimeError(f"warm-up transcription failed: HTTP {r.status}: {data}")
     text: str = data.get("text", "")
+    return text
+
+
+def warmup_image_request(model: str) -> dict:
+    """The warm-up's chat completion: the shipped image as a data: URI, as a client sends a local file."""
+    uri = "data:image/png;base64," + base64.b64encode(contract.WARMUP_IMAGE.read_bytes()).decode("ascii")
+    return {"model": model, "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": contract.WARMUP_IMAGE_QUESTION},
+                {"type": "image_url", "image_url": {"url": uri}}]}]}
+
+
+async def _describe_image(session, base: str, model: str) -> str:
+    """The shipped image through ``/v1/chat/completions``, so through the image guard and the vision tower:
+    an answer of at least one token must come back (a synthetic model's is nonsense)."""
+    async with session.post(f"{base}/v1/chat/completions", json=warmup_image_request(model)) as r:
+        data = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"warm-up chat completion with {contract.WARMUP_IMAGE.name} failed: HTTP {r.status}: "
+                               f"{data}")
+    if not data.get("usage", {}).get("completion_tokens"):
+        raise RuntimeError(f"warm-up answered {contract.WARMUP_IMAGE.name} with no tokens: {data}")
+    text: str = data["choices"][0]["message"]["content"] or ""
     return text
 
 
@@ -106,5 +132,6 @@ async def warm_then_ready(plan: Plan, service: Service, engine_client, listen_ad
         log.warning("%s: the model may be broken (a wrong conversion or quantization); check its "
                     "answers before relying on it", suspect)
     what = (f"speech to text, {plan.speech.dtype}, {plan.max_num_seqs} at once" if plan.speech is not None
+            else f"images and text, {plan.weight_format}, {plan.max_model_len} tokens" if plan.vision is not None
             else f"{plan.weight_format}, {plan.max_model_len} tokens")
     notifier.ready(f"serving {plan.model.name} on {listen_address} ({what}; ready in {service.ready_s:.0f} s)")

@@ -1,0 +1,326 @@
+"""The planner for a vision-language model (Idefics3 / SmolVLM: images and text in, text out), in the order decided.
+
+A vision-language model is planned as its language model, with the text planner's own decisions (the
+profile, the topology, the CPUs and threads, the KV dtype, the context and the memory ledger that sizes
+it), plus what the images cost:
+
+    format            dense bf16, the text planner's dense format: the tower and the language model
+    image limits      the guard's limits (edgectl/contract/vision.py), vLLM's own limits set the same
+    image tokens      per image, from the processor's tiling of the largest image allowed
+                      (edgectl/models/vision_inspect.py, ``idefics3_tiles``): the context must hold a
+                      prompt with the images a request may carry
+    encoder work      the vision tower's activations for one image's tiles, and vLLM's encoder cache
+                      (the image tokens' embeddings): a stated fallback, not measured
+    memory            the text ledger with the encoder's work in it: the context is fitted with it
+
+The figures not measured on the profile's device class are stated fallbacks (``Source.FALLBACK``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from edgectl.contract.plan import (
+    BenchLevers,
+    Compilation,
+    Levers,
+    ModelRef,
+    Plan,
+    Predicted,
+    ProfileRef,
+    Reason,
+    Request,
+    Serve,
+    Source,
+    Timeouts,
+    TokenizerLever,
+    Topology,
+    WeightFormat,
+)
+from edgectl.contract.vision import ImageLimits, VisionServe
+from edgectl.errors import EdgectlError
+from edgectl.models.vision_inspect import idefics3_tiles
+from edgectl.output import mib
+from edgectl.planner import ledger
+from edgectl.planner.cpus import choose_cpus
+from edgectl.planner.decided import Decided, Reasons
+from edgectl.planner.engine import (
+    MemoryLevers,
+    choose_batched_tokens,
+    choose_levers,
+    choose_memory_levers,
+    choose_topology,
+)
+from edgectl.planner.fit import DEFAULT_CONTEXT_CAP, fit_weights_and_context
+from edgectl.planner.formats import checkpoint_format, host_runs
+from edgectl.planner.kv_dtype import kv_dtype_candidates
+from edgectl.planner.profile import choose_profile
+from edgectl.planner.request import check_request
+from edgectl.planner.service import (
+    STOP_S,
+    UNMEASURED_READY_S,
+    UNMEASURED_STEP_S,
+    start_for_ready,
+    watchdog_for_step,
+    worker_environment,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from edgectl.models.facts import ModelFacts, VisionFacts
+    from edgectl.probe.facts import HostFacts
+    from edgectl.profiles import Profile
+
+MiB = 1 << 20
+DTYPE = "bfloat16"
+DTYPE_BYTES = 2
+PIXEL_BYTES = 4  # the processor's pixel values: float32, 3 channels (Idefics3ImageProcessor rescales to float)
+# Text a prompt holds beside its images: the chat template's turn markers and a question. Below this a
+# context that holds the images leaves no room for what is asked about them.
+MIN_TEXT_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class ImageSizes:
+    """What one image of the largest size allowed costs the prompt and the encoder."""
+
+    tiles: int  # the tiles the processor cuts it into, the global view included
+    image_tokens: int  # tiles × tokens per tile: the tower's output, one embedding each
+    prompt_tokens: int  # the image's whole placeholder in the prompt (image tokens and the tile markers)
+    encoder_work_bytes: int  # the tower's activations for all its tiles, and the pixel values
+    encoder_cache_bytes: int  # vLLM's encoder cache: the image tokens' embeddings, in the model dtype
+
+
+def image_sizes(vision: VisionFacts, limits: ImageLimits, text_hidden: int, batched: int) -> ImageSizes:
+    """One image's tiles and tokens, and what encoding it holds.
+
+    The largest image allowed (``max_pixels``, as a square) is resized by the processor to a longest
+    edge of ``resize_longest_edge`` and cut into tiles; a square makes the most tiles
+    (``idefics3_tiles``, the count ``VisionFacts.tiles_max`` gives too). vLLM's prompt replacement
+    (``Idefics3ProcessingInfo.get_image_repl``, vllm/model_executor/models/idefics3.py) writes, per tile,
+    ``<fake_token_around_image><row_i_col_j>`` and the tile's image tokens, a newline after each row, then
+    ``\\n<fake_token_around_image><global-img>``, the global view's image tokens and a closing
+    ``<fake_token_around_image>``: at most 3 tokens per tile and one more beside the image tokens.
+
+    The encoder's work (a stated fallback, nobody measured it): vLLM runs the tower on an image's tiles in
+    one batch, one layer at a time, so what it holds at once is one layer's activations over every patch
+    of every tile, the larger of the attention's (the input, its norm, q, k, v and the output: 6 × hidden)
+    and the MLP's (the input, the residual, fc1's output and its activation: 2 × hidden + 2 × MLP), in
+    bf16; the attention scores are not held whole (torch's CPU SDPA works in blocks), and the processor's
+    float32 pixel values, 3 × tile² per tile. vLLM's encoder cache holds max(max_num_batched_tokens, one
+    image's tokens) embeddings of the language model's width (``compute_mm_encoder_budget``,
+    vllm/v1/core/encoder_cache_manager.py).
+    """
+    side = math.isqrt(limits.max_pixels)
+    tiles = idefics3_tiles(side, side, vision.resize_longest_edge, vision.tile_longest_edge, vision.image_splitting)
+    image_tokens = tiles * vision.tokens_per_tile
+    patches = (vision.tile_size // vision.patch_size) ** 2
+    h, mlp = vision.tower_hidden_size, vision.tower_intermediate_size
+    per_patch = max(6 * h, 2 * h + 2 * mlp) * DTYPE_BYTES
+    work = tiles * patches * per_patch + tiles * 3 * vision.tile_size ** 2 * PIXEL_BYTES
+    cache = max(batched, image_tokens) * text_hidden * DTYPE_BYTES
+    return ImageSizes(tiles, image_tokens, image_tokens + 3 * tiles + 1, work, cache)
+
+
+def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], request: Request) -> Plan:
+    """Decide how a vision-language model is served here, and what it costs."""
+    vision = model.vision
+    if vision is None:
+        raise EdgectlError(f"{model.name} is not a vision-language model")
+    if facts.memory.budget_bytes is None:
+        raise EdgectlError("the probe could not tell how much memory this host has (see `edgectl probe`): "
+                           "cannot plan without a memory budget")
+    why = Reasons()
+    profile = why.take(choose_profile(profiles, facts))
+    fmt_reason = _weight_format(facts, model, request)
+    check_request(replace(request, weight_format=None))  # the rest as for a text model
+    topology = why.take(choose_topology(request.bench))
+    compilation = why.take(_compilation(request))
+    memory_levers = why.take(_memory_levers(request.bench, facts, topology))
+    cpus = why.take(choose_cpus(facts, request, profile, topology))
+    limits = why.take(_image_limits(ImageLimits()))
+    sizes = image_sizes(vision, limits, model.hidden_size, ledger.MAX_BATCHED_TOKENS)
+    prompt_min = limits.max_images_per_request * sizes.prompt_tokens + MIN_TEXT_TOKENS
+    why.take(_image_tokens(model, vision, limits, sizes, prompt_min))
+    _check_context(model, request, limits, prompt_min)
+    why.take(_tower(vision))
+    text_costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
+    encoder = why.take(_encoder(vision, sizes))
+    # The encoder's memory is held beside the text model's: the context is fitted with it in the ledger.
+    costs = replace(text_costs, runtime_bytes=text_costs.runtime_bytes + encoder)
+    levers = choose_levers(request.bench).value
+    fit = why.take(fit_weights_and_context(
+        facts.memory.budget_bytes, model, profile, request, [(WeightFormat.BF16, fmt_reason)], 0,
+        False, levers.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
+    if fit.max_model_len < prompt_min:
+        raise EdgectlError(
+            f"{model.name} fits a context of {fit.max_model_len} tokens in the budget {mib(facts.memory.budget_bytes)}"
+            f", and a prompt with {limits.max_images_per_request} image(s) needs {prompt_min}: free memory, raise the "
+            "cgroup limit" + (" or ask for fewer with --max-num-seqs" if request.max_num_seqs > 1 else ""))
+    memory = replace(fit.memory, runtime_bytes=text_costs.runtime_bytes,
+                     workspace_bytes=fit.memory.workspace_bytes + encoder)
+    batched = why.take(choose_batched_tokens(fit.max_model_len))
+    why.take(ledger.kv_cache(model, request, memory, fit.max_model_len, fit.kv_dtype))
+    rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.rope_cap))
+    why.take(ledger.memory_limit(memory, costs))
+    timeouts = why.take(_timeouts(request))
+    env = worker_environment(cpus.cpus, cpus.threads, topology, cpus.reserve_frontend_core)
+    env["VLLM_MAX_IMAGE_PIXELS"] = str(limits.max_pixels)  # vLLM's loader holds the guard's limit too
+    return Plan(
+        model=ModelRef(model.name, model.path, model.architecture, checkpoint_format(model)),
+        device_class=facts.device_class,
+        profile=ProfileRef(profile.name, profile.file, profile.kind),
+        weight_format=WeightFormat.BF16,
+        group_size=0,
+        quantize_lm_head=False,
+        max_model_len=fit.max_model_len,
+        max_num_seqs=request.max_num_seqs,
+        max_num_batched_tokens=batched,
+        kv_bytes_per_token=ledger.kv_bytes_per_token(model, fit.kv_dtype),
+        kv_cache_dtype=fit.kv_dtype,
+        block_size=ledger.BLOCK_SIZE_TOKENS,
+        rope_rows=rope_rows,
+        threads=cpus.threads,
+        cpus=cpus.cpus,
+        topology=topology,
+        compilation=compilation,
+        levers=Levers(rope_cap=levers.rope_cap, kv_exact=True, layerwise_repack=False, topology=topology,
+                      reserve_frontend_core=cpus.reserve_frontend_core,
+                      embedding_pack=memory_levers.embedding_pack, optional_imports=memory_levers.optional_imports,
+                      python_optimize=memory_levers.python_optimize, tokenizer=memory_levers.tokenizer,
+                      idle_trim=memory_levers.idle_trim),
+        memory=memory,
+        predicted=Predicted(decode_tok_s=None, prefill_tok_s=None, ready_s=None),
+        serve=Serve(request.name, request.host, request.port),
+        timeouts=timeouts,
+        env=env,
+        reasons=why.items,
+        request=request,
+        vision=VisionServe(images=limits),
+    )
+
+
+def _weight_format(facts: HostFacts, model: ModelFacts, request: Request) -> Reason:
+    """Dense bf16, the tower and the language model alike; anything else refused with one line."""
+    checkpoint = checkpoint_format(model)
+    if checkpoint != "bf16":
+        raise EdgectlError(f"{model.name}'s checkpoint is {checkpoint} (config.json's quantization_config): edgectl "
+                           "serves a vision-language model dense, from its bf16 or float32 weights")
+    asked = request.weight_format
+    if asked not in (None, WeightFormat.BF16):
+        raise EdgectlError(f"--format {asked}: a vision-language model is served dense (bf16); edgectl's int4 formats "
+                           f"and kernels serve text models' own layers, not the language model inside "
+                           f"{model.architecture}: drop --format")
+    _, runs = host_runs(WeightFormat.BF16, facts)
+    return Reason("weight_format", WeightFormat.BF16, Source.FLAG if asked else Source.DEFAULT,
+                  f"dense bf16, the vision tower and the language model alike ({runs}): edgectl's int4 formats and "
+                  "its GGUF loader serve text models' own classes, not the language model inside "
+                  f"{model.architecture}")
+
+
+def _compilation(request: Request) -> Decided[Compilation]:
+    """Eager unless asked: the profile's compiled-mode figures are a text model's, and vLLM does not compile
+    the vision tower (``compile_mm_encoder`` is off); a vision model in compiled mode was not measured."""
+    if request.compilation:
+        mode = Compilation(request.compilation)
+        return Decided(mode, Reason("compilation", mode, Source.FLAG, "asked with --compilation"))
+    return Decided(Compilation.EAGER, Reason(
+        "compilation", Compilation.EAGER, Source.DEFAULT,
+        "eager: the profile's compiled-mode figures are for a text model, and vLLM compiles no vision tower; "
+        "no compile at the first start"))
+
+
+def _memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:
+    """The text planner's memory levers, but the tokenizer as vLLM keeps it (a vision model has a processor
+    beside its tokenizer, which the lean lever does not handle) and no python -OO (not tried with it)."""
+    levers = choose_memory_levers(asked, facts, topology)
+    kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
+    optimize = 0 if asked.python_optimize is None else asked.python_optimize
+    value = replace(levers.value, tokenizer=TokenizerLever.VLLM, python_optimize=optimize)
+    return Decided(value, *kept, Reason("tokenizer", TokenizerLever.VLLM, Source.DEFAULT,
+                                        "as vLLM holds it: a vision-language model has a processor beside its "
+                                        "tokenizer, which the lean lever does not handle"),
+                   Reason("python_optimize", optimize, Source.FLAG if asked.python_optimize is not None else Source.DEFAULT,
+                          "asked" if asked.python_optimize is not None else
+                          "no python -OO: not tried with a vision-language model's processor, and transformers builds "
+                          "some classes from their docstrings (a Whisper worker fails without them, docs/speech.md)"))
+
+
+def _image_limits(limits: ImageLimits) -> Decided[ImageLimits]:
+    return Decided(limits, Reason(
+        "image_limits", {"max_pixels": limits.max_pixels, "max_images_per_request": limits.max_images_per_request,
+                         "max_request_bytes": limits.max_request_bytes, "allow_remote_urls": limits.allow_remote_urls},
+        Source.DEFAULT,
+        f"the image guard's defaults (docs/vision-guard.md): up to {limits.max_pixels:,} pixels an image (a "
+        f"12-megapixel camera frame and a 4K frame pass; below Pillow's bomb threshold), vLLM's loader told the same "
+        f"(VLLM_MAX_IMAGE_PIXELS); {limits.max_images_per_request} image(s) a request, one question about one frame, "
+        f"vLLM told the same (--limit-mm-per-prompt) so it sizes its encoder budget for it, not 999; requests up to "
+        f"{mib(limits.max_request_bytes)}; no remote image URLs (no network is assumed), and no local files "
+        "(--allowed-local-media-path is never set)"))
+
+
+def _image_tokens(model: ModelFacts, vision: VisionFacts, limits: ImageLimits, sizes: ImageSizes,
+                  prompt_min: int) -> Decided[int]:
+    side = math.isqrt(limits.max_pixels)
+    return Decided(sizes.prompt_tokens, Reason(
+        "image_tokens", sizes.prompt_tokens, Source.MODEL_CONFIG,
+        f"the largest image ({side}x{side}) is resized to a longest edge of {vision.resize_longest_edge} and cut into "
+        f"{sizes.tiles} tile(s) of {vision.tile_longest_edge}x{vision.tile_longest_edge}"
+        + (" (the global view included)" if sizes.tiles > 1 else "")
+        + f" of {vision.tokens_per_tile} tokens: {sizes.image_tokens} image tokens, {sizes.prompt_tokens} with the "
+        f"tile markers; a prompt with {limits.max_images_per_request} image(s) and {MIN_TEXT_TOKENS} tokens of text "
+        f"needs {prompt_min} tokens of context ({model.name}'s processor settings)"))
+
+
+def _check_context(model: ModelFacts, request: Request, limits: ImageLimits, prompt_min: int) -> None:
+    """Refuse a context that cannot hold a prompt with the images a request may carry."""
+    images = f"{limits.max_images_per_request} image(s)"
+    if request.max_model_len is not None and request.max_model_len < prompt_min:
+        raise EdgectlError(f"--max-model-len {request.max_model_len} cannot hold a prompt with {images} of "
+                           f"{model.name}: it needs {prompt_min} tokens; use --max-model-len {prompt_min} or more")
+    model_max = model.max_position_embeddings
+    if model_max and model_max < prompt_min:
+        raise EdgectlError(f"{model.name} takes {model_max} tokens (max_position_embeddings), and a prompt with "
+                           f"{images} needs {prompt_min}: it cannot be served with {images}")
+    if request.max_model_len is None and prompt_min > DEFAULT_CONTEXT_CAP:
+        raise EdgectlError(f"a prompt with {images} of {model.name} needs {prompt_min} tokens, more than the default "
+                           f"context ({DEFAULT_CONTEXT_CAP}): pass --max-model-len {prompt_min} or more")
+
+
+def _tower(vision: VisionFacts) -> Decided[int]:
+    params = vision.tower_params or 0
+    tower = params * DTYPE_BYTES
+    return Decided(tower, Reason(
+        "vision_tower", tower, Source.MODEL_CONFIG,
+        f"{vision.tower_model_type}: {vision.tower_layers} layers of {vision.tower_attention_heads} heads, hidden "
+        f"{vision.tower_hidden_size} (MLP {vision.tower_intermediate_size}), and the {vision.connector} connector: "
+        f"{params / 1e6:.1f} M parameters, {mib(tower)} in bf16 (stored: {mib(vision.tower_bytes or 0)}), "
+        "counted in the weights"))
+
+
+def _encoder(vision: VisionFacts, sizes: ImageSizes) -> Decided[int]:
+    total = sizes.encoder_work_bytes + sizes.encoder_cache_bytes
+    patches = (vision.tile_size // vision.patch_size) ** 2
+    h, mlp = vision.tower_hidden_size, vision.tower_intermediate_size
+    return Decided(total, Reason(
+        "encoder_bytes", total, Source.FALLBACK,
+        f"the vision tower's work on one image, {mib(sizes.encoder_work_bytes)}: {sizes.tiles} tile(s) × {patches} "
+        f"patches × max(6 × {h}, 2 × {h} + 2 × {mlp}) values in bf16 (one layer's activations at a time) + "
+        f"{sizes.tiles} × 3 × {vision.tile_size}² float32 pixel values; vLLM's encoder cache, "
+        f"{mib(sizes.encoder_cache_bytes)}: max({ledger.MAX_BATCHED_TOKENS}, {sizes.image_tokens}) image-token "
+        "embeddings in bf16; a stated fallback, not measured (counted in the workspace)"))
+
+
+def _timeouts(request: Request) -> Decided[Timeouts]:
+    step = watchdog_for_step(UNMEASURED_STEP_S)
+    watchdog = request.watchdog_s or step
+    start = start_for_ready(UNMEASURED_READY_S)
+    return Decided(Timeouts(start_s=start, watchdog_s=watchdog, stop_s=STOP_S), Reason(
+        "timeouts", {"start_s": start, "watchdog_s": watchdog, "stop_s": STOP_S},
+        Source.FLAG if request.watchdog_s else Source.FALLBACK,
+        f"start within {start} s, the watchdog at {watchdog} s: a vision model's start and its longest step (the "
+        f"tower on one image's tiles, then a prefill chunk) are not measured on this class yet (taken as "
+        f"{UNMEASURED_READY_S} s and {UNMEASURED_STEP_S:.0f} s)"))

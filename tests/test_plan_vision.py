@@ -1,0 +1,180 @@
+"""The planner's sizes for a vision-language model (Idefics3 / SmolVLM), computed by hand here.
+
+The shape model's directory (synth-smolvlm-256m: SmolLM2-135M's text model, a 12-layer tower of hidden 768
+and MLP 3072, 512x512 tiles of 16x16 patches pixel-shuffled by 4 into 64 tokens, images resized to a
+longest edge of 2048) is written by tests/vision_helpers.py without torch; a tiny shape of the same spec
+shows the sizes follow the processor's settings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from models_helpers import run_cli
+from plan_helpers import (
+    MIB,
+    SHAPES,
+    frozen_profiles,
+    host_facts,
+    plan_cli,
+    reasons_by_decision,
+    with_memory,
+    write_facts,
+)
+from vision_helpers import SPEC, make_vlm, vlm_config
+
+from edgectl.contract.plan import Plan, Request, Source, WeightFormat
+from edgectl.contract.vision import ImageLimits
+from edgectl.contract.vllm_args import server_args
+from edgectl.errors import EdgectlError
+from edgectl.models.inspect import inspect_model
+from edgectl.planner import plan
+
+NAME = "synth-smolvlm-256m"
+HOST = "xeon-spr-amx-2s"
+# One 4096x4096 image (the largest allowed): resized to 2048x2048, 4x4 tiles of 512 and the global view
+TILES, TOKENS_PER_TILE = 17, 64
+IMAGE_TOKENS = TILES * TOKENS_PER_TILE  # 1088, as transformers' processor expands it (docs/vision.md)
+PROMPT_TOKENS = IMAGE_TOKENS + 3 * TILES + 1  # the tile markers: at most 3 a tile and one more
+PROMPT_MIN = PROMPT_TOKENS + 128  # one image and 128 tokens of text
+
+
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_vlm(tmp_path_factory.mktemp("vlm") / NAME)
+
+
+@pytest.fixture(scope="module")
+def vlm(vlm_dir: Path):
+    return inspect_model(vlm_dir, name=NAME)
+
+
+def vision_plan(model, host: str = HOST, **asked) -> Plan:
+    return plan(host_facts(host), model, frozen_profiles(), Request(model=NAME, **asked))
+
+
+def test_it_is_planned_as_its_text_model_with_the_tower_in_the_weights(vlm):
+    p = vision_plan(vlm)
+    text = plan(host_facts(HOST), inspect_model(SHAPES / "smollm2-135m"), frozen_profiles(),
+                Request(model="smollm2-135m", weight_format="bf16"))
+    assert p.modality == "vision" and p.speech is None and p.dtype == "bfloat16"
+    assert p.weight_format is WeightFormat.BF16 and p.group_size == 0 and not p.quantize_lm_head
+    # every parameter in bf16: SmolLM2-135M with its table grown to 49280 rows, and the tower and connector
+    assert p.memory.weights_bytes == vlm.num_params * 2 == SPEC.parameters * 2
+    assert vlm.vision.tower_bytes == vlm.vision.tower_params * 2 == 93_510_912 * 2
+    # the text model's decisions: the same KV per token, context, chunk and threads as SmolLM2 in bf16
+    assert p.kv_bytes_per_token == text.kv_bytes_per_token == 30 * 2 * 3 * 64 * 2
+    assert (p.max_model_len, p.max_num_batched_tokens, p.threads, p.cpus) == \
+        (text.max_model_len, text.max_num_batched_tokens, text.threads, text.cpus)
+    assert p.memory.kv_cache_bytes == text.memory.kv_cache_bytes
+    # a processor beside the tokenizer: the tokenizer as vLLM holds it; eager unless asked
+    assert p.levers.tokenizer == "vllm" and p.compilation == "eager"
+    assert p.predicted.decode_tok_s is None  # nobody measured a vision model on this class
+
+
+def test_image_tokens_come_from_the_processors_tiling_of_the_largest_image(vlm):
+    p = vision_plan(vlm)
+    assert vlm.vision.tiles_max == TILES and vlm.vision.image_tokens_max == IMAGE_TOKENS
+    (why,) = reasons_by_decision(p)["image_tokens"]
+    assert why["value"] == PROMPT_TOKENS == 1140 and why["source"] == Source.MODEL_CONFIG
+    assert "4096x4096" in why["detail"] and "17 tile(s)" in why["detail"] and f"needs {PROMPT_MIN}" in why["detail"]
+
+
+def test_the_encoders_memory_is_a_stated_fallback_held_in_the_workspace(vlm):
+    p = vision_plan(vlm)
+    # one layer of the tower over every patch of the image's 17 tiles, bf16: max(6 × 768, 2 × 768 + 2 × 3072)
+    # values a patch; the float32 pixel values; vLLM's encoder cache: 1088 embeddings of 576 in bf16
+    work = TILES * 1024 * max(6 * 768, 2 * 768 + 2 * 3072) * 2 + TILES * 3 * 512 * 512 * 4
+    cache = max(512, IMAGE_TOKENS) * 576 * 2
+    (why,) = reasons_by_decision(p)["encoder_bytes"]
+    assert why["value"] == work + cache and why["source"] == Source.FALLBACK and "not measured" in why["detail"]
+    m = p.memory
+    text_workspace = 512 * 4 * (8 * 576 + 4 * 1536)  # the text ledger's fallback per batched token
+    assert m.workspace_bytes == text_workspace + work + cache
+    assert m.total_bytes == m.weights_bytes + m.kv_cache_bytes + m.rope_bytes + m.runtime_bytes + m.workspace_bytes
+    assert m.high_bytes <= m.limit_bytes
+
+
+def test_the_image_limits_are_the_guards_and_vllm_is_told_the_same(vlm):
+    p = vision_plan(vlm)
+    assert p.vision is not None and p.vision.images == ImageLimits()
+    assert p.env["VLLM_MAX_IMAGE_PIXELS"] == str(4096 * 4096)
+    for args in (server_args(p), server_args(p, stock=True)):
+        i = args.index("--limit-mm-per-prompt")
+        assert json.loads(args[i + 1]) == {"image": 1}
+        assert not any(a.startswith("--allowed-local-media-path") for a in args)
+    assert Plan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+
+
+def test_the_context_must_hold_a_prompt_with_its_image(vlm):
+    with pytest.raises(EdgectlError, match=rf"--max-model-len 1024 cannot hold a prompt with 1 image\(s\) of {NAME}: "
+                                           rf"it needs {PROMPT_MIN} tokens; use --max-model-len {PROMPT_MIN} or more"):
+        vision_plan(vlm, max_model_len=1024)
+    assert vision_plan(vlm, max_model_len=PROMPT_MIN).max_model_len == PROMPT_MIN
+
+
+def test_a_budget_that_holds_no_image_prompt_is_refused(vlm):
+    needed = vision_plan(vlm, max_model_len=PROMPT_MIN, kv_cache_dtype="auto").memory.limit_bytes
+    # a shorter context fits, not the image's (bf16 KV asked: fp8 KV would make it fit)
+    short = with_memory(host_facts(HOST), budget_bytes=needed - MIB)
+    with pytest.raises(EdgectlError, match=rf"{NAME} fits a context of \d+ tokens in the budget .*, and a prompt "
+                                           rf"with 1 image\(s\) needs {PROMPT_MIN}: free memory"):
+        plan(short, vlm, frozen_profiles(), Request(model=NAME, kv_cache_dtype="auto"))
+    with pytest.raises(EdgectlError, match=rf"{NAME} at --max-model-len {PROMPT_MIN} does not fit"):
+        plan(short, vlm, frozen_profiles(), Request(model=NAME, max_model_len=PROMPT_MIN, kv_cache_dtype="auto"))
+
+
+@pytest.mark.parametrize("fmt", ["w4a8", "w4a16", "w4a16-vllm"])
+def test_int4_formats_are_refused_with_one_line(vlm, fmt):
+    with pytest.raises(EdgectlError, match=rf"--format {fmt}: a vision-language model is served dense \(bf16\)"):
+        vision_plan(vlm, weight_format=fmt)
+    assert vision_plan(vlm, weight_format="bf16").weight_format is WeightFormat.BF16
+
+
+def test_a_quantized_checkpoint_is_refused(tmp_path):
+    d = make_vlm(tmp_path / "q", vlm_config(quantization_config={"quant_method": "gptq", "bits": 4}))
+    with pytest.raises(EdgectlError, match=r"checkpoint is gptq \(config.json.s quantization_config\): edgectl serves a vision-language model dense"):
+        vision_plan(inspect_model(d, name="q"))
+
+
+def test_the_sizes_follow_the_processor_settings(tmp_path):
+    """A tiny tower (64x64 tiles of 16x16 patches, pixel-shuffled by 2: 4 tokens a tile), images resized to 128:
+    2x2 tiles and the global view; without splitting, one tile."""
+    vision = {**SPEC.config["vision_config"], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "image_size": 64, "patch_size": 16}
+    config = vlm_config(vision_config=vision, scale_factor=2)
+    settings = {"size": {"longest_edge": 128}, "max_image_size": {"longest_edge": 64},
+                "image_processor_type": "Idefics3ImageProcessor"}
+    for splitting, tiles in ((True, 5), (False, 1)):
+        d = make_vlm(tmp_path / str(splitting), config, {"image_processor": {**settings, "do_image_splitting": splitting},
+                                                         "image_seq_len": 4})
+        p = vision_plan(inspect_model(d, name="tiny"))
+        (tokens,) = reasons_by_decision(p)["image_tokens"]
+        assert tokens["value"] == tiles * 4 + 3 * tiles + 1
+        (encoder,) = reasons_by_decision(p)["encoder_bytes"]
+        assert encoder["value"] == tiles * 16 * max(6 * 64, 2 * 64 + 2 * 128) * 2 + tiles * 3 * 64 * 64 * 4 \
+            + 512 * 576 * 2
+
+
+def test_plan_cli_plans_a_vision_directory(vlm_dir, tmp_path):
+    facts = write_facts(host_facts("kvm-xeon-avx512-2c"), tmp_path)
+    done = plan_cli([str(vlm_dir), "--facts", str(facts), "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["vision"]["images"]["max_images_per_request"] == 1 and data["weight_format"] == "bf16"
+    table = plan_cli([str(vlm_dir), "--facts", str(facts)], tmp_path)
+    assert table.returncode == 0 and "Traceback" not in table.stderr, table.stderr
+    bad = plan_cli([str(vlm_dir), "--facts", str(facts), "--format", "w4a8"], tmp_path)
+    assert bad.returncode == 2 and bad.stdout == ""
+    (line,) = [x for x in bad.stderr.splitlines() if x.startswith("error:")]
+    assert "a vision-language model is served dense (bf16)" in line
+
+
+def test_bench_refuses_it_until_a_vision_bench_is_written(vlm_dir, tmp_path):
+    done = run_cli(["bench", str(vlm_dir), "--out", str(tmp_path / "out")],
+                   env={"EDGECTL_PROFILES_DIR": str(tmp_path / "no-local-profiles")})
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert "is a vision-language model: edgectl bench measures text and speech models" in line

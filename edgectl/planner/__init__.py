@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from edgectl.contract.plan import (
-    Levers,
     ModelRef,
     Plan,
     ProfileRef,
@@ -122,11 +121,8 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         cpus=cpus.cpus,
         topology=topology,
         compilation=compilation,
-        levers=Levers(rope_cap=levers.value.rope_cap, kv_exact=True, layerwise_repack=levers.value.layerwise_repack,
-                      topology=topology, reserve_frontend_core=cpus.reserve_frontend_core,
-                      embedding_pack=memory_levers.embedding_pack, optional_imports=memory_levers.optional_imports,
-                      python_optimize=memory_levers.python_optimize, tokenizer=memory_levers.tokenizer,
-                      idle_trim=memory_levers.idle_trim),
+        levers=memory_levers.levers(rope_cap=levers.value.rope_cap, layerwise_repack=levers.value.layerwise_repack, topology=topology,
+                                     reserve_frontend_core=cpus.reserve_frontend_core),
         memory=fit.memory,
         predicted=predicted,
         serve=Serve(request.name, request.host, request.port),

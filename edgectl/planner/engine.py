@@ -13,6 +13,7 @@ from edgectl.contract.plan import (
     BenchLevers,
     Compilation,
     EmbeddingPack,
+    Levers,
     OptionalImports,
     Reason,
     Request,
@@ -171,6 +172,14 @@ class MemoryLevers:
     python_optimize: int
     tokenizer: TokenizerLever = TokenizerLever.LEAN
     idle_trim: bool = True
+
+    def levers(self, *, rope_cap: bool, layerwise_repack: bool, topology: Topology,
+               reserve_frontend_core: bool) -> Levers:
+        """The plan's levers: these memory levers with the engine's own (every planner writes them so)."""
+        return Levers(rope_cap=rope_cap, kv_exact=True, layerwise_repack=layerwise_repack, topology=topology,
+                      reserve_frontend_core=reserve_frontend_core, embedding_pack=self.embedding_pack,
+                      optional_imports=self.optional_imports, python_optimize=self.python_optimize,
+                      tokenizer=self.tokenizer, idle_trim=self.idle_trim)
 
 
 # Why the worker gives freed heap memory back when it goes quiet (measured, docs/memory.md "Freed but resident").

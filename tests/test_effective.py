@@ -66,6 +66,7 @@ def test_an_engine_that_followed_the_plan_matches(name):
     ("max_num_seqs", 4, "max_num_seqs is 4"),
     ("kv_cache_bytes", 1, "KV cache bytes is 1"),
     ("threads", 1, "threads is 1, the plan says 2"),
+    ("thread_wait", "passive", "the OpenMP threads' wait is 'passive', the plan says 'spin'"),
     ("rope_rows", {"model.rotary_emb": 8192}, "RoPE table model.rotary_emb has 8192 rows"),
     ("rope_rows", {}, "RoPE table rows could not be read back"),
     ("linear_formats", {}, "linear layer formats could not be read back"),

@@ -329,6 +329,20 @@ def test_reserve_with_one_usable_cpu_keeps_it(tmp_path: Path):
     assert "only one core" in reasons_by_decision(p)["reserve_frontend_core"][-1]["detail"]
 
 
+@pytest.mark.parametrize("asked, policy", [("passive", "PASSIVE"), ("spin", None)])
+def test_thread_wait_as_asked_sets_the_wait_policy(asked: str, policy: str | None):
+    p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2), thread_wait=asked)
+    assert str(p.levers.thread_wait) == asked and p.env.get("OMP_WAIT_POLICY") == policy
+    assert reasons_by_decision(p)["thread_wait"][0]["source"] == "flag"
+
+
+def test_thread_wait_unasked_is_the_planners_choice_with_its_evidence():
+    p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2))
+    why = reasons_by_decision(p)["thread_wait"][0]
+    assert why["value"] == str(p.levers.thread_wait) and why["detail"]
+    assert (p.env.get("OMP_WAIT_POLICY") == "PASSIVE") == (str(p.levers.thread_wait) == "passive")
+
+
 def test_threads_flag_within_the_usable_cpus():
     p = make_plan(host_facts("arm64-board"), shape(SMOLLM2), threads=3)
     assert p.threads == 3 and p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-2"

@@ -30,9 +30,9 @@ OLD_PLANS = sorted((Path(__file__).parent / "fixtures" / "plans").glob("*.json")
 ADDED_SINCE = {
     None: {"kv_cache_dtype": "auto"},
     "levers": {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, "tokenizer": "vllm",
-               "idle_trim": False},
+               "idle_trim": False, "thread_wait": "spin"},
     "request": {"kv_cache_dtype": None, "embedding_pack": None, "optional_imports": None, "tokenizer": None, "idle_trim": None,
-                "python_optimize": None},
+                "python_optimize": None, "thread_wait": None},
 }
 
 

@@ -52,7 +52,7 @@ from edgectl.errors import EdgectlError
 
 CONTROL = "stock"
 # The variables by which a plan sets vLLM's threading (edgectl/planner/service.py).
-THREADING = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+THREADING = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_WAIT_POLICY")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,11 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("topology-stock", "worker", {"topology": "stock"}, "the plan in vLLM's multi-process topology"),
     ArmSpec("reserve-core-on", "worker", {"reserve_frontend_core": True}, "the plan with one core kept for the front end"),
     ArmSpec("reserve-core-off", "worker", {"reserve_frontend_core": False}, "the plan with every core for OpenMP"),
+    ArmSpec("wait-passive", "worker", {"thread_wait": "passive"},
+            "the plan with its OpenMP threads sleeping at once between parallel regions (OMP_WAIT_POLICY=PASSIVE)"),
+    ArmSpec("wait-spin", "worker", {"thread_wait": "spin"},
+            "the plan with its OpenMP threads spinning before they sleep (libgomp's default)"),
+    ArmSpec("threads-1", "worker", {"threads": 1}, "the plan on one OpenMP thread"),
     ArmSpec("lm-head-int4", "worker", {"quantize_lm_head": True}, "the plan with the output head in int4"),
     ArmSpec("bf16", "worker", {"weight_format": "bf16"}, "the plan with bf16 weights (the fidelity reference)"),
     ArmSpec("w4a16", "worker", {"weight_format": "w4a16"}, "the plan with int4 weights on PyTorch's kernel"),

@@ -159,6 +159,7 @@ class Effective:
     compile: dict[str, Any] | None = None  # the compiled graph's provenance (compile_cache.facts)
     kernel_isa: str | None = None
     threads: int | None = None
+    thread_wait: str | None = None  # spin | passive | active: OMP_WAIT_POLICY as the worker's OpenMP runtime read it
     omp_cpus: tuple[int, ...] | None = None
     # the server's process tree and its own process
     server_pid: int | None = None
@@ -238,6 +239,8 @@ def mismatches(plan: Plan, effective: Effective | Mapping[str, Any]) -> list[str
     differ("max_num_seqs", plan.max_num_seqs, effective.max_num_seqs)
     differ("KV cache bytes", plan.kv_cache_bytes, effective.kv_cache_bytes)
     differ("threads", plan.threads, effective.threads)
+    if effective.thread_wait is not None:  # reported by workers since the lever exists
+        differ("the OpenMP threads' wait", str(plan.levers.thread_wait), effective.thread_wait)
     if plan.speech is None:  # Whisper's positions are learned tables, not RoPE
         out += _rope_rows(plan, effective)
     out += _linear_formats(plan, effective)

@@ -116,6 +116,8 @@ _VARS = [
     Var("VLLM_CPU_OMP_THREADS_BIND", Role.SET, "plan env: the CPUs vLLM binds its OpenMP threads to, one "
         "per thread (vllm/v1/worker/cpu_worker.py)"),
     Var("OMP_NUM_THREADS", Role.SET, "plan env: the OpenMP threads of the engine (the plan's threads)"),
+    Var("OMP_WAIT_POLICY", Role.SET, "plan env: PASSIVE when the plan's levers.thread_wait is passive (GNU "
+        "libgomp's threads then sleep at once between parallel regions instead of spinning first)"),
     Var("VLLM_ENABLE_V1_MULTIPROCESSING", Role.SET, "plan env, single-process topology: 0 keeps vLLM's "
         "model worker in the engine's process (vllm/platforms/cpu.py:333-341)"),
     Var("VLLM_CPU_NUM_OF_RESERVED_CPU", Role.SET, "plan env, stock topology: CPUs vLLM keeps for its front "

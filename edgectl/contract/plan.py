@@ -89,6 +89,14 @@ class EmbeddingPack(StrEnum):
     LM_HEAD = "lm-head"  # only the layer that computes logits
 
 
+class ThreadWait(StrEnum):
+    """How the engine's OpenMP threads wait between parallel regions (GNU libgomp, which torch's CPU
+    build uses: ``OMP_WAIT_POLICY``; docs/kernels.md "Waiting threads")."""
+
+    SPIN = "spin"  # libgomp's default: spin up to GOMP_SPINCOUNT (300000) times, then sleep
+    PASSIVE = "passive"  # sleep at once (OMP_WAIT_POLICY=PASSIVE): the CPU goes to whatever else is runnable
+
+
 class OptionalImports(StrEnum):
     """Whether the worker imports the packages vLLM treats as optional and a CPU text server never
     runs (opentelemetry, cv2, accelerate: runtime/edgectl_runtime/vllm_plugin/lean.py)."""
@@ -184,6 +192,7 @@ class BenchLevers:
     tokenizer: str | None = None  # vllm | lean
     idle_trim: bool | None = None
     python_optimize: int | None = None  # 0 or 2 (python -OO)
+    thread_wait: str | None = None  # spin | passive
 
 
 @dataclass(frozen=True)
@@ -211,7 +220,8 @@ class Request:
     _json_order = ("model", "max_model_len", "max_num_seqs", "weight_format", "group_size", "group_size_hint",
                    "threads", "name", "host", "port", "topology", "rope_cap", "layerwise_repack",
                    "reserve_frontend_core", "compilation", "quantize_lm_head", "kv_cache_bytes", "kv_cache_dtype",
-                   "embedding_pack", "optional_imports", "tokenizer", "idle_trim", "python_optimize", "watchdog_s")
+                   "embedding_pack", "optional_imports", "tokenizer", "idle_trim", "python_optimize", "thread_wait",
+                   "watchdog_s")
 
     @classmethod
     def from_flat(cls, **values: Any) -> Request:
@@ -271,6 +281,7 @@ class Levers:
     # return freed heap memory to the kernel when the server goes quiet (runtime/edgectl_runtime/service/idle_trim.py)
     idle_trim: bool = field(default=False, kw_only=True)
     python_optimize: int = field(default=0, kw_only=True, metadata=check(_optimize_level))
+    thread_wait: ThreadWait = field(default=ThreadWait.SPIN, kw_only=True)
 
 
 @dataclass(frozen=True)

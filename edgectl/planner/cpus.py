@@ -1,4 +1,5 @@
-"""Which CPUs serve, how many OpenMP threads run on them, and whether one is kept for the front end."""
+"""Which CPUs serve, how many OpenMP threads run on them, how they wait, and whether one is kept for
+the front end."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edgectl.contract.plan import Reason, Request, Source, Topology
+from edgectl.contract.plan import Reason, Request, Source, ThreadWait, Topology
 from edgectl.errors import EdgectlError
 from edgectl.planner.decided import Decided, Reasons
 from edgectl.probe.formats import format_cpu_list
@@ -21,6 +22,13 @@ class Cpus:
     cpus: list[int]  # the CPUs the service may run on
     threads: int  # OpenMP threads, bound to the first `threads` of them
     reserve_frontend_core: bool
+    thread_wait: ThreadWait = ThreadWait.SPIN
+
+
+# How the threads wait when nothing is asked, and the measurement behind it.
+THREAD_WAIT = ThreadWait.SPIN
+THREAD_WAIT_EVIDENCE = ("libgomp's default (spin up to 300000 times, then sleep): what vLLM runs with; the other "
+                        "way is measured as the bench's wait-passive arm")
 
 
 def choose_cpus(facts: HostFacts, request: Request, profile: Profile, topology: Topology) -> Decided[Cpus]:
@@ -33,7 +41,8 @@ def choose_cpus(facts: HostFacts, request: Request, profile: Profile, topology: 
         # front end's threads run on the one left over.
         threads -= 1
     threads = reasons.take(_threads(request, cpus, threads))
-    return Decided(Cpus(cpus, threads, reserve), *reasons.items)
+    wait = reasons.take(_thread_wait(request))
+    return Decided(Cpus(cpus, threads, reserve, wait), *reasons.items)
 
 
 def _serving_cpus(topo: TopologyFacts) -> Decided[tuple[list[int], int]]:
@@ -117,3 +126,11 @@ def _threads(request: Request, cpus: list[int], threads: int) -> Decided[int]:
         raise EdgectlError(f"--threads {request.threads} is outside 1..{len(cpus)} "
                            f"(the usable CPUs: {format_cpu_list(cpus)})")
     return Decided(request.threads, Reason("threads", request.threads, Source.FLAG, "asked with --threads"))
+
+
+def _thread_wait(request: Request) -> Decided[ThreadWait]:
+    """How the OpenMP threads wait between parallel regions: as the bench asks, else as measured."""
+    asked = request.bench.thread_wait
+    if asked is not None:
+        return Decided(ThreadWait(asked), Reason("thread_wait", str(asked), Source.FLAG, "asked"))
+    return Decided(THREAD_WAIT, Reason("thread_wait", str(THREAD_WAIT), Source.DEFAULT, THREAD_WAIT_EVIDENCE))

@@ -18,6 +18,7 @@ from edgectl.contract.plan import (
     Reason,
     Request,
     Source,
+    ThreadWait,
     TokenizerLever,
     Topology,
     WeightFormat,
@@ -174,12 +175,12 @@ class MemoryLevers:
     idle_trim: bool = True
 
     def levers(self, *, rope_cap: bool, layerwise_repack: bool, topology: Topology,
-               reserve_frontend_core: bool) -> Levers:
+               reserve_frontend_core: bool, thread_wait: ThreadWait) -> Levers:
         """The plan's levers: these memory levers with the engine's own (every planner writes them so)."""
         return Levers(rope_cap=rope_cap, kv_exact=True, layerwise_repack=layerwise_repack, topology=topology,
                       reserve_frontend_core=reserve_frontend_core, embedding_pack=self.embedding_pack,
                       optional_imports=self.optional_imports, python_optimize=self.python_optimize,
-                      tokenizer=self.tokenizer, idle_trim=self.idle_trim)
+                      tokenizer=self.tokenizer, idle_trim=self.idle_trim, thread_wait=thread_wait)
 
 
 # Why the worker gives freed heap memory back when it goes quiet (measured, docs/memory.md "Freed but resident").

@@ -12,6 +12,7 @@ from edgectl.contract.plan import (
     Reason,
     Request,
     Source,
+    ThreadWait,
     Timeouts,
     Topology,
     WeightFormat,
@@ -20,6 +21,7 @@ from edgectl.planner.decided import Decided
 from edgectl.probe.formats import format_cpu_list
 
 if TYPE_CHECKING:
+    from edgectl.planner.cpus import Cpus
     from edgectl.profiles import Figure, Profile
 
 STOP_S = 30
@@ -143,17 +145,19 @@ def _figure_provenance(profile: Profile, fig: Figure, unit: str, weights_bytes: 
     return f"{fig.describe(unit)}, {where}{scaled}"
 
 
-def worker_environment(cpus: list[int], threads: int, topology: Topology, reserve_frontend_core: bool) -> dict[str, str]:
+def worker_environment(cpus: Cpus, topology: Topology) -> dict[str, str]:
     """The variables the plan sets for the worker (declared in contract/environment.py)."""
     env = {
-        "VLLM_CPU_OMP_THREADS_BIND": format_cpu_list(cpus[:threads], sep=","),
-        "OMP_NUM_THREADS": str(threads),
+        "VLLM_CPU_OMP_THREADS_BIND": format_cpu_list(cpus.cpus[:cpus.threads], sep=","),
+        "OMP_NUM_THREADS": str(cpus.threads),
         **environment.OFFLINE,
     }
+    if cpus.thread_wait is ThreadWait.PASSIVE:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
     if topology is Topology.SINGLE_PROCESS:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if topology is Topology.STOCK:
-        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "1" if reserve_frontend_core else "0"
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "1" if cpus.reserve_frontend_core else "0"
     return env
 
 

@@ -194,7 +194,7 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     memory = why.take(_memory(model, fmt, sizes, seqs, dtype, max_audio_s, facts.memory.budget_bytes, profile))
     kv_per_seq = sizes.blocks_per_seq * sizes.kv_bytes_per_block
     timeouts = why.take(_timeouts(request))
-    env = worker_environment(cpus.cpus, cpus.threads, topology, cpus.reserve_frontend_core)
+    env = worker_environment(cpus, topology)
     env.update({"VLLM_MAX_AUDIO_DECODE_DURATION_S": str(max_audio_s),
                 "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": str(math.ceil(max_upload / (1 << 20)))})
     return Plan(
@@ -215,7 +215,7 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         topology=topology,
         compilation=compilation,
         levers=memory_levers.levers(rope_cap=False, layerwise_repack=False, topology=topology,
-                                     reserve_frontend_core=cpus.reserve_frontend_core),
+                                     reserve_frontend_core=cpus.reserve_frontend_core, thread_wait=cpus.thread_wait),
         memory=memory,
         predicted=Predicted(decode_tok_s=None, prefill_tok_s=None, ready_s=None),
         serve=Serve(request.name, request.host, request.port),

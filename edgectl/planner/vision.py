@@ -166,7 +166,7 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.rope_cap))
     why.take(ledger.memory_limit(memory, costs))
     timeouts = why.take(_timeouts(request))
-    env = worker_environment(cpus.cpus, cpus.threads, topology, cpus.reserve_frontend_core)
+    env = worker_environment(cpus, topology)
     env["VLLM_MAX_IMAGE_PIXELS"] = str(limits.max_pixels)  # vLLM's loader holds the guard's limit too
     return Plan(
         model=ModelRef(model.name, model.path, model.architecture, checkpoint_format(model)),
@@ -187,7 +187,7 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         topology=topology,
         compilation=compilation,
         levers=memory_levers.levers(rope_cap=levers.rope_cap, layerwise_repack=False, topology=topology,
-                                     reserve_frontend_core=cpus.reserve_frontend_core),
+                                     reserve_frontend_core=cpus.reserve_frontend_core, thread_wait=cpus.thread_wait),
         memory=memory,
         predicted=Predicted(decode_tok_s=None, prefill_tok_s=None, ready_s=None),
         serve=Serve(request.name, request.host, request.port),

@@ -56,6 +56,11 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
             "edgectl's plan with vLLM's compiled mode (it compiles Whisper's decoder, not the encoder)"),
     ArmSpec("planned-w4a8", "worker", {"weight_format": "w4a8"},
             "edgectl's plan with Whisper's linear layers on edgectl's int4 kernels (w4a8, blocks of 32)"),
+    ArmSpec("planned-wait-passive", "worker", {"thread_wait": "passive"},
+            "edgectl's plan with its OpenMP threads sleeping at once between parallel regions (OMP_WAIT_POLICY=PASSIVE)"),
+    ArmSpec("planned-wait-spin", "worker", {"thread_wait": "spin"},
+            "edgectl's plan with its OpenMP threads spinning before they sleep (libgomp's default)"),
+    ArmSpec("planned-1-thread", "worker", {"threads": 1}, "edgectl's plan on one OpenMP thread"),
     ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
                                        "with its defaults (the served name, host and port only; edgectl's plugin "
                                        "left out)"),

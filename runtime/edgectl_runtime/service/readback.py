@@ -255,6 +255,13 @@ def _tensor_dtypes(tensors) -> set[str]:
     return {_dtype_name(tensors.dtype)} if isinstance(tensors, torch.Tensor) else set()
 
 
+def thread_wait() -> str:
+    """How this process's OpenMP threads wait: GNU libgomp reads ``OMP_WAIT_POLICY`` from the
+    environment when it loads (libgomp/env.c, ``parse_wait_policy``), before any of edgectl's code runs."""
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().upper()
+    return {"PASSIVE": "passive", "ACTIVE": "active"}.get(policy, "spin")  # active: spin and never sleep
+
+
 def collect_worker_facts(worker) -> dict[str, Any]:
     """The effective settings inside the model worker: KV bytes allocated, RoPE rows, linear formats, threads.
 
@@ -305,6 +312,7 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         "compile": compile_cache.facts(getattr(worker, "vllm_config", None)),
         "kernel_isa": (described.get("kernel") or {}).get("edgectl_isa"),
         "threads": torch.get_num_threads(),
+        "thread_wait": thread_wait(),
         "omp_cpus": sorted(os.sched_getaffinity(0)),
     }
 

@@ -32,7 +32,7 @@ ADDED_SINCE = {
     "levers": {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, "tokenizer": "vllm",
                "idle_trim": False, "thread_wait": "spin"},
     "request": {"kv_cache_dtype": None, "embedding_pack": None, "optional_imports": None, "tokenizer": None, "idle_trim": None,
-                "python_optimize": None, "thread_wait": None},
+                "python_optimize": None, "thread_wait": None, "speech_head": None},
 }
 
 

@@ -39,7 +39,7 @@ def whisper():
 
 
 def speech_plan(whisper, host="xeon-spr-amx-2s", **asked) -> Plan:
-    return plan(host_facts(host), whisper, frozen_profiles(), Request(model="whisper-base", **asked))
+    return plan(host_facts(host), whisper, frozen_profiles(), Request.from_flat(model="whisper-base", **asked))
 
 
 def test_kv_is_sized_per_transcription_in_vllms_blocks(whisper):
@@ -56,8 +56,10 @@ def test_kv_is_sized_per_transcription_in_vllms_blocks(whisper):
 
 def test_memory_ledger_adds_weights_kv_encoder_work_and_audio(whisper):
     one, four = speech_plan(whisper), speech_plan(whisper, max_num_seqs=4)
-    # weights: whisper-base's parameters at 2 bytes (bf16), the same whatever the concurrency
-    assert one.memory.weights_bytes == four.memory.weights_bytes == whisper.num_params * 2
+    # weights: whisper-base's parameters at 2 bytes (bf16) and the head's int8 copy (51865 rows in tiles
+    # of 16, 512 columns in blocks of 32, 544 bytes per tile and block), the same whatever the concurrency
+    assert one.speech.head == "w8-scan"
+    assert one.memory.weights_bytes == four.memory.weights_bytes == whisper.num_params * 2 + 3242 * 16 * 544
     # each transcription more: 12 blocks of KV
     assert four.memory.kv_cache_bytes - one.memory.kv_cache_bytes == 3 * 12 * 3 * MIB
     # the encoder over one window: 1500 × (4 × 512 + 2048) × 2 B + 8 heads × 1500² × 4 B + 80 × 2 × 1500 × 4 B
@@ -75,15 +77,29 @@ def test_dtype_is_the_fastest_that_keeps_the_word_error_rate(whisper):
     spr = host_facts("xeon-spr-amx-2s")
     assert spr.cpu.isa.amx_bf16 and "avx512_fp16" in spr.cpu.flags
     assert speech_plan(whisper).speech.dtype == "bfloat16"  # AMX multiplies bf16; the best logits exact
-    assert speech_plan(whisper).memory.weights_bytes == whisper.num_params * 2
+    assert speech_plan(whisper, speech_head="dense").memory.weights_bytes == whisper.num_params * 2
     no_bf16 = with_cpu(spr, isa=replace(spr.cpu.isa, amx_bf16=False, avx512_bf16=False))
     assert plan(no_bf16, whisper, frozen_profiles(), Request(model="whisper-base")).speech.dtype == "float16"
     neither = with_cpu(no_bf16, flags=tuple(f for f in spr.cpu.flags if f != "avx512_fp16"))
     assert plan(neither, whisper, frozen_profiles(), Request(model="whisper-base")).speech.dtype == "float32"
     avx2 = speech_plan(whisper, host="kvm-epyc-avx2-2c")
     assert avx2.speech.dtype == "float32"  # no bf16 or float16 arithmetic
-    assert avx2.memory.weights_bytes == whisper.num_params * 4
+    assert speech_plan(whisper, host="kvm-epyc-avx2-2c", speech_head="dense").memory.weights_bytes == whisper.num_params * 4
     assert speech_plan(whisper, weight_format="float16").speech.dtype == "float16"  # asked
+
+
+def test_the_head_scans_an_int8_copy_where_edgectls_kernels_run(whisper):
+    for host in ("xeon-spr-amx-2s", "kvm-epyc-avx2-2c"):
+        p = speech_plan(whisper, host=host)
+        assert p.speech.head == "w8-scan" and p.env["EDGECTL_SPEECH_HEAD"] == "w8-scan"
+        assert reasons_by_decision(p)["speech_head"][0]["source"] == "probe"
+    arm = speech_plan(whisper, host="arm64-board", weight_format="float32")
+    assert arm.speech.head == "dense" and arm.env["EDGECTL_SPEECH_HEAD"] == "dense"
+    dense = speech_plan(whisper, speech_head="dense")
+    assert dense.speech.head == "dense" and reasons_by_decision(dense)["speech_head"][0]["source"] == "flag"
+    scan = speech_plan(whisper)
+    assert scan.memory.weights_bytes - dense.memory.weights_bytes == 3242 * 16 * 544  # the int8 copy, counted
+    assert speech_plan(whisper, weight_format="w4a8").speech.head == "dense"
 
 
 def test_worker_settings_for_whisper(whisper):
@@ -140,7 +156,7 @@ def test_a_profiles_speech_figures_size_the_runtime_and_the_limit(whisper, tmp_p
 def test_w4a8_when_asked_runs_edgectls_kernels_on_the_linear_layers(whisper):
     from edgectl.contract.vllm_args import server_args
 
-    dense, w4 = speech_plan(whisper), speech_plan(whisper, weight_format="w4a8")
+    dense, w4 = speech_plan(whisper, speech_head="dense"), speech_plan(whisper, weight_format="w4a8")
     assert dense.weight_format == "bf16" and dense.group_size == 0
     assert w4.weight_format == "w4a8" and w4.group_size == 32 and not w4.quantize_lm_head
     args = server_args(w4)

@@ -161,6 +161,7 @@ class Effective:
     threads: int | None = None
     thread_wait: str | None = None  # spin | passive | active: OMP_WAIT_POLICY as the worker's OpenMP runtime read it
     omp_cpus: tuple[int, ...] | None = None
+    speech_head: str | None = None  # a Whisper's: dense | w8-scan, as its model class computes the logits
     # the server's process tree and its own process
     server_pid: int | None = None
     processes: int | None = None
@@ -243,6 +244,8 @@ def mismatches(plan: Plan, effective: Effective | Mapping[str, Any]) -> list[str
         differ("the OpenMP threads' wait", str(plan.levers.thread_wait), effective.thread_wait)
     if plan.speech is None:  # Whisper's positions are learned tables, not RoPE
         out += _rope_rows(plan, effective)
+    elif effective.speech_head is not None:  # reported by workers since the int8 scan exists
+        differ("the speech head", plan.speech.head, effective.speech_head)
     out += _linear_formats(plan, effective)
     if (plan.model.checkpoint_format == "gguf" and "load_format" in effective.reported
             and effective.load_format != GGUF_LOAD_FORMAT):

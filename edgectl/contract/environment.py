@@ -107,6 +107,10 @@ _VARS = [
         "(edgectl_runtime/vllm_plugin/embedding.py): vllm (every one, as unmodified vLLM: a tied table is packed twice), "
         "lm-head (only the layer that computes logits; the plan's levers.embedding_pack)", "vllm",
         ("vllm", "lm-head")),
+    Var("EDGECTL_SPEECH_HEAD", Role.OWN, "how a Whisper's logits are computed (edgectl_runtime/vllm_plugin/"
+        "whisper_exact_top.py): dense (the tied table in the model's dtype, the best 8 again in float32) or w8-scan "
+        "(an int8 copy of the table scanned on edgectl's kernels, the best 8 again in float32 from the table; the "
+        "plan's speech.head)", "dense", ("dense", "w8-scan")),
     # -- test only: a fault injection, refused in a deployed unit and never rendered into one --------
     Var("EDGECTL_TEST_STALL", Role.OWN, "TEST ONLY: a file name; when that file exists as the engine is about "
         "to run a step, the worker deletes it and its engine thread stops coming back (the HTTP server stays "

@@ -193,6 +193,7 @@ class BenchLevers:
     idle_trim: bool | None = None
     python_optimize: int | None = None  # 0 or 2 (python -OO)
     thread_wait: str | None = None  # spin | passive
+    speech_head: str | None = None  # a speech model's: dense | w8-scan
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ class Request:
                    "threads", "name", "host", "port", "topology", "rope_cap", "layerwise_repack",
                    "reserve_frontend_core", "compilation", "quantize_lm_head", "kv_cache_bytes", "kv_cache_dtype",
                    "embedding_pack", "optional_imports", "tokenizer", "idle_trim", "python_optimize", "thread_wait",
-                   "watchdog_s")
+                   "speech_head", "watchdog_s")
 
     @classmethod
     def from_flat(cls, **values: Any) -> Request:
@@ -333,6 +334,13 @@ def _speech_dtype(dtype: str) -> str | None:
     return None if dtype in _SPEECH_DTYPES else f"expected one of {', '.join(_SPEECH_DTYPES)}, got {dtype!r}"
 
 
+SPEECH_HEADS = ("dense", "w8-scan")
+
+
+def _speech_head(head: str) -> str | None:
+    return None if head in SPEECH_HEADS else f"expected one of {', '.join(SPEECH_HEADS)}, got {head!r}"
+
+
 @dataclass(frozen=True)
 class SpeechServe:
     """How a speech-to-text model (Whisper, an encoder-decoder) is served; a text model's plan has none.
@@ -353,6 +361,10 @@ class SpeechServe:
     # False for an English-only model (tiny.en): served by edgectl's class that prompts it as it was
     # trained (runtime/edgectl_runtime/vllm_plugin/whisper_english.py)
     multilingual: bool = field(default=True, kw_only=True)
+    # How the logits are computed (runtime/edgectl_runtime/vllm_plugin/whisper_exact_top.py): dense, the
+    # tied table in the model's dtype; w8-scan, an int8 copy of it scanned on edgectl's kernels. Either way
+    # each step's best 8 again in float32.
+    head: str = field(default="dense", kw_only=True, metadata=check(_speech_head))
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from edgectl.contract.int4_layout import block_packed_bytes
 from edgectl.contract.plan import (
+    SPEECH_HEADS,
     BenchLevers,
     Compilation,
     Memory,
@@ -163,6 +165,31 @@ def choose_dtype(facts: HostFacts, request: Request) -> Decided[str]:
         "no bf16 or float16 arithmetic on this CPU: float32, which every x86 and Arm CPU computes"))
 
 
+# What scanning the vocabulary on an int8 copy of the table gains and costs (docs/speech.md "The head").
+HEAD_SCAN_EVIDENCE = ("the head reads the tied table at every decoding step (whisper-base: 51865 x 512, 53 MB in bf16, "
+                      "the largest single cost of a step); an int8 copy on edgectl's kernels reads 28 MB, and each "
+                      "step's best 8 are recomputed from the table in float32, so greedy transcripts are the dense "
+                      "head's (the shipped clips: the same 24 transcripts; docs/speech.md \"The head\")")
+
+
+def choose_head(facts: HostFacts, request: Request, fmt: WeightFormat) -> Decided[str]:
+    """The int8 scan where edgectl's kernels have a vector level for this CPU (x86 with AVX2 or more), else
+    the dense head."""
+    asked = request.bench.speech_head
+    if asked is not None:
+        if asked not in SPEECH_HEADS:
+            raise EdgectlError(f"speech head {asked!r}: use one of {', '.join(SPEECH_HEADS)}")
+        return Decided(asked, Reason("speech_head", asked, Source.FLAG, "asked"))
+    if fmt is WeightFormat.W4A8:
+        return Decided("dense", Reason("speech_head", "dense", Source.DEFAULT,
+                                       "w4a8: the head stays as that format's plan keeps it"))
+    if facts.cpu.arch == "x86_64" and facts.cpu.isa.avx2:
+        return Decided("w8-scan", Reason("speech_head", "w8-scan", Source.PROBE,
+                                         f"edgectl's int8 kernels run here (AVX2 or more): {HEAD_SCAN_EVIDENCE}"))
+    return Decided("dense", Reason("speech_head", "dense", Source.PROBE,
+                                   "edgectl's int8 kernels have no vector level for this CPU: the dense head"))
+
+
 def _w4a8_dtype(facts: HostFacts, model: ModelFacts) -> Decided[str]:
     """edgectl's w4a8 kernels take bf16 activations: where the CPU has bf16 arithmetic."""
     if not (facts.cpu.isa.avx512_bf16 or facts.cpu.isa.amx_bf16):
@@ -186,16 +213,18 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     memory_levers = why.take(_memory_levers(request.bench, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     dtype = why.take(_w4a8_dtype(facts, model) if fmt is WeightFormat.W4A8 else choose_dtype(facts, request))
+    head = why.take(choose_head(facts, request, fmt))
     sizes = speech_sizes(speech, dtype)
     seqs = request.max_num_seqs
     why.take(_concurrency(seqs, request))
     max_audio_s, max_upload = DEFAULT_MAX_AUDIO_S, DEFAULT_MAX_UPLOAD_BYTES
     why.take(_audio_limits(max_audio_s, max_upload, speech))
-    memory = why.take(_memory(model, fmt, sizes, seqs, dtype, max_audio_s, facts.memory.budget_bytes, profile))
+    memory = why.take(_memory(model, fmt, head, sizes, seqs, dtype, max_audio_s, facts.memory.budget_bytes, profile))
     kv_per_seq = sizes.blocks_per_seq * sizes.kv_bytes_per_block
     timeouts = why.take(_timeouts(request))
     env = worker_environment(cpus, topology)
-    env.update({"VLLM_MAX_AUDIO_DECODE_DURATION_S": str(max_audio_s),
+    env.update({"EDGECTL_SPEECH_HEAD": head,
+                "VLLM_MAX_AUDIO_DECODE_DURATION_S": str(max_audio_s),
                 "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": str(math.ceil(max_upload / (1 << 20)))})
     return Plan(
         model=ModelRef(model.name, model.path, model.architecture, "bf16" if fmt.is_int4 else "dense"),
@@ -225,7 +254,7 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         request=request,
         speech=SpeechServe(dtype=dtype, window_s=speech.window_s, encoder_positions=sizes.encoder_positions,
                            max_audio_s=max_audio_s, max_upload_bytes=max_upload, kv_bytes_per_seq=kv_per_seq,
-                           multilingual=speech.multilingual),
+                           multilingual=speech.multilingual, head=head),
     )
 
 
@@ -313,11 +342,15 @@ def _in_mib(fig: Figure) -> str:
     return f"{fig.median / MiB:.1f} MiB (median{passes}{spread}; {fig.source.key})"
 
 
-def _memory(model: ModelFacts, fmt: WeightFormat, sizes: SpeechSizes, seqs: int, dtype: str, max_audio_s: int,
-            budget: int | None, profile: Profile) -> Decided[Memory]:
+def _memory(model: ModelFacts, fmt: WeightFormat, head: str, sizes: SpeechSizes, seqs: int, dtype: str,
+            max_audio_s: int, budget: int | None, profile: Profile) -> Decided[Memory]:
     speech = model.speech
     assert speech is not None
     weights, weights_what = _weights_bytes(model, fmt, dtype)
+    if head == "w8-scan":
+        scan = block_packed_bytes(model.vocab_size, speech.d_model, 8)
+        weights += scan
+        weights_what += f", and the head's int8 copy {scan / MiB:.0f} MiB"
     blocks = sizes.blocks_per_seq * seqs + 1  # vLLM keeps one null block
     kv = blocks * sizes.kv_bytes_per_block
     cost = _runtime_cost(profile, seqs)

@@ -313,6 +313,7 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         "kernel_isa": (described.get("kernel") or {}).get("edgectl_isa"),
         "threads": torch.get_num_threads(),
         "thread_wait": thread_wait(),
+        "speech_head": getattr(runner.model, "speech_head", None),
         "omp_cpus": sorted(os.sched_getaffinity(0)),
     }
 

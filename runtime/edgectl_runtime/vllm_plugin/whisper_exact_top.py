@@ -11,6 +11,16 @@ casts the whole tied table (51865 × 512 for whisper-base) to float32 at every d
 
 This class keeps the product in the model's dtype for the whole vocabulary and recomputes the
 ``TOP`` largest logits of each row as float32 dot products of the same hidden state and table rows.
+
+Where the plan says so (``EDGECTL_SPEECH_HEAD=w8-scan``), the whole vocabulary is scanned on an int8
+copy of the tied table instead (edgectl's ``linear_w8a8``: blocks of 32 with an fp16 scale, the
+activations quantized the same way), half the bytes of the bf16 table read at every decoding step,
+and the ``SCAN_TOP`` best of the scan are recomputed exactly as above from the bf16 rows. Greedy
+decoding then picks the float32 head's token whenever it is among the scan's ``SCAN_TOP`` best
+(tests/test_whisper_exact_top.py checks it on near-ties and on whisper-base's own table; docs/speech.md
+"The head"). The other
+logits are the scan's (sampling with a temperature sees them with the int8 error). The copy costs the
+table's size in int8 (28 MB for whisper-base's 51865 × 512).
 Those are the values the float32 head gives for those tokens (both multiply the same bf16 numbers and
 accumulate in float32; only the rounding of the result differs), so greedy decoding picks the float32
 head's token whenever that token is among the ``TOP`` best in the model's dtype — a rounding error of
@@ -24,13 +34,24 @@ the class is vLLM's Whisper with it, registered lazily by the plugin
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
+
 import torch
+from vllm.config import VllmConfig
 from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
+
+from edgectl.contract import environment
 
 # How many of each row's best logits are recomputed in float32: the bf16 step at the logits' size
 # (|logit| < 64: at most 0.25, half of that after rounding) is far smaller than the spread of eight
 # candidates, and the gather costs TOP rows of the table per token.
 TOP = 8
+# After the int8 scan, more of the best are recomputed: the scan's error (int8 weights and activations,
+# a few hundredths of a logit on whisper-base) is larger than bf16's rounding. On adversarial near-ties
+# (tests/test_whisper_exact_top.py: 4000 rows alike) the float32 head's best was 9th to 16th of the scan
+# in 1 of 256 rows; 32 keeps a margin, at 32 table rows gathered per token.
+SCAN_TOP = 32
 
 
 def exact_top_logits(logits: torch.Tensor, hidden: torch.Tensor, table: torch.Tensor, top: int = TOP,
@@ -48,11 +69,45 @@ def exact_top_logits(logits: torch.Tensor, hidden: torch.Tensor, table: torch.Te
     return out.scatter_(-1, best, exact)
 
 
+def pack_scan(table: torch.Tensor) -> torch.Tensor:
+    """The int8 copy of ``table [vocab, hidden]`` the scan multiplies (edgectl's W8 layout)."""
+    from edgectl_runtime.formats import blocks
+    from edgectl_runtime.kernels import ops
+
+    ops.load()
+    return blocks.quantize_and_pack(table.detach().float(), 8)
+
+
+def scan_logits(hidden: torch.Tensor, packed: torch.Tensor, rows: int, vocab: int) -> torch.Tensor:
+    """Every logit from the int8 copy of a ``rows``-row table: ``hidden [tokens, width]`` times it, the first ``vocab``."""
+    return torch.ops.edgectl.linear_w8a8(hidden, packed, rows, hidden.shape[-1])[..., :vocab]
+
+
 class WhisperExactTopForConditionalGeneration(WhisperForConditionalGeneration):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        # dense | w8-scan, as the plan set it; read back by the worker (service/readback.py)
+        self.speech_head = environment.read("EDGECTL_SPEECH_HEAD", os.environ)
+        self._scan: torch.Tensor | None = None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded = super().load_weights(weights)
+        table = self.proj_out.weight
+        if self.speech_head == "w8-scan" and table.is_floating_point() and table.dim() == 2:
+            self._scan = pack_scan(table)
+        else:
+            self.speech_head = "dense"  # what compute_logits will do: read back as such
+        return loaded
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = self.logits_processor(self.proj_out, hidden_states)
         table = self.proj_out.weight
         dense = table.is_floating_point() and table.dim() == 2 and table.shape[-1] == hidden_states.shape[-1]
+        if self._scan is not None and dense and self.logits_processor.soft_cap is None:
+            logits = scan_logits(hidden_states, self._scan, table.shape[0], self.logits_processor.org_vocab_size)
+            if self.logits_processor.scale != 1.0:
+                logits = logits * self.logits_processor.scale
+            return exact_top_logits(logits, hidden_states, table, top=SCAN_TOP, scale=self.logits_processor.scale)
+        logits = self.logits_processor(self.proj_out, hidden_states)
         if logits is None or self.logits_processor.soft_cap is not None or not dense:
             return logits  # a packed (quantized) head has no rows to take: as vLLM computed them
         return exact_top_logits(logits, hidden_states, table, scale=self.logits_processor.scale)

@@ -96,3 +96,18 @@ def test_the_scan_finds_the_best_row_of_whisper_bases_own_table() -> None:
     scanned = w.scan_logits(hidden, w.pack_scan(table), table.shape[0], table.shape[0])
     out = w.exact_top_logits(scanned, hidden, table, top=w.SCAN_TOP)
     assert torch.equal(out.argmax(-1), head32.argmax(-1))
+
+
+def test_a_float32_models_scan_is_recomputed_too() -> None:
+    """On a CPU without bf16 arithmetic the plan serves float32: the scan's logits are then float32 too,
+    and still int8 arithmetic; the best are recomputed all the same."""
+    w = _scan_or_skip()
+    hidden, table = _case()
+    hidden, table = hidden.float(), table.float()
+    head32 = torch.nn.functional.linear(hidden, table)
+    scanned = w.scan_logits(hidden, w.pack_scan(table), table.shape[0], table.shape[0])
+    assert scanned.dtype == torch.float32 and not torch.equal(scanned, head32)
+    out = w.exact_top_logits(scanned, hidden, table, top=w.SCAN_TOP, approximate=True)
+    assert torch.equal(out.argmax(-1), head32.argmax(-1))
+    best = scanned.topk(w.SCAN_TOP, dim=-1).indices
+    torch.testing.assert_close(out.gather(-1, best), head32.gather(-1, best), rtol=1e-5, atol=1e-4)

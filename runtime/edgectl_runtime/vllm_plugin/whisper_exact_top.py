@@ -55,12 +55,13 @@ SCAN_TOP = 32
 
 
 def exact_top_logits(logits: torch.Tensor, hidden: torch.Tensor, table: torch.Tensor, top: int = TOP,
-                     scale: float = 1.0) -> torch.Tensor:
-    """``logits`` [tokens, vocab] (the model's dtype) as float32, with each row's ``top`` largest
-    replaced by ``scale * (hidden_row . table[token])`` computed in float32."""
-    out = logits.float()
-    if logits.dtype == torch.float32:
-        return out
+                     scale: float = 1.0, approximate: bool | None = None) -> torch.Tensor:
+    """``logits`` [tokens, vocab] as float32, with each row's ``top`` largest replaced by
+    ``scale * (hidden_row . table[token])`` computed in float32. ``approximate``: whether the logits
+    need it (default: unless they are float32 already; the int8 scan's always do)."""
+    if not (logits.dtype != torch.float32 if approximate is None else approximate):
+        return logits.float()
+    out = logits.to(torch.float32, copy=True)  # the caller's tensor stays as it was
     best = out.topk(min(top, out.shape[-1]), dim=-1).indices  # [tokens, top]
     rows = table[best].float()  # [tokens, top, hidden]
     exact = torch.einsum("tkd,td->tk", rows, hidden.float())
@@ -106,7 +107,8 @@ class WhisperExactTopForConditionalGeneration(WhisperForConditionalGeneration):
             logits = scan_logits(hidden_states, self._scan, table.shape[0], self.logits_processor.org_vocab_size)
             if self.logits_processor.scale != 1.0:
                 logits = logits * self.logits_processor.scale
-            return exact_top_logits(logits, hidden_states, table, top=SCAN_TOP, scale=self.logits_processor.scale)
+            return exact_top_logits(logits, hidden_states, table, top=SCAN_TOP, scale=self.logits_processor.scale,
+                                    approximate=True)
         logits = self.logits_processor(self.proj_out, hidden_states)
         if logits is None or self.logits_processor.soft_cap is not None or not dense:
             return logits  # a packed (quantized) head has no rows to take: as vLLM computed them

@@ -6,13 +6,16 @@ start ~30-60 s on 2 vCPUs): deploy without ``--allow-synthetic`` is refused (one
 written) → deployed with it: active only after READY, which came after the warm-up answered the shipped
 image through the image guard, hardened as a text model's unit is → a chat completion with a 512x512 PNG
 is answered → each bad image the guard knows (tests/image_files.py ``bad_requests``, as the in-process
-guard test sends them) gets a 4xx naming the problem, and the service answers an image after each →
-status counts the images served → ``kill -9`` of the worker → READY again within 60 s (asserted: the
-issue's bound) → undeploy leaves nothing. The answers' sense is not asserted (the tower is random).
+guard test sends them) gets a 4xx naming the problem, and the service answers a new 512x512 PNG after
+each, in the same process (nine distinct images: a service that kept each one's processed inputs would
+grow to its MemoryMax, docs/vision-guard.md) → status counts the images served → ``kill -9`` of the
+worker → READY again within 60 s (asserted: the issue's bound) → undeploy leaves nothing. The answers'
+sense is not asserted (the tower is random).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import urllib.error
@@ -64,6 +67,19 @@ def ask_image(port: int, uri: str) -> str:
     text = body["choices"][0]["message"]["content"]
     assert isinstance(text, str) and text, body
     return text
+
+
+@functools.cache
+def photo_512():
+    return photo_like(512, 512)
+
+
+def png_512(seed: int) -> str:
+    """A 512x512 PNG as a data: URI, a different image for each seed (vLLM hashes the pixels): one pixel
+    of the same photo set to the seed."""
+    image = photo_512().copy()
+    image.putpixel((0, 0), (seed, seed, seed))
+    return data_uri(encoded("PNG", image))
 
 
 def effective(port: int) -> dict:
@@ -127,18 +143,19 @@ def test_deploy_sees_survives_kill_and_refuses_bad_images(systemd_sandbox, pulle
                         "ProtectHome": "yes", "PrivateTmp": "yes"}, hardened
 
     # -- an image answered: a 512x512 PNG as a data: URI
-    good = data_uri(encoded("PNG", photo_like(512, 512)))
-    print(f"\n{MODEL}: a 512x512 PNG → {ask_image(port, good)!r}")
+    print(f"\n{MODEL}: a 512x512 PNG → {ask_image(port, png_512(0))!r}")
 
-    # -- each bad image: a 4xx naming the problem, and an image answered after each
+    # -- each bad image: a 4xx naming the problem, and a new image answered after each, by the same process
     cases = {case[0]: case for case in bad_requests(plan.vision.images)}
-    for case in ISSUE_CASES:
+    for seed, case in enumerate(ISSUE_CASES, 1):
         _, request, status, _, words = cases[case]
         got, body = post_chat(port, request | {"model": MODEL})
         message = body.get("error", {}).get("message", "")
         assert 400 <= got < 500 and got == status, (case, got, body)
         assert all(word in message for word in words), (case, words, message)
-        ask_image(port, good)
+        ask_image(port, png_512(seed))
+    alive = sb.show(unit, "NRestarts", "MainPID")
+    assert (alive["NRestarts"], alive["MainPID"]) == (state["NRestarts"], state["MainPID"]), alive
 
     # -- status: the images served (the warm-up's, the first one, one after each bad request)
     served = 2 + len(ISSUE_CASES)
@@ -161,7 +178,7 @@ def test_deploy_sees_survives_kill_and_refuses_bad_images(systemd_sandbox, pulle
     print(f"{MODEL}: deploy {deploy_s:.0f} s; kill -9 → READY again in {back_s:.1f} s (RestartSec= included)")
     assert int(after["MainPID"]) != pid
     assert back_s <= KILL_BACK_S, f"kill -9 → READY took {back_s:.1f} s"
-    ask_image(port, good)
+    ask_image(port, png_512(0))
 
     # -- undeploy: no unit, no config, no process
     r = edgectl(sb, "undeploy", name)

@@ -7,8 +7,8 @@ written) → deployed with it: active only after READY, which came after the war
 image through the image guard, hardened as a text model's unit is → a chat completion with a 512x512 PNG
 is answered → each bad image the guard knows (tests/image_files.py ``bad_requests``, as the in-process
 guard test sends them) gets a 4xx naming the problem, and the service answers a new 512x512 PNG after
-each, in the same process (nine distinct images: a service that kept each one's processed inputs would
-grow to its MemoryMax, docs/vision-guard.md) → status counts the images served → ``kill -9`` of the
+each, in the same process (nine distinct images, as a camera sends them: vLLM's cache of processed
+images, which the plan turns off, grew with each: docs/vision-guard.md) → status counts the images served → ``kill -9`` of the
 worker → READY again within 60 s (asserted: the issue's bound) → undeploy leaves nothing. The answers'
 sense is not asserted (the tower is random).
 """

@@ -54,6 +54,12 @@ def pulled_whisper_base() -> Path:
 
 
 @pytest.fixture(scope="session")
+def pulled_smolvlm() -> Path:
+    """The catalog's synth-smolvlm-256m (SmolVLM-256M's shape: SmolLM2-135M's weights, a random vision tower)."""
+    return _pulled("synth-smolvlm-256m")
+
+
+@pytest.fixture(scope="session")
 def smollm2_bf16(pulled_smollm2) -> Path:
     """SmolLM2's GGUF dequantized to a bf16 Hugging Face directory by transformers (what the pull
     wrote before it served the GGUF as it is; now made for the bench's stock-vLLM arm)."""

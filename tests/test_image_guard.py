@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("PIL")
 
-from image_files import chat, data_uri, encoded, png_declaring  # noqa: E402
+from image_files import bad_requests, chat, data_uri, encoded  # noqa: E402
 from plan_helpers import SMOLLM2, host_facts, make_plan, shape  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
@@ -111,26 +111,7 @@ def test_good_images_reach_the_app_byte_for_byte(served):
 
 
 def _bad_cases() -> list[tuple[str, bytes, int, str, tuple[str, ...]]]:
-    png, jpeg = encoded("PNG"), encoded("JPEG")
-    cases = [
-        ("not an image", chat(data_uri(b"GIF? no: plain text\n" * 10)), 400, "not_image", ("is not an image",)),
-        ("truncated PNG", chat(data_uri(png[: len(png) // 2])), 400, "truncated", ("is a truncated PNG",)),
-        ("truncated JPEG", chat(data_uri(jpeg[: len(jpeg) // 2], "image/jpeg")), 400, "truncated",
-         ("is a truncated JPEG",)),
-        ("40000x40000", chat(data_uri(png_declaring(40000, 40000))), 400, "too_many_pixels",
-         ("40000x40000", "limit of 1,048,576 pixels (max_pixels)")),
-        ("zero size", chat(data_uri(png_declaring(0, 64))), 400, "zero_size", ("0x64 pixels",)),
-        ("too many images", chat(GOOD["PNG"], GOOD["PNG"], GOOD["PNG"]), 400, "too_many_images",
-         ("carries 3 images", "limit of 2 per request (max_images_per_request)")),
-        ("BMP", chat(data_uri(encoded("BMP"), "image/bmp")), 400, "unsupported_format", ("is a BMP image",)),
-        ("TIFF", chat(data_uri(encoded("TIFF"), "image/tiff")), 400, "unsupported_format", ("is a TIFF image",)),
-        ("no base64", chat("data:image/png,rawbytes"), 400, "bad_data_uri", ("without ';base64'",)),
-        ("wrong media type", chat("data:text/plain;base64,aGVsbG8="), 400, "bad_data_uri", ("'text/plain'",)),
-        ("remote URL", chat("https://example.com/cat.png"), 400, "remote_url", ("fetches no remote images",)),
-        ("body over the limit", chat(data_uri(b"\0" * 300_000)), 413, "too_big",
-         ("limit of 300,000 bytes", "max_request_bytes")),
-    ]
-    return [(name, body_of(request), status, reason, words) for name, request, status, reason, words in cases]
+    return [(name, body_of(request), status, reason, words) for name, request, status, reason, words in bad_requests(LIMITS)]
 
 
 @pytest.mark.parametrize(("name", "body", "status", "reason", "words"), _bad_cases(), ids=lambda v: v if isinstance(v, str) else None)

@@ -104,6 +104,7 @@ def test_the_image_limits_are_the_guards_and_vllm_is_told_the_same(vlm):
     for args in (server_args(p), server_args(p, stock=True)):
         i = args.index("--limit-mm-per-prompt")
         assert json.loads(args[i + 1]) == {"image": 1}
+        assert args[args.index("--mm-processor-cache-gb") + 1] == "0"  # no image's pixels kept after its answer
         assert not any(a.startswith("--allowed-local-media-path") for a in args)
     assert Plan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
 

@@ -72,6 +72,10 @@ def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
         # its default 999 (docs/vision-guard.md); --allowed-local-media-path is never passed, so vLLM
         # refuses file: URLs itself. A vLLM flag, not edgectl's: the stock arm keeps it.
         args += ["--limit-mm-per-prompt", json.dumps({"image": plan.vision.images.max_images_per_request})]
+        # No cache of processed images: vLLM's (mm_processor_cache_gb, 4 GiB by default:
+        # vllm/config/multimodal.py) keeps every distinct image's, ~76 MiB each for the shape model, so a
+        # service under MemoryMax grows with each new frame until it is killed (docs/vision-guard.md).
+        args += ["--mm-processor-cache-gb", "0"]
     if not stock:
         if plan.model.checkpoint_format == "gguf":
             args += ["--load-format", GGUF_LOAD_FORMAT]

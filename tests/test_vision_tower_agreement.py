@@ -1,6 +1,7 @@
 """The vision tower and connector as vLLM serves them (bf16, the vision plan's format) against transformers'
 float32 reference on the same weights and the same pixel values: per image, the cosine of its embeddings
-(its rows flattened into one vector) is at least 0.999 (runtime/edgectl_runtime/tools/vision_tower_agreement.py).
+(its rows flattened into one vector) is at least 0.999, and so is each row's (one image token's embedding)
+(runtime/edgectl_runtime/tools/vision_tower_agreement.py).
 
 On a tiny shape of synth-smolvlm-256m's spec (tests/test_vision_engine.py's ``tiny_vlm``: a 2-layer tower on
 64x64 tiles), one engine start. The shape model's figures, by hand: docs/vision.md, "The vision tower against
@@ -45,6 +46,7 @@ def test_the_served_tower_agrees_with_transformers_in_float32(tiny_vlm: Path) ->
         assert image["rows"] == image["tiles"] * TINY.processor["image_seq_len"], image
         assert image["hidden"] == 64, image
         assert image["cosine"] >= BOUND, image
+        assert image["min_row_cosine"] >= BOUND, image  # stricter: every image token's embedding too
     print("\n" + "\n".join(f"{i['name']}: cosine {i['cosine']:.6f}, min per row {i['min_row_cosine']:.6f}"
                            for i in images))
 

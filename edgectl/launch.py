@@ -25,8 +25,9 @@ QUANTIZE = "edgectl_runtime.tools.quantize"  # a bf16 checkpoint -> edgectl's po
 TOKENIZER_COST = "edgectl_runtime.introspect.tokenizer_cost"  # what a tokenizer holds in the worker
 SPEECH_ANCHOR = "edgectl_runtime.tools.speech_anchor"  # faster-whisper / whisper.cpp on a clip set, timed
 WHISPER_GGML = "edgectl_runtime.tools.whisper_ggml"  # a converted Whisper directory -> whisper.cpp's ggml file
+VISION_TOWER_AGREEMENT = "edgectl_runtime.tools.vision_tower_agreement"  # vLLM's vision tower vs transformers'
 ENTRY_POINTS = (WORKER, CONVERT_GGUF, CONVERT_CT2_WHISPER, SYNTH_MODEL, SYNTH_VLM, QUANTIZE, TOKENIZER_COST,
-                SPEECH_ANCHOR, WHISPER_GGML)
+                SPEECH_ANCHOR, WHISPER_GGML, VISION_TOWER_AGREEMENT)
 
 
 def command(python: str, module: str, args: Sequence[str] = (), *, optimize: int = 0) -> list[str]:

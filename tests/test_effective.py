@@ -199,3 +199,15 @@ def test_a_field_not_read_back_is_not_checked_and_a_null_one_is():
     assert mismatches(p, read_back(p)) == []
     assert mismatches(p, {**read_back(p), "kernel_isa": None}) == [
         "edgectl's kernel library is not loaded, the plan's w4a8 runs on it"]
+
+
+def test_no_packed_copy_at_all_when_the_plan_says_none():
+    levers = dataclasses.replace(plan().levers, embedding_pack="none")
+    p = plan(levers=levers)
+    got = read_back(p)
+    got["embedding_pack"] = {"model.embed_tokens": {"state": "not packed", "lm_head": False},
+                             "lm_head": {"state": "not packed", "lm_head": True}}
+    assert mismatches(p, got) == []
+    got["embedding_pack"]["lm_head"]["state"] = "packed"
+    (problem,) = mismatches(p, got)
+    assert "lm_head: packed" in problem and "embedding_pack is none" in problem

@@ -391,10 +391,14 @@ def _embedding_pack(plan: Plan, packs: Mapping[str, EmbeddingPackState] | None) 
     if packs is None:
         return ["the embedding tables' packed copies could not be read back"]
     # empty when no embedding is dense (an int4 tied head)
-    lm_head_only = str(plan.levers.embedding_pack) == "lm-head"
+    mode = str(plan.levers.embedding_pack)
     # a table the plan leaves to vLLM is packed where the CPU has a packed GEMM, and only there
     kept = ("packed", "no packed kernel")
-    wrong = sorted(n for n, layer in packs.items() if (layer.state in kept) != (not lm_head_only or layer.lm_head))
+
+    def left_to_vllm(lm_head: bool) -> bool:
+        return mode == "vllm" or (mode == "lm-head" and lm_head)
+
+    wrong = sorted(n for n, layer in packs.items() if (layer.state in kept) != left_to_vllm(layer.lm_head))
     if wrong:
         return [f"embedding table(s) {', '.join(wrong)}: {packs[wrong[0]].state}, the plan's "
                 f"embedding_pack is {plan.levers.embedding_pack}"]

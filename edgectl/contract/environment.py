@@ -105,8 +105,8 @@ _VARS = [
         ("auto", "scalar", "avx2", "avx512vnni")),
     Var("EDGECTL_EMBEDDING_PACK", Role.OWN, "which dense embedding tables keep vLLM's prepacked GEMM copy "
         "(edgectl_runtime/vllm_plugin/embedding.py): vllm (every one, as unmodified vLLM: a tied table is packed twice), "
-        "lm-head (only the layer that computes logits; the plan's levers.embedding_pack)", "vllm",
-        ("vllm", "lm-head")),
+        "lm-head (only the layer that computes logits; the plan's levers.embedding_pack), none (no layer: a "
+        "Whisper whose logits come from the int8 scan)", "vllm", ("vllm", "lm-head", "none")),
     Var("EDGECTL_SPEECH_HEAD", Role.OWN, "how a Whisper's logits are computed (edgectl_runtime/vllm_plugin/"
         "whisper_exact_top.py): dense (the tied table in the model's dtype, the best 8 again in float32) or w8-scan "
         "(an int8 copy of the table scanned on edgectl's kernels, the best 8 again in float32 from the table; the "

@@ -87,6 +87,9 @@ class EmbeddingPack(StrEnum):
 
     VLLM = "vllm"  # every one, as unmodified vLLM does: a tied table is packed twice
     LM_HEAD = "lm-head"  # only the layer that computes logits
+    # none: no layer keeps one. Only where no logits go through vLLM's GEMM: a Whisper whose head is
+    # the int8 scan (runtime/edgectl_runtime/vllm_plugin/whisper_exact_top.py)
+    NONE = "none"
 
 
 class ThreadWait(StrEnum):

@@ -14,7 +14,11 @@ holds three copies of the largest matrix of a small model (SmolLM2-135M: 3 × 54
   an input embedding gets none (its GEMM path is never used; ``F.linear`` is left in place
   should anything call it);
 
-Not offered: no packed copy at all (the LM head on ``F.linear``). Measured on x86_64-amx
+- ``none``: no layer keeps one; only for a model whose logits never go through vLLM's GEMM (a
+  Whisper whose head is edgectl's int8 scan, ``whisper_exact_top.py``: the packed copy would be
+  53 MB that nothing reads).
+
+Not offered to a model whose head does run vLLM's GEMM: the LM head on ``F.linear``. Measured on x86_64-amx
 (docs/memory.md): a bf16 ``F.linear`` GEMV of SmolLM2's head took 15.5 ms against 8.7 ms for the
 packed one (50 calls, M = 1), a slower decode for 54 MiB; and the worker died at its first
 forward pass with SIGILL in vLLM's AMX attention kernel, since no oneDNN GEMM was left to request

@@ -186,9 +186,8 @@ def _check_request(opts: BenchOptions, names: Collection[str], profiles_dir: Pat
 def _check_plan_for_bench(plan: Plan, opts: BenchOptions, names: Collection[str]) -> None:
     """Refuse a plan the bench's prompts, or the profile asked for, cannot be measured with."""
     if plan.vision is not None:  # its arms and prompts are a text model's: it would measure no image
-        raise EdgectlError(f"{plan.model.name} is a vision-language model: edgectl bench measures text and speech "
-                           "models; a vision model's bench (against llama.cpp's vision path) is not written yet "
-                           "(docs/vision.md)")
+        raise EdgectlError(f"{plan.model.name} is a vision-language model: the text bench measures no image; "
+                           "`edgectl bench` runs the vision bench for it (edgectl/bench/vision/core.py)")
     if plan.max_model_len <= PREFILL_TOKENS:
         raise EdgectlError(f"a context of {plan.max_model_len} tokens has no room for the {PREFILL_TOKENS}-token "
                            f"prefill prompt and its answer: use --max-model-len {PREFILL_TOKENS * 2} or more")

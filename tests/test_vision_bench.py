@@ -17,7 +17,12 @@ from edgectl.bench.arms import BenchContext
 from edgectl.bench.measure import MeasurementFailed
 from edgectl.bench.vision import gguf_pair, images, measure
 from edgectl.bench.vision import report as vision_report
-from edgectl.bench.vision.arms import ARMS, VisionLlamaCppArm, parse_arm_names, prepare_arms
+from edgectl.bench.vision.arms import (
+    ARMS,
+    VisionLlamaCppArm,
+    parse_arm_names,
+    prepare_arms,
+)
 from edgectl.client import Stream
 from edgectl.errors import EdgectlError
 
@@ -157,6 +162,27 @@ def test_a_llama_server_without_vision_is_invalid(tmp_path: Path) -> None:
     assert arm.check(eff, 1) == ["max_model_len is 16384, the arm asks for 4096"]
     arm.modalities = {"vision": False}
     assert any("takes no images" in p for p in arm.check(eff, 1))
+
+
+def test_the_llama_read_back_is_one_the_bench_can_read(tmp_path: Path) -> None:
+    from edgectl.contract.effective import Effective
+
+    class Props:
+        def get_json(self, path: str, timeout: float = 10.0) -> dict:
+            assert path == "/props"
+            return {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 4, "model_path": "/c/model.gguf",
+                    "build_info": "b1-0c1e570", "modalities": {"vision": True, "video": True, "audio": False}}
+
+    class Log:
+        def log_tail(self, lines: int) -> list[str]:
+            return ["system_info: n_threads = 2 (n_threads_batch = 2) / 2"]
+
+    arm = VisionLlamaCppArm(ARMS["llama.cpp"], context(tmp_path), Path("/c/mmproj.gguf"), threads=2)
+    raw = arm.readback(Props(), Log())  # type: ignore[arg-type]
+    effective, problems = Effective.read(raw)
+    assert problems == [] and effective is not None
+    assert arm.check(effective, 1) == []
+    assert arm.from_log(Log())["llama_cpp"]["modalities"]["vision"] is True  # type: ignore[arg-type]
 
 
 # -- one stream -------------------------------------------------------------------------------------

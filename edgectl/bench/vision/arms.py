@@ -19,7 +19,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgectl.bench.arms import ArmSpec, BenchContext, LlamaCppArm, PreparedArm, WorkerArm
+from edgectl.bench.arms import (
+    ArmSpec,
+    BenchContext,
+    LlamaCppArm,
+    PreparedArm,
+    WorkerArm,
+)
 from edgectl.bench.server import ServerProcess
 from edgectl.bench.stock_vllm import StockVllmArm
 from edgectl.client import Client
@@ -71,11 +77,16 @@ class VisionLlamaCppArm(LlamaCppArm):
 
     def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
         eff = super().readback(client, server)
-        # what the text read-back leaves out: whether the server took the projector (GET /props)
+        # what the read-back's schema has no field for: whether the server took the projector
+        # (GET /props ``modalities``), kept for check() and recorded by from_log()
         self.modalities = client.get_json("/props", timeout=30).get("modalities")
-        eff["modalities"] = self.modalities
-        eff["readback_via"] += ", GET /props modalities (the projector)"
+        eff["readback_via"] += "; GET /props modalities (the projector: checked, recorded as llama_cpp.modalities)"
         return eff
+
+    def from_log(self, server: ServerProcess) -> dict[str, Any]:
+        out = super().from_log(server)
+        out["llama_cpp"]["modalities"] = self.modalities
+        return out
 
     def check(self, effective: Effective, processes: int) -> list[str]:
         problems = super().check(effective, processes)

@@ -12,10 +12,11 @@ import pytest
 from models_helpers import run_cli
 
 from edgectl.bench.arms import BenchContext, Crashed
+from edgectl.bench.grid import rotated
 from edgectl.bench.speech import measure
 from edgectl.bench.speech import report as speech_report
 from edgectl.bench.speech.arms import ARMS, AnchorArm
-from edgectl.bench.speech.runner import ClipPlan, rotated, run_grid
+from edgectl.bench.speech.runner import ClipPlan, run_grid
 from edgectl.bench.stock_vllm import StockVllmArm, engine_root_cause
 
 # -- the clips --------------------------------------------------------------------------------------

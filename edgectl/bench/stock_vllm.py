@@ -14,7 +14,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from edgectl.bench.arms import ArmSpec, BenchContext, Crashed, PreparedArm, cache_config_info
+from edgectl.bench.arms import (
+    ArmSpec,
+    BenchContext,
+    Crashed,
+    PreparedArm,
+    cache_config_info,
+)
 from edgectl.bench.server import ServerProcess
 from edgectl.client import Client
 from edgectl.contract.effective import SCHEMA as EFFECTIVE_SCHEMA

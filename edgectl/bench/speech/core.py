@@ -25,6 +25,7 @@ from edgectl.bench import provenance as prov
 from edgectl.bench import report as text_report
 from edgectl.bench.arms import QUIET_S, BenchContext, Launcher
 from edgectl.bench.core import _check_writable, _repo_root
+from edgectl.bench.grid import rotated
 from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.runner import utc_now
 from edgectl.bench.speech import clips, measure, wer
@@ -37,7 +38,7 @@ from edgectl.bench.speech.arms import (
     parse_arm_names,
     prepare_arms,
 )
-from edgectl.bench.speech.runner import ClipPlan, rotated, run_grid
+from edgectl.bench.speech.runner import ClipPlan, run_grid
 from edgectl.contract import environment
 from edgectl.errors import EdgectlError
 

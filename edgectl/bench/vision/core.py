@@ -22,9 +22,9 @@ from edgectl.bench import provenance as prov
 from edgectl.bench import report as text_report
 from edgectl.bench.arms import QUIET_S, BenchContext, Launcher, parse_thread_counts
 from edgectl.bench.core import _check_writable, _repo_root, _usable_cpus
+from edgectl.bench.grid import rotated
 from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.runner import utc_now
-from edgectl.bench.speech.runner import rotated
 from edgectl.bench.vision import images, measure
 from edgectl.bench.vision import report as vision_report
 from edgectl.bench.vision.arms import ARMS, VisionArm, parse_arm_names, prepare_arms

@@ -1,6 +1,6 @@
 """The vision bench's artifact (schema ``edgectl.bench.vision/1``), its summary and the text table.
 
-The text bench's rules (bench/report.py) hold as they are: an arm is summarised (median, min,
+The text bench's rules (bench/report.py), as bench/grid_report.py applies them: an arm is summarised (median, min,
 max) only when every pass of it is ``ok``; the grid is complete only when every pass of every arm
 that ran is; comparisons exist only for a complete grid; a figure is quotable only from ≥ 3
 passes that the noise gate (bench/noise.py) finds quiet, here gated on the figures a vision claim
@@ -15,17 +15,25 @@ least ``DECODE_BAR`` × its own text-only decode.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgectl.bench import stats
-from edgectl.bench.noise import noise_gate
-from edgectl.bench.prediction import check_label
-from edgectl.bench.report import incomplete_reasons
+from edgectl.bench.grid_report import (
+    GridResult,
+    cell,
+    finish_grid,
+    holds,
+    incomplete_lines,
+    memory_lines,
+    noise_lines,
+    not_quotable_note,
+    summarise,
+    table,
+    times,
+)
 
 SCHEMA = "edgectl.bench.vision/1"
-QUOTABLE_PASSES = 3
 METRICS = ("ttft_image_s", "decode_image_tok_s", "decode_text_tok_s", "image_text_decode_ratio", "aggregate_tok_s",
            "ready_s", "pss_steady_bytes", "pss_peak_bytes", "processes", "prompt_tokens_image")
 GATED = ("ttft_image_s", "decode_image_tok_s", "aggregate_tok_s")  # what the claims quote
@@ -36,7 +44,7 @@ DECODE_BAR = 0.9  # issue 34: decode with one image in context ≥ 0.9× text-on
 MEMORY_BAR = 0.10  # issue 34: memory predicted within ±10%
 
 
-def pass_value(rec: Mapping[str, Any], metric: str) -> float | None:
+def pass_value(rec: dict[str, Any], metric: str) -> float | None:
     if metric == "image_text_decode_ratio":
         return stats.ratio(rec.get("decode_image_tok_s"), rec.get("decode_text_tok_s"))
     value = rec.get(metric)
@@ -44,14 +52,7 @@ def pass_value(rec: Mapping[str, Any], metric: str) -> float | None:
 
 
 def summarise_arm(passes: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [p for p in passes if p["status"] == "ok"]
-    out: dict[str, Any] = {"passes_ok": len(ok), "passes_run": len(passes)}
-    if not passes or len(ok) != len(passes):
-        out.update(median=None, min=None, max=None, note="not summarised: not every pass of this arm is ok")
-        return out
-    for name, fn in (("median", stats.median), ("min", stats.minimum), ("max", stats.maximum)):
-        out[name] = {m: fn([pass_value(p, m) for p in ok]) for m in METRICS}
-    return out
+    return summarise(passes, METRICS, pass_value)
 
 
 def versus_llama_cpp(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -97,33 +98,13 @@ def _to(med: Mapping[str, Any], llama: Mapping[str, Mapping[str, Any]], ref: Map
 
 def finish(artifact: dict[str, Any], records: dict[str, list[dict[str, Any]]], passes: int) -> None:
     """Summaries, completeness, the noise gate, the comparison with llama.cpp (in place)."""
-    for name, recs in records.items():
-        artifact["arms"][name]["passes"] = recs
-        artifact["arms"][name].update(summarise_arm(recs))
-    reasons = incomplete_reasons(records, passes)
-    artifact["finished"] = True
-    artifact["complete"] = not reasons and bool(records)
-    artifact["incomplete_reasons"] = reasons
-    artifact["noise"] = noise_gate(artifact["arms"], gated=GATED, recorded=RECORDED)
-    artifact["quotable"] = artifact["complete"] and passes >= QUOTABLE_PASSES and artifact["noise"]["quiet"]
+    finish_grid(artifact, records, passes, summarise_arm, GATED, RECORDED)
     artifact["versus_llama_cpp"] = versus_llama_cpp(artifact["arms"]) if artifact["complete"] else None
 
 
-@dataclass
-class VisionBenchResult:
-    artifact: dict[str, Any]
-    path: Path | None = None
-    messages: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.artifact
-
-    def render_text(self) -> str:
-        return render_text(self.artifact, self.path, self.messages)
-
-
 def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> str:
-    lines = [*_heading(a), *_arm_table(a), *_noise_lines(a), *_versus_lines(a), *_memory_lines(a)]
+    lines = [*_heading(a), *_arm_table(a), *noise_lines(a, GATED, RECORDED), *_versus_lines(a),
+             *memory_lines(a, MEMORY_BAR)]
     if path:
         lines.append(f"artifact: {path}")
     return "\n".join([*lines, *messages])
@@ -133,11 +114,7 @@ def _heading(a: dict[str, Any]) -> list[str]:
     prov = a["provenance"]
     head = (f"edgectl bench {prov['model']} (vision): {len(a['arms'])} arm(s) × {prov['passes']} pass(es), "
             f"interleaved, arm order rotated each pass, on {prov['device_class']} — "
-            + ("complete" if a["complete"] else "INCOMPLETE"))
-    if a["complete"] and not a.get("quotable"):
-        noisy = [n for n, v in ((a.get("noise") or {}).get("arms") or {}).items() if v["noisy"]]
-        head += (f" (noisy: {', '.join(noisy)}: not a figure to quote, see the noise gate below)" if noisy else
-                 f" (fewer than {QUOTABLE_PASSES} passes per arm: indicative only, not a figure to quote)")
+            + ("complete" if a["complete"] else "INCOMPLETE") + not_quotable_note(a))
     req = prov.get("requests") or {}
     return [head, f"requests: {req.get('image_px')} px seeded PNGs as data: URIs, {req.get('question')!r}, "
                   f"{req.get('decode_tokens')} tokens each (ignore_eos, greedy), four at once: "
@@ -150,13 +127,12 @@ def _arm_table(a: dict[str, Any]) -> list[str]:
     for name, arm in a["arms"].items():
         gb = " GB" if arm.get("median") else ""
         rows.append((name, f"{arm.get('passes_ok', 0)}/{arm.get('passes_run', len(arm['passes']))} ok",
-                     _cell(arm, "ttft_image_s", "{:.2f}"), _cell(arm, "prompt_tokens_image", "{:.0f}"),
-                     _cell(arm, "decode_image_tok_s", "{:.1f}"), _cell(arm, "decode_text_tok_s", "{:.1f}"),
-                     _cell(arm, "image_text_decode_ratio", "{:.2f}"), _cell(arm, "aggregate_tok_s", "{:.1f}"),
-                     _cell(arm, "ready_s", "{:.1f}"), _cell(arm, "pss_steady_bytes", "{:.2f}", 1e9) + gb,
-                     _cell(arm, "pss_peak_bytes", "{:.2f}", 1e9) + gb, _cell(arm, "processes", "{:.0f}")))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+                     cell(arm, "ttft_image_s", "{:.2f}"), cell(arm, "prompt_tokens_image", "{:.0f}"),
+                     cell(arm, "decode_image_tok_s", "{:.1f}"), cell(arm, "decode_text_tok_s", "{:.1f}"),
+                     cell(arm, "image_text_decode_ratio", "{:.2f}"), cell(arm, "aggregate_tok_s", "{:.1f}"),
+                     cell(arm, "ready_s", "{:.1f}"), cell(arm, "pss_steady_bytes", "{:.2f}", 1e9) + gb,
+                     cell(arm, "pss_peak_bytes", "{:.2f}", 1e9) + gb, cell(arm, "processes", "{:.0f}")))
+    lines = table(rows)
     lines.append("  (medians [min–max] of the passes; TTFT from sending the request to the first token, the image "
                  "included; ready: from launch to the first answer about an image; PSS of the whole process tree)")
     for name, why in a.get("skipped", {}).items():
@@ -164,21 +140,11 @@ def _arm_table(a: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _noise_lines(a: dict[str, Any]) -> list[str]:
-    gate = a.get("noise") or {}
-    if not gate.get("arms"):
-        return []
-    lines = [f"noise gate: max/min of the passes; an arm whose {' or '.join(GATED)} spread exceeds "
-             f"{gate['max_decode_spread']} is noisy, not quotable"]
-    for name, v in gate["arms"].items():
-        parts = ", ".join(f"{m} {_x(v.get(m))}" for m in (*GATED, *RECORDED))
-        lines.append(f"  {name}: {parts} — " + ("noisy, not quotable" if v["noisy"] else "quiet"))
-    return lines
 
 
 def _versus_lines(a: dict[str, Any]) -> list[str]:
     if not a["complete"]:
-        return ["no comparisons: the grid is incomplete —", *[f"  - {r}" for r in a["incomplete_reasons"]]]
+        return incomplete_lines(a)
     vs = a.get("versus_llama_cpp")
     if not vs:
         return ["no comparison with llama.cpp: no llama.cpp arm ran"]
@@ -186,38 +152,16 @@ def _versus_lines(a: dict[str, Any]) -> list[str]:
     lines = [f"against llama.cpp on the same weights (medians; TTFT vs {ref['ttft_image_s']}, four images vs "
              f"{ref['aggregate_tok_s']}, PSS vs {ref['pss_steady_bytes']}):"]
     for name, v in vs["arms"].items():
-        decode = (f"decode with the image {_x(v['image_text_decode_ratio'])} its text-only "
-                  f"({_holds(v['image_text_decode_holds'], f'≥ {DECODE_BAR:g}×')})")
+        decode = (f"decode with the image {times(v['image_text_decode_ratio'])} its text-only "
+                  f"({holds(v['image_text_decode_holds'], f'≥ {DECODE_BAR:g}×')})")
         if "ttft_ratio" not in v:
             lines.append(f"  {name}: {decode}")
             continue
         goal = {True: ", goal 0.5× met", False: ", goal 0.5× not met", None: ""}[v["ttft_goal_met"]]
-        lines.append(f"  {name}: TTFT {_x(v['ttft_ratio'])} ({_holds(v['ttft_holds'], '≤ 1×')}{goal}), {decode}, "
-                     f"four images {_x(v['aggregate_ratio'])}, PSS {_x(v['pss_ratio'])}")
+        lines.append(f"  {name}: TTFT {times(v['ttft_ratio'])} ({holds(v['ttft_holds'], '≤ 1×')}{goal}), {decode}, "
+                     f"four images {times(v['aggregate_ratio'])}, PSS {times(v['pss_ratio'])}")
     return lines
 
 
-def _memory_lines(a: dict[str, Any]) -> list[str]:
-    mp = a.get("memory_prediction") or {}
-    return [f"memory, the plan's steady prediction vs the measured PSS (median): {n} {v['predicted_bytes'] / 1e9:.3f} "
-            f"vs {v['measured_bytes'] / 1e9:.3f} GB ({v['error']:+.1%}, {check_label(v)}; bar ±{MEMORY_BAR:.0%})"
-            for n, v in (mp.get("arms") or {}).items() if v.get("measured_bytes") and v.get("predicted_bytes")]
-
-
-def _cell(arm: dict[str, Any], metric: str, fmt: str, scale: float = 1.0) -> str:
-    """The median, with [min–max] when the passes differ; "–" when not measured."""
-    med, lo, hi = arm.get("median"), arm.get("min"), arm.get("max")
-    if not med or med.get(metric) is None:
-        return "–"
-    text = fmt.format(med[metric] / scale)
-    if lo and hi and lo.get(metric) is not None and hi.get(metric) is not None and lo[metric] != hi[metric]:
-        text += f" [{fmt.format(lo[metric] / scale)}–{fmt.format(hi[metric] / scale)}]"
-    return text
-
-
-def _x(v: float | None) -> str:
-    return "–" if v is None else f"{v:.2f}×"
-
-
-def _holds(v: bool | None, bar: str) -> str:
-    return f"bar {bar}: " + {True: "holds", False: "misses", None: "not measured"}[v]
+class VisionBenchResult(GridResult):
+    render = staticmethod(render_text)

@@ -1,0 +1,116 @@
+"""The speech and vision benches' grid: arms × passes, interleaved with the arm order rotated each
+pass, and a server arm's pass from launch to stop (what each measures is the bench's own).
+
+Pass states as in the text bench (``bench/runner.py``): ``ok``, ``invalid`` (a setting read back
+differs from the arm's, or an answer the measurement cannot use: no number kept), ``crashed``.
+A server's pass: started in its own session on a free port with empty compile caches of its own
+(``runner.compile_caches``, removed after), measured by the bench's ``measure`` (which stops the
+peak PSS sampler at ready), then stopped whatever happened; a pass not ``ok`` keeps its log's
+tail and none of the bench's ``measured`` numbers.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from edgectl.bench.arms import BenchContext, Crashed, PreparedArm
+from edgectl.bench.measure import MeasurementFailed
+from edgectl.bench.runner import (
+    CRASHED,
+    INVALID,
+    OK,
+    _launch,
+    _loadavg,
+    compile_caches,
+    utc_now,
+)
+from edgectl.bench.server import ServerProcess
+from edgectl.client import Client, HttpFailed
+
+Progress = Callable[[str], None]
+# (client, server, the pass's record) -> None: the bench's measurements of a started server, into the record
+Measure = Callable[[Client, ServerProcess, dict[str, Any]], None]
+
+
+class NamedArm(Protocol):
+    name: str
+
+
+def rotated(names: Sequence[str], passes: int) -> list[tuple[str, int]]:
+    """(arm, pass index) in run order: every arm's pass i before any arm's pass i + 1, and pass i
+    starting i arms further on (A B C, B C A, C A B, …), so no arm always runs first or after the same one."""
+    n = len(names)
+    return [(names[(i + k) % n], i) for i in range(passes) for k in range(n)]
+
+
+def run_rotated(arms: Sequence[NamedArm], passes: int, ctx: BenchContext,
+                run_pass: Callable[[Any, int, int, Path], dict[str, Any]], pass_line: Callable[[dict[str, Any]], str],
+                progress: Progress, on_pass: Callable[[dict[str, Any]], None] | None = None
+                ) -> dict[str, list[dict[str, Any]]]:
+    """Every arm's passes in rotated order; ``run_pass(arm, pass index, position, pass directory)``
+    runs one and returns its record. The records by arm; ``on_pass`` is given each as it is done."""
+    by_name = {a.name: a for a in arms}
+    order = rotated([a.name for a in arms], passes)
+    records: dict[str, list[dict[str, Any]]] = {a.name: [] for a in arms}
+    for position, (name, i) in enumerate(order):
+        progress(f"[{position + 1:>2}/{len(order)}] {name} pass {i + 1}/{passes}: starting")
+        rec = run_pass(by_name[name], i, position, ctx.logs_dir / f"{position:03d}-{name}-p{i + 1}")
+        records[name].append(rec)
+        progress(f"[{position + 1:>2}/{len(order)}] {name} pass {i + 1}/{passes}: {pass_line(rec)}")
+        if on_pass:
+            on_pass(rec)
+    return records
+
+
+def new_record(name: str, pass_index: int, order: int) -> dict[str, Any]:
+    return {"arm": name, "pass": pass_index, "order": order, "status": None, "problems": [], "error": None,
+            "started_at": utc_now(), "loadavg_start": _loadavg()}
+
+
+def server_pass(arm: PreparedArm, rec: dict[str, Any], pass_dir: Path, measure: Measure,
+                measured: Sequence[str]) -> dict[str, Any]:
+    """One fresh server of ``arm`` measured by ``measure``; ``rec`` completed with the outcome."""
+    caches = compile_caches(pass_dir)
+    server = _launch(arm, pass_dir, caches, rec)
+    if server is None:
+        return rec
+    try:
+        measure(Client("127.0.0.1", rec["port"]), server, rec)
+        rec["status"] = OK
+    except Crashed as exc:
+        rec.update(status=INVALID if exc.invalid else CRASHED, error=str(exc))
+        if exc.invalid:
+            rec["problems"] = [str(exc)]
+    except MeasurementFailed as exc:
+        rec.update(status=INVALID, error=str(exc), problems=[str(exc)])
+    except HttpFailed as exc:
+        state = "the server had exited" if not server.alive() else "the server still ran"
+        rec.update(status=CRASHED, error=f"{exc} ({state})")
+    finally:
+        if "pss_peak_bytes" not in rec:  # the pass ended before ready: the sampler still runs
+            rec["pss_peak_bytes"] = server.stop_sampling() or None
+        rec["exit_code"] = server.stop()
+        rec["ended_at"] = utc_now()
+        rec["loadavg_end"] = _loadavg()
+        shutil.rmtree(Path(caches["VLLM_CACHE_ROOT"]).parent, ignore_errors=True)
+        if rec["status"] != OK:
+            rec["log_tail"] = server.log_tail(12)
+            drop_measured(rec, measured)
+    return rec
+
+
+def drop_measured(rec: dict[str, Any], measured: Sequence[str]) -> None:
+    """A pass that did not complete as specified keeps no measured number: nothing to quote."""
+    for key in measured:
+        rec.pop(key, None)
+
+
+def failed_line(rec: dict[str, Any]) -> str | None:
+    """A pass line's text for a pass not ``ok`` (None for an ok one)."""
+    if rec["status"] == OK:
+        return None
+    why = "; ".join(rec.get("problems") or []) or rec.get("error") or ""
+    return f"{rec['status'].upper()}: {why}"

@@ -130,11 +130,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
                         environ, facts=facts)
     plan = planned.plan
     _check_plan_for_bench(plan, opts, names)
-    base_request = {"model": opts.model}
-
-    def planner(overrides: dict[str, Any]) -> Plan:
-        return make_plan(Request.from_flat(**{**base_request, **overrides}), environ, facts=facts).plan
-
+    planner = planner_for(opts.model, environ, facts)
     servers = _server_runtime(environ)
     llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,
                               held_to=environ.get("ATEN_CPU_CAPABILITY"))
@@ -162,6 +158,16 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     if opts.record_profile:
         result.messages.append(_record_profile(artifact, path, profiles_dir, facts, planned, environ))
     return result
+
+
+def planner_for(model: str, environ: Mapping[str, str], facts: HostFacts) -> Callable[[dict[str, Any]], Plan]:
+    """The plan of an arm with overrides (Request.from_flat's names), by the planner ``edgectl plan`` uses."""
+    from edgectl.contract.plan import Request
+    from edgectl.inputs import make_plan
+
+    def plan_with(overrides: dict[str, Any]) -> Plan:
+        return make_plan(Request.from_flat(**{"model": model, **overrides}), environ, facts=facts).plan
+    return plan_with
 
 
 def _check_request(opts: BenchOptions, names: Collection[str], profiles_dir: Path) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from edgectl.bench.arms import BenchContext, Crashed, PreparedArm
 from edgectl.bench.measure import MeasurementFailed
+from edgectl.bench.report import write_json_atomic
 from edgectl.bench.runner import (
     CRASHED,
     INVALID,
@@ -63,6 +64,25 @@ def run_rotated(arms: Sequence[NamedArm], passes: int, ctx: BenchContext,
         if on_pass:
             on_pass(rec)
     return records
+
+
+def run_writing(artifact: dict[str, Any], path: Path,
+                run: Callable[[Callable[[dict[str, Any]], None]], dict[str, list[dict[str, Any]]]]
+                ) -> dict[str, list[dict[str, Any]]]:
+    """``run(on_pass)``, the artifact written before it and after every pass (and on an interrupt,
+    marked so), so an interrupted run keeps what it measured; the records by arm."""
+    def save(rec: dict[str, Any]) -> None:
+        artifact["arms"][rec["arm"]]["passes"].append(rec)
+        write_json_atomic(path, artifact)
+
+    write_json_atomic(path, artifact)
+    try:
+        return run(save)
+    except KeyboardInterrupt:
+        artifact["provenance"]["ended_at"] = utc_now()
+        artifact["incomplete_reasons"] = ["interrupted"]
+        write_json_atomic(path, artifact)
+        raise
 
 
 def new_record(name: str, pass_index: int, order: int) -> dict[str, Any]:

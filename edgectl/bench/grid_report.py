@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from edgectl.bench import stats
 from edgectl.bench.noise import noise_gate
@@ -57,19 +57,17 @@ def finish_grid(artifact: dict[str, Any], records: dict[str, list[dict[str, Any]
 
 @dataclass
 class GridResult:
-    """A bench's artifact and where it was written; rendered by the bench's ``render``."""
+    """A bench's artifact and where it was written; each bench renders it as its text."""
 
     artifact: dict[str, Any]
     path: Path | None = None
     messages: list[str] = field(default_factory=list)
-    # (artifact, path, messages) -> the text
-    render: ClassVar[Callable[[dict[str, Any], Path | None, list[str]], str]]
 
     def to_dict(self) -> dict[str, Any]:
         return self.artifact
 
     def render_text(self) -> str:
-        return type(self).render(self.artifact, self.path, self.messages)
+        raise NotImplementedError
 
 
 def not_quotable_note(a: dict[str, Any]) -> str:
@@ -81,7 +79,7 @@ def not_quotable_note(a: dict[str, Any]) -> str:
             f" (fewer than {QUOTABLE_PASSES} passes per arm: indicative only, not a figure to quote)")
 
 
-def table(rows: list[tuple[str, ...]]) -> list[str]:
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
     """The rows as aligned columns, indented."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from edgectl import launch
-from edgectl.bench.arms import ArmSpec, BenchContext, PreparedArm, WorkerArm
+from edgectl.bench.arms import (
+    ArmSpec,
+    BenchContext,
+    PreparedArm,
+    WorkerArm,
+    parse_names,
+)
 from edgectl.bench.stock_vllm import StockVllmArm
 from edgectl.errors import EdgectlError
 
@@ -69,20 +75,7 @@ PACKAGES = {"faster-whisper": "faster-whisper", "whisper.cpp": "pywhispercpp"}
 
 def parse_arm_names(text: str | None) -> list[str]:
     """``--arms a,b`` (or ``all``) as known speech arm names, in the order given."""
-    if not text:
-        return list(DEFAULT_ARMS)
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if names == ["all"]:
-        return list(ARMS)
-    unknown = [n for n in names if n not in ARMS]
-    if unknown:
-        raise EdgectlError(f"--arms: unknown speech arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)} (or all)")
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise EdgectlError(f"--arms: {', '.join(dupes)} given twice")
-    if not names:
-        raise EdgectlError(f"--arms: no arm given; known: {', '.join(ARMS)} (or all)")
-    return names
+    return parse_names(text, ARMS, DEFAULT_ARMS, "speech")
 
 
 class AnchorArm:

@@ -24,8 +24,8 @@ from edgectl import launch
 from edgectl.bench import provenance as prov
 from edgectl.bench import report as text_report
 from edgectl.bench.arms import QUIET_S, BenchContext, Launcher
-from edgectl.bench.core import _check_writable, _repo_root
-from edgectl.bench.grid import rotated
+from edgectl.bench.core import _check_writable, _repo_root, planner_for
+from edgectl.bench.grid import rotated, run_writing
 from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.runner import utc_now
 from edgectl.bench.speech import clips, measure, wer
@@ -107,7 +107,7 @@ def run_speech_bench(opts: SpeechBenchOptions, environ: Mapping[str, str], progr
     ctx = BenchContext(
         model_name=model_name, model_path=str(model_path), vocab_size=0, kv_bytes_per_token=0,
         planned=planned.plan if planned else None,  # type: ignore[arg-type]  # only the worker arm reads it
-        planner=_planner(opts.model, environ, facts), runtime_python=python, child_env=child_env, logs_dir=path.with_suffix(".logs"),
+        planner=planner_for(opts.model, environ, facts), runtime_python=python, child_env=child_env, logs_dir=path.with_suffix(".logs"),
         usable_cpus=len(facts.topology.usable_cpus or []) or 1, stock_plugins=stock_plugins,
         start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}), quiet_s=opts.quiet_s)
     anchor_models = _anchor_models(names, opts.model, model_path, ctx, environ, progress)
@@ -122,19 +122,9 @@ def run_speech_bench(opts: SpeechBenchOptions, environ: Mapping[str, str], progr
     artifact = _new_artifact(opts, ctx, arms, skipped, facts, info, python, dropped, stock_plugins, excluded,
                              clip_plan, started)
 
-    def save(rec: dict[str, Any]) -> None:
-        artifact["arms"][rec["arm"]]["passes"].append(rec)
-        text_report.write_json_atomic(path, artifact)
-
-    text_report.write_json_atomic(path, artifact)
     progress(f"{len(arms)} arm(s) × {opts.passes} pass(es), interleaved, order rotated per pass; artifact {path}")
-    try:
-        records = run_grid(arms, opts.passes, ctx, clip_plan, progress, on_pass=save)
-    except KeyboardInterrupt:
-        artifact["provenance"]["ended_at"] = utc_now()
-        artifact["incomplete_reasons"] = ["interrupted"]
-        text_report.write_json_atomic(path, artifact)
-        raise
+    records = run_writing(artifact, path, lambda on_pass: run_grid(arms, opts.passes, ctx, clip_plan, progress,
+                                                                    on_pass=on_pass))
     speech_report.finish(artifact, records, opts.passes)
     artifact["memory_prediction"] = memory_prediction(
         artifact["arms"], path, roots=[opts.out.absolute(), Path.cwd(), _repo_root()])
@@ -158,14 +148,6 @@ def _check_request(opts: SpeechBenchOptions) -> None:
     _check_writable(opts.out, "--out")
 
 
-def _planner(model: str, environ: Mapping[str, str], facts: Any) -> Callable[[dict[str, Any]], Any]:
-    """The plan of a worker arm with overrides (its dtype, its weight format), as the text bench plans its levers."""
-    from edgectl.contract.plan import Request
-    from edgectl.inputs import make_plan
-
-    def plan_with(overrides: dict[str, Any]) -> Any:
-        return make_plan(Request.from_flat(model=model, **overrides), environ, facts=facts).plan
-    return plan_with
 
 
 def _clip_set(opts: SpeechBenchOptions, environ: Mapping[str, str], progress: Progress) -> Path:

@@ -160,4 +160,5 @@ def _pts(v: float | None) -> str:
 
 
 class SpeechBenchResult(GridResult):
-    render = staticmethod(render_text)
+    def render_text(self) -> str:
+        return render_text(self.artifact, self.path, self.messages)

@@ -25,6 +25,7 @@ from edgectl.bench.arms import (
     LlamaCppArm,
     PreparedArm,
     WorkerArm,
+    parse_names,
 )
 from edgectl.bench.server import ServerProcess
 from edgectl.bench.stock_vllm import StockVllmArm
@@ -48,20 +49,7 @@ DEFAULT_ARMS = ("planned", "stock", "llama.cpp")
 
 def parse_arm_names(text: str | None) -> list[str]:
     """``--arms a,b`` (or ``all``) as known vision arm names, in the order given."""
-    if not text:
-        return list(DEFAULT_ARMS)
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if names == ["all"]:
-        return list(ARMS)
-    unknown = [n for n in names if n not in ARMS]
-    if unknown:
-        raise EdgectlError(f"--arms: unknown vision arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)} (or all)")
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise EdgectlError(f"--arms: {', '.join(dupes)} given twice")
-    if not names:
-        raise EdgectlError(f"--arms: no arm given; known: {', '.join(ARMS)} (or all)")
-    return names
+    return parse_names(text, ARMS, DEFAULT_ARMS, "vision")
 
 
 class VisionLlamaCppArm(LlamaCppArm):

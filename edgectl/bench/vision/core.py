@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from edgectl.bench import provenance as prov
 from edgectl.bench import report as text_report
 from edgectl.bench.arms import QUIET_S, BenchContext, Launcher, parse_thread_counts
-from edgectl.bench.core import _check_writable, _repo_root, _usable_cpus
-from edgectl.bench.grid import rotated
+from edgectl.bench.core import _check_writable, _repo_root, _usable_cpus, planner_for
+from edgectl.bench.grid import rotated, run_writing
 from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.runner import utc_now
 from edgectl.bench.vision import images, measure
@@ -103,7 +103,7 @@ def run_vision_bench(opts: VisionBenchOptions, environ: Mapping[str, str], progr
                               held_to=environ.get("ATEN_CPU_CAPABILITY"))
     ctx = BenchContext(
         model_name=plan.model.name, model_path=str(model_path), vocab_size=int(planned.model.vocab_size),
-        kv_bytes_per_token=plan.kv_bytes_per_token, planned=plan, planner=_planner(opts.model, environ, facts),
+        kv_bytes_per_token=plan.kv_bytes_per_token, planned=plan, planner=planner_for(opts.model, environ, facts),
         runtime_python=python, child_env=child_env, logs_dir=path.with_suffix(".logs"), usable_cpus=usable,
         stock_plugins=stock_plugins, llama_server=llama.path, llama_unavailable=None if llama.path else llama.origin,
         start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}), quiet_s=opts.quiet_s,
@@ -123,19 +123,9 @@ def run_vision_bench(opts: VisionBenchOptions, environ: Mapping[str, str], progr
     artifact = _new_artifact(opts, ctx, arms, skipped, facts, info, python, dropped, stock_plugins, excluded,
                              llama, pair, started)
 
-    def save(rec: dict[str, Any]) -> None:
-        artifact["arms"][rec["arm"]]["passes"].append(rec)
-        text_report.write_json_atomic(path, artifact)
-
-    text_report.write_json_atomic(path, artifact)
     progress(f"{len(arms)} arm(s) × {opts.passes} pass(es), interleaved, order rotated per pass; artifact {path}")
-    try:
-        records = run_grid(arms, opts.passes, ctx, opts.seed, progress, on_pass=save)
-    except KeyboardInterrupt:
-        artifact["provenance"]["ended_at"] = utc_now()
-        artifact["incomplete_reasons"] = ["interrupted"]
-        text_report.write_json_atomic(path, artifact)
-        raise
+    records = run_writing(artifact, path, lambda on_pass: run_grid(arms, opts.passes, ctx, opts.seed, progress,
+                                                                    on_pass=on_pass))
     vision_report.finish(artifact, records, opts.passes)
     if artifact["complete"]:
         artifact["memory_prediction"] = memory_prediction(
@@ -152,14 +142,6 @@ def _check_request(opts: VisionBenchOptions) -> None:
     _check_writable(opts.out, "--out")
 
 
-def _planner(model: str, environ: Mapping[str, str], facts: Any) -> Callable[[dict[str, Any]], Any]:
-    """The plan of a worker arm with overrides, as the text bench plans its levers."""
-    from edgectl.contract.plan import Request
-    from edgectl.inputs import make_plan
-
-    def plan_with(overrides: dict[str, Any]) -> Any:
-        return make_plan(Request.from_flat(model=model, **overrides), environ, facts=facts).plan
-    return plan_with
 
 
 def _llama_pair(pair: GgufPair | None, model_path: Path, ctx: BenchContext, environ: Mapping[str, str],

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgectl.atomic import replace_dir
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.models.cache import sha256_file
 
@@ -112,10 +112,7 @@ def gguf_pair(model_dir: Path, converter: Converter, cache: Path, env: Mapping[s
             "text": _file_facts(staging / TEXT_FILE), "mmproj": _file_facts(staging / MMPROJ_FILE),
         }
         (staging / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=1) + "\n")
-        for p in (staging, *staging.iterdir()):
-            os.chmod(p, 0o755 if p.is_dir() else 0o644)  # the service user reads the cache too
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(staging, dest)
+        replace_dir(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return GgufPair(dest / TEXT_FILE, dest / MMPROJ_FILE, provenance)

@@ -19,7 +19,7 @@ fresh 512×512 PNG (images.py) as a ``data:`` URI in an ``image_url`` part befor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from edgectl.bench.measure import MeasurementFailed, at_once
@@ -92,8 +92,10 @@ def text_only(client: Client, model: str) -> dict[str, Any]:
 
 def together(client: Client, model: str, pictures: Sequence[bytes], timeout_s: float = 1800) -> dict[str, Any]:
     """``len(pictures)`` answers about an image each, sent at once; the aggregate tokens per second."""
-    done = at_once([lambda p=p: chat_stream(client, model, p, timeout_s) for p in pictures], timeout_s,
-                   lambda i: f"request {i + 1}", what="requests with an image")
+    def ask(picture: bytes) -> Callable[[], dict[str, Any]]:
+        return lambda: chat_stream(client, model, picture, timeout_s)
+
+    done = at_once([ask(p) for p in pictures], timeout_s, lambda i: f"request {i + 1}", what="requests with an image")
     first_sent, last_token = min(r["t_sent"] for r in done), max(r["t_last"] for r in done)
     span = last_token - first_sent
     tokens = sum(r["tokens"] for r in done)

@@ -93,7 +93,8 @@ def versus_llama_cpp(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | 
 
 def _to(med: Mapping[str, Any], llama: Mapping[str, Mapping[str, Any]], ref: Mapping[str, str | None],
         metric: str) -> float | None:
-    return stats.ratio(med.get(metric), llama[ref[metric]][metric]) if ref[metric] else None
+    best = ref[metric]
+    return stats.ratio(med.get(metric), llama[best][metric]) if best else None
 
 
 def finish(artifact: dict[str, Any], records: dict[str, list[dict[str, Any]]], passes: int) -> None:
@@ -164,4 +165,5 @@ def _versus_lines(a: dict[str, Any]) -> list[str]:
 
 
 class VisionBenchResult(GridResult):
-    render = staticmethod(render_text)
+    def render_text(self) -> str:
+        return render_text(self.artifact, self.path, self.messages)

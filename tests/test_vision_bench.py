@@ -287,3 +287,42 @@ def test_an_incomplete_or_noisy_grid_is_not_quoted() -> None:
     vision_report.finish(a, noisy, 3)
     assert a["complete"] and not a["quotable"] and a["noise"]["arms"]["planned"]["noisy"]
     assert "noisy: planned" in vision_report.render_text(a, None, [])
+
+
+# -- a whole run on stand-in servers ----------------------------------------------------------------
+
+
+def test_a_run_on_stand_in_servers_writes_a_complete_artifact(tmp_path: Path) -> None:
+    from bench_helpers import HOST, environ, fake_launchers
+    from vision_helpers import make_vlm
+
+    from edgectl.bench.vision.core import (
+        VisionBenchOptions,
+        is_vision_model,
+        run_vision_bench,
+    )
+    from edgectl.probe import probe
+
+    model = make_vlm(tmp_path / "synth-vlm")
+    assert is_vision_model(str(model), {}) and not is_vision_model(str(tmp_path), {})
+    (tmp_path / "pair").mkdir()
+    pair = gguf_pair.GgufPair(tmp_path / "pair" / "model.gguf", tmp_path / "pair" / "mmproj.gguf",
+                              {"converter": {"build": "0.3.36"}})
+    opts = VisionBenchOptions(model=str(model), arms="planned,llama.cpp", passes=1, out=tmp_path / "results",
+                              start_timeout_s=60, llama_threads="2", argv=["edgectl", "bench", "test"], quiet_s=0.0)
+    lines: list[str] = []
+    result = run_vision_bench(opts, environ(tmp_path), lines.append, facts=probe(str(HOST), environ={}),
+                              launchers=fake_launchers(), pair=pair)
+    a = result.to_dict()
+    assert a["schema"] == "edgectl.bench.vision/1" and a["complete"], a["incomplete_reasons"]
+    assert list(a["arms"]) == ["planned", "llama.cpp-t2"] and not a["quotable"]  # one pass: indicative only
+    planned = a["arms"]["planned"]["passes"][0]
+    assert planned["prompt_tokens_image"] > planned["prompt_tokens_text"] + 1000  # the image was sent
+    assert planned["together"]["requests"] == 4 and planned["pss_steady_bytes"] > 0
+    llama = a["arms"]["llama.cpp-t2"]
+    assert "--mmproj" in llama["passes"][0]["command"] and llama["passes"][0]["llama_cpp"]["modalities"]["vision"]
+    assert a["provenance"]["llama_server"]["gguf_pair"] == pair.provenance
+    assert a["versus_llama_cpp"]["reference_arms"]["ttft_image_s"] == "llama.cpp-t2"
+    assert "planned" in a["memory_prediction"]["arms"]
+    assert result.path is not None and json.loads(result.path.read_text()) == a
+    assert "edgectl bench synth-vlm (vision)" in result.render_text()

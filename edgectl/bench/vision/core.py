@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgectl.bench import provenance as prov
 from edgectl.bench import report as text_report
+from edgectl.bench import requantize
 from edgectl.bench.arms import QUIET_S, BenchContext, Launcher, parse_thread_counts
 from edgectl.bench.core import _check_writable, _repo_root, _usable_cpus, planner_for
 from edgectl.bench.grid import rotated, run_writing
@@ -113,7 +114,7 @@ def run_vision_bench(opts: VisionBenchOptions, environ: Mapping[str, str], progr
         pair, why_no_llama = _llama_pair(pair, model_path, ctx, environ, facts, progress)
     if pair is not None:
         ctx.gguf_path = str(pair.text)
-        ctx.gguf_type = "BF16"
+        ctx.gguf_type = _file_type(pair.text)
     arms, skipped = prepare_arms(names, ctx, mmproj=pair.mmproj if pair else None, why_no_llama=why_no_llama)
     for name, why in skipped.items():
         progress(f"skipping arm {name}: {why}")
@@ -127,9 +128,9 @@ def run_vision_bench(opts: VisionBenchOptions, environ: Mapping[str, str], progr
     records = run_writing(artifact, path, lambda on_pass: run_grid(arms, opts.passes, ctx, opts.seed, progress,
                                                                     on_pass=on_pass))
     vision_report.finish(artifact, records, opts.passes)
-    if artifact["complete"]:
-        artifact["memory_prediction"] = memory_prediction(
-            artifact["arms"], path, roots=[opts.out.absolute(), Path.cwd(), _repo_root()])
+    # per arm whose passes were all ok, as the speech bench does (an arm's median is None otherwise)
+    artifact["memory_prediction"] = memory_prediction(
+        artifact["arms"], path, roots=[opts.out.absolute(), Path.cwd(), _repo_root()])
     artifact["provenance"]["ended_at"] = utc_now()
     text_report.write_json_atomic(path, artifact)
     return vision_report.VisionBenchResult(artifact, path)
@@ -142,6 +143,14 @@ def _check_request(opts: VisionBenchOptions) -> None:
     _check_writable(opts.out, "--out")
 
 
+
+
+def _file_type(gguf: Path) -> str | None:
+    """The GGUF's llama.cpp file type (general.file_type), None when its header cannot be read."""
+    try:
+        return requantize.file_type(gguf)
+    except (EdgectlError, OSError, ValueError):
+        return None
 
 
 def _llama_pair(pair: GgufPair | None, model_path: Path, ctx: BenchContext, environ: Mapping[str, str],

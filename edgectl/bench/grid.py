@@ -11,13 +11,18 @@ tail and none of the bench's ``measured`` numbers.
 
 from __future__ import annotations
 
+import datetime as _dt
 import shutil
+import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from edgectl.bench import provenance as prov
 from edgectl.bench.arms import BenchContext, Crashed, PreparedArm
+from edgectl.bench.core import ServerRuntime, _repo_root
 from edgectl.bench.measure import MeasurementFailed
+from edgectl.bench.prediction import memory_prediction
 from edgectl.bench.report import write_json_atomic
 from edgectl.bench.runner import (
     CRASHED,
@@ -30,6 +35,11 @@ from edgectl.bench.runner import (
 )
 from edgectl.bench.server import ServerProcess
 from edgectl.client import Client, HttpFailed
+from edgectl.contract import environment
+from edgectl.contract.effective import Effective
+
+if TYPE_CHECKING:
+    from edgectl.probe.facts import HostFacts
 
 Progress = Callable[[str], None]
 # (client, server, the pass's record) -> None: the bench's measurements of a started server, into the record
@@ -85,6 +95,31 @@ def run_writing(artifact: dict[str, Any], path: Path,
         raise
 
 
+def provenance(modality: str, ctx: BenchContext, names: list[str], passes: int, facts: HostFacts,
+               servers: ServerRuntime, argv: list[str] | None, started: _dt.datetime) -> dict[str, Any]:
+    """The provenance the speech and vision artifacts share; each adds what its requests are."""
+    return {
+        "model": ctx.model_name, "model_path": ctx.model_path, "modality": modality, "passes": passes,
+        "arms": names, "order": [f"{n}#{i + 1}" for n, i in rotated(names, passes)],
+        "host": socket.gethostname(), "device_class": facts.device_class, "probe": facts.to_dict(),
+        "edgectl": prov.edgectl_version(), "vllm": servers.info.get("vllm"), "torch": servers.info.get("torch"),
+        "runtime_isa": servers.info.get("isa"), "runtime_python": servers.python, "command": prov.command_line(argv),
+        "started_at": started.isoformat(timespec="seconds"), "ended_at": None,
+        "environment": {"dropped_from_servers": servers.dropped, "added_for_servers": dict(environment.OFFLINE),
+                        "stock_VLLM_PLUGINS": servers.stock_plugins,
+                        "stock_plugins_excluded": servers.excluded_plugins},
+    }
+
+
+def conclude(artifact: dict[str, Any], path: Path, out_dir: Path) -> None:
+    """After the grid and the summary: the plan's memory checked (per arm whose passes were all ok:
+    an arm's median is None otherwise), the end time; the artifact written."""
+    artifact["memory_prediction"] = memory_prediction(
+        artifact["arms"], path, roots=[out_dir.absolute(), Path.cwd(), _repo_root()])
+    artifact["provenance"]["ended_at"] = utc_now()
+    write_json_atomic(path, artifact)
+
+
 def new_record(name: str, pass_index: int, order: int) -> dict[str, Any]:
     return {"arm": name, "pass": pass_index, "order": order, "status": None, "problems": [], "error": None,
             "started_at": utc_now(), "loadavg_start": _loadavg()}
@@ -120,6 +155,23 @@ def server_pass(arm: PreparedArm, rec: dict[str, Any], pass_dir: Path, measure: 
             rec["log_tail"] = server.log_tail(12)
             drop_measured(rec, measured)
     return rec
+
+
+def ready_and_checked(arm: PreparedArm, client: Client, server: ServerProcess, rec: dict[str, Any]) -> Effective:
+    """At the server's first answer: its time to ready, its peak PSS until then (the sampler stopped)
+    and its PSS now, its settings read back and checked (a difference makes the pass invalid)."""
+    rec["ready_s"] = server.elapsed_s()
+    rec["pss_peak_bytes"] = server.stop_sampling()
+    rec["pss_peak_samples"] = server.samples
+    ready_mem = server.memory()
+    rec["pss_ready_bytes"] = ready_mem.pss_bytes
+    rec["effective"] = arm.readback(client, server)
+    effective, problems = Effective.read(rec["effective"])
+    if effective is not None:
+        problems = arm.check(effective, len(ready_mem.processes))
+    if problems or effective is None:
+        raise Crashed("; ".join(problems) or "the read-back could not be read", invalid=True)
+    return effective
 
 
 def drop_measured(rec: dict[str, Any], measured: Sequence[str]) -> None:

@@ -34,6 +34,7 @@ from edgectl.bench.grid import (
     drop_measured,
     failed_line,
     new_record,
+    ready_and_checked,
     run_rotated,
 )
 from edgectl.bench.runner import CRASHED, INVALID, OK, _loadavg, utc_now
@@ -42,7 +43,6 @@ from edgectl.bench.speech import measure
 from edgectl.bench.speech.arms import AnchorArm, SpeechArm
 from edgectl.bench.speech.measure import Choice, Clip, Score
 from edgectl.client import Client, HttpFailed
-from edgectl.contract.effective import Effective
 
 Progress = Callable[[str], None]
 # Numbers a pass that did not complete as specified does not keep.
@@ -103,18 +103,8 @@ def _serve_and_measure(arm: PreparedArm, client: Client, server: ServerProcess, 
             raise Crashed(f"the server exited with code {server.returncode()} before its first transcription: "
                           f"{exc}") from None
         raise
-    rec["ready_s"] = server.elapsed_s()
     rec["warm_up"] = {"clip": short.id, "text": first["text"]}
-    rec["pss_peak_bytes"] = server.stop_sampling()
-    rec["pss_peak_samples"] = server.samples
-    ready_mem = server.memory()
-    rec["pss_ready_bytes"] = ready_mem.pss_bytes
-    rec["effective"] = arm.readback(client, server)
-    effective, problems = Effective.read(rec["effective"])
-    if effective is not None:
-        problems = arm.check(effective, len(ready_mem.processes))
-    if problems or effective is None:
-        raise Crashed("; ".join(problems) or "the read-back could not be read", invalid=True)
+    ready_and_checked(arm, client, server, rec)
     rec["clips"] = measure.one_by_one(client, ctx.model_name, clip_plan.clips)
     rec.update(measure.figures(rec["clips"], clip_plan.clips, clip_plan.choice, clip_plan.score))
     four = measure.together(client, ctx.model_name, clip_plan.choice.together)

@@ -12,27 +12,29 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgectl.bench import provenance as prov
 from edgectl.bench import report as text_report
 from edgectl.bench import requantize
 from edgectl.bench.arms import QUIET_S, BenchContext, Launcher, parse_thread_counts
-from edgectl.bench.core import _check_writable, _repo_root, _usable_cpus, planner_for
-from edgectl.bench.grid import rotated, run_writing
-from edgectl.bench.prediction import memory_prediction
-from edgectl.bench.runner import utc_now
+from edgectl.bench.core import (
+    ServerRuntime,
+    _check_writable,
+    _server_runtime,
+    _usable_cpus,
+    planner_for,
+)
+from edgectl.bench.grid import conclude, provenance, run_writing
 from edgectl.bench.vision import images, measure
 from edgectl.bench.vision import report as vision_report
 from edgectl.bench.vision.arms import ARMS, VisionArm, parse_arm_names, prepare_arms
 from edgectl.bench.vision.gguf_pair import Converter, GgufPair, gguf_pair
 from edgectl.bench.vision.runner import run_grid
-from edgectl.contract import environment
 from edgectl.errors import EdgectlError
+from edgectl.llamacpp import LlamaServer, find_llama_server, find_llama_tools
 
 if TYPE_CHECKING:
     from edgectl.probe.facts import HostFacts
@@ -80,7 +82,6 @@ def run_vision_bench(opts: VisionBenchOptions, environ: Mapping[str, str], progr
     _check_request(opts)
     from edgectl.contract.plan import Request
     from edgectl.inputs import make_plan
-    from edgectl.llamacpp import find_llama_server
     from edgectl.models.cache import resolve_model
     from edgectl.probe import probe
 
@@ -94,10 +95,7 @@ def run_vision_bench(opts: VisionBenchOptions, environ: Mapping[str, str], progr
     plan = planned.plan
     if plan.vision is None:
         raise EdgectlError(f"{opts.model} is planned as a text model: the vision bench needs a vision-language model")
-    python = environment.read("EDGECTL_RUNTIME_PYTHON", environ)
-    child_env, dropped = prov.child_environment(environ)
-    info = prov.runtime_info(python, child_env)
-    stock_plugins, excluded = prov.stock_plugins(info)
+    servers = _server_runtime(environ)
     label = text_report.class_label(facts.device_class, environ)
     path = text_report.artifact_path(opts.out, started.strftime("%Y-%m-%d"), label, f"{plan.model.name}-vision")
     llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,
@@ -105,8 +103,8 @@ def run_vision_bench(opts: VisionBenchOptions, environ: Mapping[str, str], progr
     ctx = BenchContext(
         model_name=plan.model.name, model_path=str(model_path), vocab_size=int(planned.model.vocab_size),
         kv_bytes_per_token=plan.kv_bytes_per_token, planned=plan, planner=planner_for(opts.model, environ, facts),
-        runtime_python=python, child_env=child_env, logs_dir=path.with_suffix(".logs"), usable_cpus=usable,
-        stock_plugins=stock_plugins, llama_server=llama.path, llama_unavailable=None if llama.path else llama.origin,
+        runtime_python=servers.python, child_env=servers.child_env, logs_dir=path.with_suffix(".logs"),
+        usable_cpus=usable, stock_plugins=servers.stock_plugins, llama_server=llama.path, llama_unavailable=None if llama.path else llama.origin,
         start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}), quiet_s=opts.quiet_s,
         llama_threads=tuple(llama_threads))
     why_no_llama = None
@@ -121,18 +119,13 @@ def run_vision_bench(opts: VisionBenchOptions, environ: Mapping[str, str], progr
     if not arms:
         raise EdgectlError("no arm can run here: " + "; ".join(f"{n}: {w}" for n, w in skipped.items()))
 
-    artifact = _new_artifact(opts, ctx, arms, skipped, facts, info, python, dropped, stock_plugins, excluded,
-                             llama, pair, started)
+    artifact = _new_artifact(opts, ctx, arms, skipped, facts, servers, llama, pair, started)
 
     progress(f"{len(arms)} arm(s) × {opts.passes} pass(es), interleaved, order rotated per pass; artifact {path}")
     records = run_writing(artifact, path, lambda on_pass: run_grid(arms, opts.passes, ctx, opts.seed, progress,
                                                                     on_pass=on_pass))
     vision_report.finish(artifact, records, opts.passes)
-    # per arm whose passes were all ok, as the speech bench does (an arm's median is None otherwise)
-    artifact["memory_prediction"] = memory_prediction(
-        artifact["arms"], path, roots=[opts.out.absolute(), Path.cwd(), _repo_root()])
-    artifact["provenance"]["ended_at"] = utc_now()
-    text_report.write_json_atomic(path, artifact)
+    conclude(artifact, path, opts.out)
     return vision_report.VisionBenchResult(artifact, path)
 
 
@@ -160,7 +153,6 @@ def _llama_pair(pair: GgufPair | None, model_path: Path, ctx: BenchContext, envi
         return pair, None
     if not ctx.llama_server:
         return None, ctx.llama_unavailable or "llama-server not found"
-    from edgectl.llamacpp import find_llama_tools
     from edgectl.models.cache import cache_dir
 
     try:
@@ -174,21 +166,14 @@ def _llama_pair(pair: GgufPair | None, model_path: Path, ctx: BenchContext, envi
 
 
 def _new_artifact(opts: VisionBenchOptions, ctx: BenchContext, arms: list[VisionArm], skipped: dict[str, str],
-                  facts: HostFacts, info: dict[str, Any], python: str, dropped: list[str], stock_plugins: str,
-                  excluded: list[str], llama: Any, pair: GgufPair | None, started: _dt.datetime) -> dict[str, Any]:
+                  facts: HostFacts, servers: ServerRuntime, llama: LlamaServer, pair: GgufPair | None,
+                  started: _dt.datetime) -> dict[str, Any]:
     names = [a.name for a in arms]
     return {
         "schema": vision_report.SCHEMA,
         "provenance": {
-            "model": ctx.model_name, "model_path": ctx.model_path, "modality": "vision", "passes": opts.passes,
+            **provenance("vision", ctx, names, opts.passes, facts, servers, opts.argv, started),
             "max_model_len": ctx.planned.max_model_len, "max_num_seqs": ctx.planned.max_num_seqs,
-            "arms": names, "order": [f"{n}#{i + 1}" for n, i in rotated(names, opts.passes)],
-            "host": socket.gethostname(), "device_class": facts.device_class, "probe": facts.to_dict(),
-            "edgectl": prov.edgectl_version(), "vllm": info.get("vllm"), "torch": info.get("torch"),
-            "runtime_isa": info.get("isa"), "runtime_python": python, "command": prov.command_line(opts.argv),
-            "started_at": started.isoformat(timespec="seconds"), "ended_at": None,
-            "environment": {"dropped_from_servers": dropped, "added_for_servers": dict(environment.OFFLINE),
-                            "stock_VLLM_PLUGINS": stock_plugins, "stock_plugins_excluded": excluded},
             "requests": {"route": "/v1/chat/completions", "stream": True, "temperature": 0, "ignore_eos": True,
                          "question": measure.QUESTION, "decode_tokens": measure.DECODE_TOKENS,
                          "concurrent_images": measure.CONCURRENT_IMAGES,

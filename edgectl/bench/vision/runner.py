@@ -17,12 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from edgectl.bench.arms import BenchContext, Crashed, PreparedArm
-from edgectl.bench.grid import failed_line, new_record, run_rotated, server_pass
+from edgectl.bench.grid import (
+    failed_line,
+    new_record,
+    ready_and_checked,
+    run_rotated,
+    server_pass,
+)
 from edgectl.bench.runner import _read_steady
 from edgectl.bench.server import ServerProcess
 from edgectl.bench.vision import images, measure
 from edgectl.client import Client, HttpFailed
-from edgectl.contract.effective import Effective
 
 Progress = Callable[[str], None]
 # Numbers a pass that did not complete as specified does not keep.
@@ -57,17 +62,7 @@ def _serve_and_measure(arm: PreparedArm, client: Client, server: ServerProcess, 
         if not server.alive():
             raise Crashed(f"the server exited with code {server.returncode()} before its first answer: {exc}") from None
         raise
-    rec["ready_s"] = server.elapsed_s()
-    rec["pss_peak_bytes"] = server.stop_sampling()
-    rec["pss_peak_samples"] = server.samples
-    ready_mem = server.memory()
-    rec["pss_ready_bytes"] = ready_mem.pss_bytes
-    rec["effective"] = arm.readback(client, server)
-    effective, problems = Effective.read(rec["effective"])
-    if effective is not None:
-        problems = arm.check(effective, len(ready_mem.processes))
-    if problems or effective is None:
-        raise Crashed("; ".join(problems) or "the read-back could not be read", invalid=True)
+    effective = ready_and_checked(arm, client, server, rec)
     rec.update(arm.from_log(server))
     one = measure.one_image(client, ctx.model_name, _image(seed, p, ONE_IMAGE))
     text = measure.text_only(client, ctx.model_name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -27,3 +28,12 @@ def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
         except OSError:
             pass
         raise
+
+
+def replace_dir(staging: Path, dest: Path) -> None:
+    """Put a directory written whole in ``staging`` (beside ``dest``) in place of ``dest``: its files
+    made readable to every user (the service user reads the model cache too), then one rename."""
+    for p in (staging, *staging.iterdir()):
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(staging, dest)

@@ -110,6 +110,7 @@ class State:
         kv = p.kv_cache_bytes // 2 if self.ns.sabotage == "kv" else p.kv_cache_bytes
         int4 = p.weight_format.is_int4
         c = json.loads((Path(p.model.path) / "config.json").read_text())
+        c = c.get("text_config", c)  # a vision-language model's language model
         widths = {f"model.layers.{i}.{n}": k for i in range(2) for n, k in (
             ("self_attn.qkv_proj", c["hidden_size"]), ("self_attn.o_proj", c["hidden_size"]),
             ("mlp.down_proj", c["intermediate_size"]))}
@@ -212,7 +213,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, s.metrics(), "text/plain")
         elif self.path == "/props" and s.mode == "llama":
             self._send(200, {"default_generation_settings": {"n_ctx": int(s.args["-c"]) // int(s.args.get("-np", 1))},
-                             "total_slots": int(s.args.get("-np", 1)), "model_path": s.args["-m"]})
+                             "total_slots": int(s.args.get("-np", 1)), "model_path": s.args["-m"],
+                             "modalities": {"vision": "--mmproj" in s.args, "audio": False}})
         else:
             self._send(404, {"error": self.path})
 
@@ -231,6 +233,9 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/completions":
             self._leak()
             self.completions(body)
+        elif self.path == "/v1/chat/completions" and body.get("stream"):
+            self._leak()
+            self._stream(chat_prompt_ids(body), int(body.get("max_tokens", 16)), chat=True)
         elif self.path == "/v1/chat/completions":
             self._leak()
             self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris."},
@@ -260,7 +265,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._answer(body, ids)
 
-    def _stream(self, ids: list[int], n: int) -> None:
+    def _stream(self, ids: list[int], n: int, chat: bool = False) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
@@ -268,7 +273,8 @@ class Handler(BaseHTTPRequestHandler):
         for i in range(n):
             if i:
                 time.sleep(STATE.ns.decode_ms / 1000)  # "decode"
-            chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if i == n - 1 else None}]}
+            token = {"delta": {"content": f" t{i}"}} if chat else {"text": f" t{i}"}
+            chunk = {"choices": [{"index": 0, **token, "finish_reason": "length" if i == n - 1 else None}]}
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             self.wfile.flush()
         usage = {"choices": [], "usage": {"prompt_tokens": len(ids), "completion_tokens": n}}
@@ -291,6 +297,20 @@ class Handler(BaseHTTPRequestHandler):
                 positions.append(d)
             choice["prompt_logprobs"] = positions
         self._send(200, {"choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": 1}})
+
+
+# A 512x512 image's prompt tokens in the shape model (docs/vision.md: 17 tiles x 64, and their markers)
+IMAGE_TOKENS = 1140
+
+
+def chat_prompt_ids(body: dict[str, Any]) -> list[int]:
+    """A chat request's "prompt": its text's token ids, and IMAGE_TOKENS per image part."""
+    ids: list[int] = []
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else [{"type": "text", "text": str(content)}]:
+            ids += [0] * IMAGE_TOKENS if part.get("type") == "image_url" else token_ids(str(part.get("text", "")))
+    return ids
 
 
 def main(argv: list[str]) -> int:

@@ -180,9 +180,10 @@ def test_plan_cli_plans_a_vision_directory(vlm_dir, tmp_path):
     assert "a vision-language model is served dense (bf16)" in line
 
 
-def test_bench_refuses_it_until_a_vision_bench_is_written(vlm_dir, tmp_path):
-    done = run_cli(["bench", str(vlm_dir), "--out", str(tmp_path / "out")],
+def test_bench_takes_it_to_the_vision_bench_and_refuses_a_text_models_options(vlm_dir, tmp_path):
+    done = run_cli(["bench", str(vlm_dir), "--out", str(tmp_path / "out"), "--concurrency", "2"],
                    env={"EDGECTL_PROFILES_DIR": str(tmp_path / "no-local-profiles")})
     assert done.returncode == 2 and done.stdout == "", done.stderr
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
-    assert "is a vision-language model: edgectl bench measures text and speech models" in line
+    assert "--concurrency: not a vision model's option" in line and "vision-language model" in line
+    assert not (tmp_path / "out").exists()

@@ -12,10 +12,12 @@ import pytest
 from models_helpers import run_cli
 
 from edgectl.bench.arms import BenchContext, Crashed
+from edgectl.bench.grid import rotated
 from edgectl.bench.speech import measure
 from edgectl.bench.speech import report as speech_report
-from edgectl.bench.speech.arms import ARMS, AnchorArm, StockSpeechArm, engine_root_cause
-from edgectl.bench.speech.runner import ClipPlan, rotated, run_grid
+from edgectl.bench.speech.arms import ARMS, AnchorArm
+from edgectl.bench.speech.runner import ClipPlan, run_grid
+from edgectl.bench.stock_vllm import StockVllmArm, engine_root_cause
 
 # -- the clips --------------------------------------------------------------------------------------
 
@@ -227,7 +229,7 @@ def test_a_vllm_server_that_fails_to_start_says_its_engines_root_cause() -> None
                        planned=None, planner=lambda o: None, runtime_python=sys.executable,  # type: ignore[arg-type]
                        child_env={}, logs_dir=Path("/nonexistent"), usable_cpus=2, stock_plugins="")
     with pytest.raises(Crashed, match=r"exited with code 1 .* \(root cause: ValueError: Available memory on node 0"):
-        StockSpeechArm(ARMS["stock"], ctx).wait_ready(None, ExitedServer(), deadline=0)  # type: ignore[arg-type]
+        StockVllmArm(ARMS["stock"], ctx).wait_ready(None, ExitedServer(), deadline=0)  # type: ignore[arg-type]
 
 
 # -- the command line -------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -164,20 +164,29 @@ def llama_arm_name(arm: str, threads: int) -> str:
     return f"{arm}-t{threads}"
 
 
-def parse_arm_names(text: str | None) -> list[str]:
-    """``--arms a,b,c`` (or ``all``) as a list of known arm names, in the order given."""
+def parse_names(text: str | None, known: Mapping[str, ArmSpec], defaults: Sequence[str], kind: str = "") -> list[str]:
+    """``--arms a,b`` (or ``all``) as names of ``known`` (the text, speech or vision bench's table), in
+    the order given; ``defaults`` when not given. ``kind`` names the table in an error ("speech")."""
     if not text:
-        return list(DEFAULT_ARMS)
+        return list(defaults)
     names = [n.strip() for n in text.split(",") if n.strip()]
     if names == ["all"]:
-        return list(ARMS)
-    unknown = [n for n in names if n not in ARMS]
+        return list(known)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise EdgectlError(f"--arms: unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)} (or all)")
+        raise EdgectlError(f"--arms: unknown {kind + ' ' if kind else ''}arm(s) {', '.join(unknown)}; known: "
+                           f"{', '.join(known)} (or all)")
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise EdgectlError(f"--arms: {', '.join(dupes)} given twice")
+    if not names:
+        raise EdgectlError(f"--arms: no arm given; known: {', '.join(known)} (or all)")
     return names
+
+
+def parse_arm_names(text: str | None) -> list[str]:
+    """``--arms a,b,c`` (or ``all``) as a list of known arm names, in the order given."""
+    return parse_names(text, ARMS, DEFAULT_ARMS)
 
 
 class Crashed(Exception):

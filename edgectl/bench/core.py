@@ -130,11 +130,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
                         environ, facts=facts)
     plan = planned.plan
     _check_plan_for_bench(plan, opts, names)
-    base_request = {"model": opts.model}
-
-    def planner(overrides: dict[str, Any]) -> Plan:
-        return make_plan(Request.from_flat(**{**base_request, **overrides}), environ, facts=facts).plan
-
+    planner = planner_for(opts.model, environ, facts)
     servers = _server_runtime(environ)
     llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,
                               held_to=environ.get("ATEN_CPU_CAPABILITY"))
@@ -164,6 +160,16 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     return result
 
 
+def planner_for(model: str, environ: Mapping[str, str], facts: HostFacts) -> Callable[[dict[str, Any]], Plan]:
+    """The plan of an arm with overrides (Request.from_flat's names), by the planner ``edgectl plan`` uses."""
+    from edgectl.contract.plan import Request
+    from edgectl.inputs import make_plan
+
+    def plan_with(overrides: dict[str, Any]) -> Plan:
+        return make_plan(Request.from_flat(**{"model": model, **overrides}), environ, facts=facts).plan
+    return plan_with
+
+
 def _check_request(opts: BenchOptions, names: Collection[str], profiles_dir: Path) -> None:
     """Refuse bad options before anything is started or written."""
     if opts.passes < 1:
@@ -186,9 +192,8 @@ def _check_request(opts: BenchOptions, names: Collection[str], profiles_dir: Pat
 def _check_plan_for_bench(plan: Plan, opts: BenchOptions, names: Collection[str]) -> None:
     """Refuse a plan the bench's prompts, or the profile asked for, cannot be measured with."""
     if plan.vision is not None:  # its arms and prompts are a text model's: it would measure no image
-        raise EdgectlError(f"{plan.model.name} is a vision-language model: edgectl bench measures text and speech "
-                           "models; a vision model's bench (against llama.cpp's vision path) is not written yet "
-                           "(docs/vision.md)")
+        raise EdgectlError(f"{plan.model.name} is a vision-language model: the text bench measures no image; "
+                           "`edgectl bench` runs the vision bench for it (edgectl/bench/vision/core.py)")
     if plan.max_model_len <= PREFILL_TOKENS:
         raise EdgectlError(f"a context of {plan.max_model_len} tokens has no room for the {PREFILL_TOKENS}-token "
                            f"prefill prompt and its answer: use --max-model-len {PREFILL_TOKENS * 2} or more")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgectl.atomic import replace_dir
 from edgectl.contract.gguf_header import read_gguf
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.models.cache import sha256_file
@@ -153,10 +154,7 @@ def _variant(gguf_type: str, source: Path, source_sha: str, source_type: str | N
             "quantize_summary": _summary(log),
         }
         (staging / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=1) + "\n")
-        for p in (staging, *staging.iterdir()):
-            os.chmod(p, 0o755 if p.is_dir() else 0o644)  # the service user reads the cache too
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(staging, dest)
+        replace_dir(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return Variant(gguf_type, dest / MODEL_FILE, dest if model_dir else None, provenance)

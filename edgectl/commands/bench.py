@@ -12,13 +12,16 @@ import typer
 from edgectl.bench.arms import ARMS, DEFAULT_ARMS
 from edgectl.bench.speech.arms import ARMS as SPEECH_ARMS
 from edgectl.bench.speech.arms import DEFAULT_ARMS as SPEECH_DEFAULT_ARMS
+from edgectl.bench.vision.arms import ARMS as VISION_ARMS
+from edgectl.bench.vision.arms import DEFAULT_ARMS as VISION_DEFAULT_ARMS
 from edgectl.commands.options import ArmsMaxModelLen
 from edgectl.errors import EdgectlError
 from edgectl.output import emit, progress
 
 # every arm of the table (edgectl/bench/arms.py), so the help cannot fall behind it
 ARMS_HELP = (f"Comma list of arms. A speech model's (default {','.join(SPEECH_DEFAULT_ARMS)}): "
-             f"{', '.join(SPEECH_ARMS)}. A text model's "
+             f"{', '.join(SPEECH_ARMS)}. A vision-language model's (default {','.join(VISION_DEFAULT_ARMS)}): "
+             f"{', '.join(VISION_ARMS)}. A text model's "
              f"(default {','.join(DEFAULT_ARMS)}; `all` for every one): " + ", ".join(ARMS) + ".")
 
 
@@ -35,7 +38,7 @@ def register(app: typer.Typer) -> None:
         record_profile: Annotated[bool, typer.Option("--record-profile", help="Write this device class's profile from the medians (needs `planned` and ≥ 3 passes).")] = False,
         profiles_dir: Annotated[Optional[Path], typer.Option("--profiles-dir", help="Where --record-profile writes (default $EDGECTL_PROFILES_DIR, /etc/edgectl/profiles).")] = None,
         plot: Annotated[bool, typer.Option("--plot", help="Also write a PNG next to the JSON (needs matplotlib).")] = False,
-        seed: Annotated[int, typer.Option("--seed", help="Seed of the per-pass random prefill prompts.")] = 0,
+        seed: Annotated[int, typer.Option("--seed", help="Seed of the per-pass random prefill prompts (a vision model: of its test images).")] = 0,
         start_timeout: Annotated[float, typer.Option("--start-timeout", help="Seconds a server may take to become ready before its pass counts as crashed.")] = 1800.0,
         no_fidelity: Annotated[bool, typer.Option("--no-fidelity", help="Skip the fidelity prompts (agreement, KL, perplexity).")] = False,
         reference: Annotated[Optional[str], typer.Option("--reference", help="The arm fidelity is measured against (default: llama.cpp for a GGUF served as it is, else bf16, else stock).")] = None,
@@ -44,7 +47,7 @@ def register(app: typer.Typer) -> None:
         build_llama_cpp: Annotated[bool, typer.Option("--build-llama-cpp", help="Build llama-server and llama-quantize once from llama-cpp-python's source archive (pip, cmake; several minutes), keeping its convert_hf_to_gguf.py, then bench if MODEL is given.")] = False,
         llama_cpp_isa: Annotated[Optional[str], typer.Option("--llama-cpp-isa", help="With --build-llama-cpp: build for this CPU's extensions up to this ISA only (avx2), kept apart for runs held to it with ATEN_CPU_CAPABILITY=avx2.")] = None,
         clips: Annotated[Optional[Path], typer.Option("--clips", help="A speech model only: a clip set's directory (its clips.json) instead of the shipped set.")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the artifact (schema edgectl.bench/1, a speech model's edgectl.bench.speech/1) instead of the table.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the artifact (schema edgectl.bench/1, a speech model's edgectl.bench.speech/1, a vision model's edgectl.bench.vision/1) instead of the table.")] = False,
     ) -> None:
         """Measure arms (stock vLLM, edgectl's plan, its levers, llama.cpp) in interleaved passes; refuse to quote an incomplete grid."""
         from edgectl.contract import environment
@@ -64,7 +67,25 @@ def register(app: typer.Typer) -> None:
             raise EdgectlError("give the MODEL to bench (e.g. `edgectl bench smollm2-135m`), or --build-llama-cpp alone")
 
         from edgectl.bench.speech.core import is_speech_model
+        from edgectl.bench.vision.core import is_vision_model
 
+        if is_vision_model(model, os.environ):
+            from edgectl.bench.vision.core import VisionBenchOptions, run_vision_bench
+
+            text_only = {"--max-model-len": max_model_len is not None, "--concurrency": concurrency != 1,
+                         "--soak": soak != 0, "--record-profile": record_profile, "--profiles-dir": profiles_dir is not None,
+                         "--plot": plot, "--no-fidelity": no_fidelity, "--reference": reference is not None,
+                         "--clips": clips is not None}
+            given = [flag for flag, set_ in text_only.items() if set_]
+            if given:
+                raise EdgectlError(f"{', '.join(given)}: not a vision model's option; {model} is a vision-language "
+                                   "model (its bench takes --arms, --passes, --out, --seed, --start-timeout, "
+                                   "--llama-server, --llama-threads, --json)")
+            vision = VisionBenchOptions(model=model, arms=arms, passes=passes, out=out, seed=seed,
+                                        start_timeout_s=start_timeout, llama_server=llama_server,
+                                        llama_threads=llama_threads, argv=sys.argv)
+            emit(run_vision_bench(vision, os.environ, progress), as_json)
+            return
         if is_speech_model(model, os.environ):
             from edgectl.bench.speech.core import SpeechBenchOptions, run_speech_bench
 

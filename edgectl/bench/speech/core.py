@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import socket
 import subprocess
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -21,12 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgectl import launch
-from edgectl.bench import provenance as prov
 from edgectl.bench import report as text_report
 from edgectl.bench.arms import QUIET_S, BenchContext, Launcher
-from edgectl.bench.core import _check_writable, _repo_root
-from edgectl.bench.prediction import memory_prediction
-from edgectl.bench.runner import utc_now
+from edgectl.bench.core import (
+    ServerRuntime,
+    _check_writable,
+    _server_runtime,
+    planner_for,
+)
+from edgectl.bench.grid import conclude, provenance, run_writing
 from edgectl.bench.speech import clips, measure, wer
 from edgectl.bench.speech import report as speech_report
 from edgectl.bench.speech.arms import (
@@ -37,8 +39,7 @@ from edgectl.bench.speech.arms import (
     parse_arm_names,
     prepare_arms,
 )
-from edgectl.bench.speech.runner import ClipPlan, rotated, run_grid
-from edgectl.contract import environment
+from edgectl.bench.speech.runner import ClipPlan, run_grid
 from edgectl.errors import EdgectlError
 
 if TYPE_CHECKING:
@@ -96,18 +97,15 @@ def run_speech_bench(opts: SpeechBenchOptions, environ: Mapping[str, str], progr
         if "planned" in names:
             raise
         progress(f"no plan for {opts.model} ({exc.message}): the arms run without one")
-    python = environment.read("EDGECTL_RUNTIME_PYTHON", environ)
-    child_env, dropped = prov.child_environment(environ)
-    info = prov.runtime_info(python, child_env)
-    stock_plugins, excluded = prov.stock_plugins(info)
+    servers = _server_runtime(environ)
     model_name = opts.model if not Path(opts.model).expanduser().is_dir() else model_path.name
     label = text_report.class_label(facts.device_class, environ)
     path = text_report.artifact_path(opts.out, started.strftime("%Y-%m-%d"), label, f"{model_name}-speech")
     ctx = BenchContext(
         model_name=model_name, model_path=str(model_path), vocab_size=0, kv_bytes_per_token=0,
         planned=planned.plan if planned else None,  # type: ignore[arg-type]  # only the worker arm reads it
-        planner=_planner(opts.model, environ, facts), runtime_python=python, child_env=child_env, logs_dir=path.with_suffix(".logs"),
-        usable_cpus=len(facts.topology.usable_cpus or []) or 1, stock_plugins=stock_plugins,
+        planner=planner_for(opts.model, environ, facts), runtime_python=servers.python, child_env=servers.child_env, logs_dir=path.with_suffix(".logs"),
+        usable_cpus=len(facts.topology.usable_cpus or []) or 1, stock_plugins=servers.stock_plugins,
         start_timeout_s=opts.start_timeout_s, launchers=dict(launchers or {}), quiet_s=opts.quiet_s)
     anchor_models = _anchor_models(names, opts.model, model_path, ctx, environ, progress)
     arms, skipped = prepare_arms(names, ctx, anchor_models=anchor_models)
@@ -118,27 +116,14 @@ def run_speech_bench(opts: SpeechBenchOptions, environ: Mapping[str, str], progr
 
     clip_plan = ClipPlan(measure.read_clips(clips_json), clips_json, ctx.logs_dir,
                          score=lambda triples: wer.corpus_wer(triples).to_dict())
-    artifact = _new_artifact(opts, ctx, arms, skipped, facts, info, python, dropped, stock_plugins, excluded,
+    artifact = _new_artifact(opts, ctx, arms, skipped, facts, servers,
                              clip_plan, started)
 
-    def save(rec: dict[str, Any]) -> None:
-        artifact["arms"][rec["arm"]]["passes"].append(rec)
-        text_report.write_json_atomic(path, artifact)
-
-    text_report.write_json_atomic(path, artifact)
     progress(f"{len(arms)} arm(s) × {opts.passes} pass(es), interleaved, order rotated per pass; artifact {path}")
-    try:
-        records = run_grid(arms, opts.passes, ctx, clip_plan, progress, on_pass=save)
-    except KeyboardInterrupt:
-        artifact["provenance"]["ended_at"] = utc_now()
-        artifact["incomplete_reasons"] = ["interrupted"]
-        text_report.write_json_atomic(path, artifact)
-        raise
+    records = run_writing(artifact, path, lambda on_pass: run_grid(arms, opts.passes, ctx, clip_plan, progress,
+                                                                    on_pass=on_pass))
     speech_report.finish(artifact, records, opts.passes)
-    artifact["memory_prediction"] = memory_prediction(
-        artifact["arms"], path, roots=[opts.out.absolute(), Path.cwd(), _repo_root()])
-    artifact["provenance"]["ended_at"] = utc_now()
-    text_report.write_json_atomic(path, artifact)
+    conclude(artifact, path, opts.out)
     return speech_report.SpeechBenchResult(artifact, path)
 
 
@@ -157,14 +142,6 @@ def _check_request(opts: SpeechBenchOptions) -> None:
     _check_writable(opts.out, "--out")
 
 
-def _planner(model: str, environ: Mapping[str, str], facts: Any) -> Callable[[dict[str, Any]], Any]:
-    """The plan of a worker arm with overrides (its dtype, its weight format), as the text bench plans its levers."""
-    from edgectl.contract.plan import Request
-    from edgectl.inputs import make_plan
-
-    def plan_with(overrides: dict[str, Any]) -> Any:
-        return make_plan(Request.from_flat(model=model, **overrides), environ, facts=facts).plan
-    return plan_with
 
 
 def _clip_set(opts: SpeechBenchOptions, environ: Mapping[str, str], progress: Progress) -> Path:
@@ -244,21 +221,14 @@ def _missing_engines(engines: Collection[str], python: str, env: Mapping[str, st
 
 
 def _new_artifact(opts: SpeechBenchOptions, ctx: BenchContext, arms: list[SpeechArm], skipped: dict[str, str],
-                  facts: HostFacts, info: dict[str, Any], python: str, dropped: list[str], stock_plugins: str,
-                  excluded: list[str], clip_plan: ClipPlan, started: _dt.datetime) -> dict[str, Any]:
+                  facts: HostFacts, servers: ServerRuntime, clip_plan: ClipPlan,
+                  started: _dt.datetime) -> dict[str, Any]:
     names = [a.name for a in arms]
     choice = clip_plan.choice
     return {
         "schema": speech_report.SCHEMA,
         "provenance": {
-            "model": ctx.model_name, "model_path": ctx.model_path, "modality": "speech", "passes": opts.passes,
-            "arms": names, "order": [f"{n}#{i + 1}" for n, i in rotated(names, opts.passes)],
-            "host": socket.gethostname(), "device_class": facts.device_class, "probe": facts.to_dict(),
-            "edgectl": prov.edgectl_version(), "vllm": info.get("vllm"), "torch": info.get("torch"),
-            "runtime_isa": info.get("isa"), "runtime_python": python, "command": prov.command_line(opts.argv),
-            "started_at": started.isoformat(timespec="seconds"), "ended_at": None,
-            "environment": {"dropped_from_servers": dropped, "added_for_servers": dict(environment.OFFLINE),
-                            "stock_VLLM_PLUGINS": stock_plugins, "stock_plugins_excluded": excluded},
+            **provenance("speech", ctx, names, opts.passes, facts, servers, opts.argv, started),
             "request": {"route": "/v1/audio/transcriptions", "response_format": "json", "temperature": 0,
                         "language": "en"},
             "clips": {"dir": str(clip_plan.clips_json.parent), "count": len(clip_plan.clips),

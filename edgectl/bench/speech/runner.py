@@ -21,22 +21,28 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edgectl.bench import grid
 from edgectl.bench.arms import BenchContext, Crashed, PreparedArm
-from edgectl.bench.runner import CRASHED, INVALID, OK, _loadavg, compile_caches, utc_now
-from edgectl.bench.server import ServerProcess, free_port
+from edgectl.bench.grid import (
+    drop_measured,
+    failed_line,
+    new_record,
+    ready_and_checked,
+    run_rotated,
+)
+from edgectl.bench.runner import CRASHED, INVALID, OK, _loadavg, utc_now
+from edgectl.bench.server import ServerProcess
 from edgectl.bench.speech import measure
 from edgectl.bench.speech.arms import AnchorArm, SpeechArm
 from edgectl.bench.speech.measure import Choice, Clip, Score
 from edgectl.client import Client, HttpFailed
-from edgectl.contract.effective import Effective
 
 Progress = Callable[[str], None]
 # Numbers a pass that did not complete as specified does not keep.
@@ -44,11 +50,6 @@ MEASURED = ("wer", "rtf_5s", "rtf_30s", "transcript_s", "aggregate_audio_s_per_s
             "wall_s")
 
 
-def rotated(names: Sequence[str], passes: int) -> list[tuple[str, int]]:
-    """(arm, pass index) in run order: every arm's pass i before any arm's pass i + 1, and pass i
-    starting i arms further on (A B C, B C A, C A B, …), so no arm always runs first or after the same one."""
-    n = len(names)
-    return [(names[(i + k) % n], i) for i in range(passes) for k in range(n)]
 
 
 class ClipPlan:
@@ -71,27 +72,13 @@ class ClipPlan:
 
 def run_grid(arms: list[SpeechArm], passes: int, ctx: BenchContext, clip_plan: ClipPlan, progress: Progress,
              on_pass: Callable[[dict[str, Any]], None] | None = None) -> dict[str, list[dict[str, Any]]]:
-    by_name = {a.name: a for a in arms}
-    order = rotated([a.name for a in arms], passes)
-    records: dict[str, list[dict[str, Any]]] = {a.name: [] for a in arms}
-    for position, (name, i) in enumerate(order):
-        arm = by_name[name]
-        progress(f"[{position + 1:>2}/{len(order)}] {name} pass {i + 1}/{passes}: starting")
-        pass_dir = ctx.logs_dir / f"{position:03d}-{name}-p{i + 1}"
+    def run_pass(arm: SpeechArm, i: int, position: int, pass_dir: Path) -> dict[str, Any]:
         if isinstance(arm, AnchorArm):
-            rec = anchor_pass(arm, i, position, ctx, clip_plan, pass_dir)
-        else:
-            rec = server_pass(arm, i, position, ctx, clip_plan, pass_dir)
-        records[name].append(rec)
-        progress(f"[{position + 1:>2}/{len(order)}] {name} pass {i + 1}/{passes}: {pass_line(rec)}")
-        if on_pass:
-            on_pass(rec)
-    return records
+            return anchor_pass(arm, i, position, ctx, clip_plan, pass_dir)
+        return server_pass(arm, i, position, ctx, clip_plan, pass_dir)
+    return run_rotated(arms, passes, ctx, run_pass, pass_line, progress, on_pass)
 
 
-def _new_record(name: str, pass_index: int, order: int) -> dict[str, Any]:
-    return {"arm": name, "pass": pass_index, "order": order, "status": None, "problems": [], "error": None,
-            "started_at": utc_now(), "loadavg_start": _loadavg()}
 
 
 # -- a server --------------------------------------------------------------------------------------
@@ -99,41 +86,9 @@ def _new_record(name: str, pass_index: int, order: int) -> dict[str, Any]:
 
 def server_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, clip_plan: ClipPlan,
                 pass_dir: Path) -> dict[str, Any]:
-    rec = _new_record(arm.name, pass_index, order)
-    caches = compile_caches(pass_dir)
-    port = free_port()
-    argv = arm.command(port, pass_dir)
-    rec.update(command=argv, port=port, log=str(pass_dir / "server.log"))
-    try:
-        server = ServerProcess(argv, {**arm.env(), **caches}, pass_dir / "server.log")
-    except OSError as exc:
-        rec.update(status=CRASHED, error=f"cannot start {argv[0]}: {exc.strerror or exc}", ended_at=utc_now())
-        return rec
-    rec["pid"] = server.pid
-    client = Client("127.0.0.1", port)
-    try:
-        _serve_and_measure(arm, client, server, ctx, clip_plan, rec)
-        rec["status"] = OK
-    except Crashed as exc:
-        rec.update(status=INVALID if exc.invalid else CRASHED, error=str(exc))
-        if exc.invalid:
-            rec["problems"] = [str(exc)]
-    except measure.MeasurementFailed as exc:
-        rec.update(status=INVALID, error=str(exc), problems=[str(exc)])
-    except HttpFailed as exc:
-        state = "the server had exited" if not server.alive() else "the server still ran"
-        rec.update(status=CRASHED, error=f"{exc} ({state})")
-    finally:
-        if "pss_peak_bytes" not in rec:  # the pass ended before ready: the sampler still runs
-            rec["pss_peak_bytes"] = server.stop_sampling() or None
-        rec["exit_code"] = server.stop()
-        rec["ended_at"] = utc_now()
-        rec["loadavg_end"] = _loadavg()
-        shutil.rmtree(Path(caches["VLLM_CACHE_ROOT"]).parent, ignore_errors=True)
-        if rec["status"] != OK:
-            rec["log_tail"] = server.log_tail(12)
-            _drop_measured(rec)
-    return rec
+    return grid.server_pass(arm, new_record(arm.name, pass_index, order), pass_dir,
+                            lambda client, server, rec: _serve_and_measure(arm, client, server, ctx, clip_plan, rec),
+                            MEASURED)
 
 
 def _serve_and_measure(arm: PreparedArm, client: Client, server: ServerProcess, ctx: BenchContext,
@@ -148,18 +103,8 @@ def _serve_and_measure(arm: PreparedArm, client: Client, server: ServerProcess, 
             raise Crashed(f"the server exited with code {server.returncode()} before its first transcription: "
                           f"{exc}") from None
         raise
-    rec["ready_s"] = server.elapsed_s()
     rec["warm_up"] = {"clip": short.id, "text": first["text"]}
-    rec["pss_peak_bytes"] = server.stop_sampling()
-    rec["pss_peak_samples"] = server.samples
-    ready_mem = server.memory()
-    rec["pss_ready_bytes"] = ready_mem.pss_bytes
-    rec["effective"] = arm.readback(client, server)
-    effective, problems = Effective.read(rec["effective"])
-    if effective is not None:
-        problems = arm.check(effective, len(ready_mem.processes))
-    if problems or effective is None:
-        raise Crashed("; ".join(problems) or "the read-back could not be read", invalid=True)
+    ready_and_checked(arm, client, server, rec)
     rec["clips"] = measure.one_by_one(client, ctx.model_name, clip_plan.clips)
     rec.update(measure.figures(rec["clips"], clip_plan.clips, clip_plan.choice, clip_plan.score))
     four = measure.together(client, ctx.model_name, clip_plan.choice.together)
@@ -184,7 +129,7 @@ class DriverFailed(Exception):
 
 def anchor_pass(arm: AnchorArm, pass_index: int, order: int, ctx: BenchContext, clip_plan: ClipPlan,
                 pass_dir: Path) -> dict[str, Any]:
-    rec = _new_record(arm.name, pass_index, order)
+    rec = new_record(arm.name, pass_index, order)
     rec["runs"] = {}
     try:
         seq = _drive(arm, "sequential", 1, clip_plan.clips_json, pass_dir / "sequential", ctx, rec)
@@ -217,7 +162,7 @@ def anchor_pass(arm: AnchorArm, pass_index: int, order: int, ctx: BenchContext, 
     rec["ended_at"] = utc_now()
     rec["loadavg_end"] = _loadavg()
     if rec["status"] != OK:
-        _drop_measured(rec)
+        drop_measured(rec, MEASURED)
     return rec
 
 
@@ -262,15 +207,12 @@ def _drive(arm: AnchorArm, mode: str, concurrency: int, clips_json: Path, run_di
 # -- the record ------------------------------------------------------------------------------------
 
 
-def _drop_measured(rec: dict[str, Any]) -> None:
-    for key in MEASURED:
-        rec.pop(key, None)
 
 
 def pass_line(rec: dict[str, Any]) -> str:
-    if rec["status"] != OK:
-        why = "; ".join(rec.get("problems") or []) or rec.get("error") or ""
-        return f"{rec['status'].upper()}: {why}"
+    failed = failed_line(rec)
+    if failed is not None:
+        return failed
     agg = rec.get("aggregate_audio_s_per_s")
     four = "–" if agg is None else f"{agg:.1f} audio-s/s ({rec.get('together_best')})"
     return (f"ok: ready {rec['ready_s']:.1f} s, WER {100 * rec['wer']:.1f}%, RTF 5 s {rec['rtf_5s']:.3f}, "

@@ -1,0 +1,111 @@
+"""The vision bench's arms: the text and speech benches' launchers, and llama-server with ``--mmproj``.
+
+- ``planned``: edgectl's worker on edgectl's plan for the model, served as ``deploy`` serves it
+  (the text bench's ``arms.WorkerArm`` as it is: read-back ``GET /edgectl/effective``, checked
+  against the plan; READY after its own answer about a shipped image), planned for
+  ``measure.CONCURRENT_IMAGES`` requests at once.
+- ``stock``: vLLM as it ships for this model (``stock_vllm.StockVllmArm``: ``--model DIR`` and its
+  defaults), if it starts; ``stock-kv`` (not run unless asked): the same given the plan's KV bytes
+  and requests at once, so its memory compares with the planned arm's.
+- ``llama.cpp``: ``llama-server -m model.gguf --mmproj mmproj.gguf`` on the pair llama.cpp's own
+  converter wrote from the same directory (gguf_pair.py), the text bench's ``arms.LlamaCppArm``
+  with the projector added; it runs once per thread count of the sweep (``<arm>-t<N>``), the best
+  median quoted. Read-back: ``GET /props`` (context, slots, the model, ``modalities.vision``) and
+  its log (threads).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edgectl.bench.arms import (
+    ArmSpec,
+    BenchContext,
+    LlamaCppArm,
+    PreparedArm,
+    WorkerArm,
+    parse_names,
+)
+from edgectl.bench.server import ServerProcess
+from edgectl.bench.stock_vllm import StockVllmArm
+from edgectl.client import Client
+from edgectl.contract.effective import Effective
+from edgectl.errors import EdgectlError
+
+ARMS: dict[str, ArmSpec] = {a.name: a for a in [
+    ArmSpec("planned", "worker", {}, "edgectl's worker on edgectl's vision plan for the model, as deploy serves it"),
+    ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
+                                       "with its defaults (the served name, host and port only; edgectl's plugin "
+                                       "left out)"),
+    ArmSpec("stock-kv", "vllm-stock", {"plan_kv": True},
+            "vLLM as it ships, given the plan's KV bytes and requests at once (--kv-cache-memory-bytes, "
+            "--max-num-seqs): its memory at the planned arm's KV"),
+    ArmSpec("llama.cpp", "llama.cpp", {},
+            "llama-server with --mmproj on the GGUF pair llama.cpp's converter wrote from the same directory (bf16)"),
+]}
+DEFAULT_ARMS = ("planned", "stock", "llama.cpp")
+
+
+def parse_arm_names(text: str | None) -> list[str]:
+    """``--arms a,b`` (or ``all``) as known vision arm names, in the order given."""
+    return parse_names(text, ARMS, DEFAULT_ARMS, "vision")
+
+
+class VisionLlamaCppArm(LlamaCppArm):
+    """llama-server on the language model's GGUF with the vision projector's (``--mmproj``)."""
+
+    def __init__(self, spec: ArmSpec, ctx: BenchContext, mmproj: Path, threads: int | None = None) -> None:
+        super().__init__(spec, ctx, threads)
+        self.mmproj = mmproj
+        self.modalities: dict[str, Any] | None = None  # the last read-back's (Effective has no field for it)
+
+    def server_args(self, port: int) -> list[str]:
+        return [*super().server_args(port), "--mmproj", str(self.mmproj)]
+
+    def readback(self, client: Client, server: ServerProcess) -> dict[str, Any]:
+        eff = super().readback(client, server)
+        # what the read-back's schema has no field for: whether the server took the projector
+        # (GET /props ``modalities``), kept for check() and recorded by from_log()
+        self.modalities = client.get_json("/props", timeout=30).get("modalities")
+        eff["readback_via"] += "; GET /props modalities (the projector: checked, recorded as llama_cpp.modalities)"
+        return eff
+
+    def from_log(self, server: ServerProcess) -> dict[str, Any]:
+        out = super().from_log(server)
+        out["llama_cpp"]["modalities"] = self.modalities
+        return out
+
+    def check(self, effective: Effective, processes: int) -> list[str]:
+        problems = super().check(effective, processes)
+        if not (self.modalities or {}).get("vision"):
+            problems.append(f"llama-server's /props says it takes no images (modalities {self.modalities}): "
+                            "the projector (--mmproj) is not loaded")
+        return problems
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "mmproj": str(self.mmproj)}
+
+
+VisionArm = PreparedArm
+
+
+def prepare_arms(names: list[str], ctx: BenchContext, *, mmproj: Path | None,
+                 why_no_llama: str | None) -> tuple[list[VisionArm], dict[str, str]]:
+    """The arms to run, and the arms skipped with the reason. ``mmproj``: the projector GGUF the
+    llama.cpp arm reads (its language model is ``ctx.gguf_path``), None with ``why_no_llama``."""
+    arms: list[VisionArm] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        spec = ARMS[name]
+        if spec.launcher == "llama.cpp":
+            if mmproj is None or not ctx.gguf_path:
+                skipped[name] = why_no_llama or "no GGUF pair"
+                continue
+            arms += [VisionLlamaCppArm(spec, ctx, mmproj, n) for n in (ctx.llama_threads or (ctx.usable_cpus,))]
+            continue
+        try:
+            arms.append(WorkerArm(spec, ctx) if spec.launcher == "worker" else StockVllmArm(spec, ctx))
+        except EdgectlError as exc:
+            skipped[name] = f"cannot be planned here: {exc.message}"
+    return arms, skipped

@@ -32,7 +32,10 @@ def check_request(request: Request) -> None:
     if request.compilation and request.compilation not in set(Compilation):
         raise EdgectlError(f"--compilation {request.compilation!r}: use eager or default")
     _one_of("--kv-cache-dtype", request.kv_cache_dtype, KvCacheDtype)
-    _one_of("embedding pack", request.bench.embedding_pack, EmbeddingPack)
+    # none is the speech planner's with the int8 head scan, never asked: a head on vLLM's GEMM needs its copy
+    asked_packs = (EmbeddingPack.VLLM, EmbeddingPack.LM_HEAD)
+    if request.bench.embedding_pack and request.bench.embedding_pack not in asked_packs:
+        raise EdgectlError(f"embedding pack {request.bench.embedding_pack!r}: use one of {', '.join(asked_packs)}")
     _one_of("optional imports", request.bench.optional_imports, OptionalImports)
     _one_of("tokenizer", request.bench.tokenizer, TokenizerLever)
     if request.bench.python_optimize is not None and request.bench.python_optimize not in (0, 1, 2):

@@ -59,6 +59,7 @@ def _scan_or_skip():
     return whisper_exact_top
 
 
+@pytest.mark.isa_avx2  # the scan is edgectl's kernel: again at its AVX2 level
 def test_the_int8_scan_then_the_exact_best_pick_the_float32_heads_token() -> None:
     w = _scan_or_skip()
     hidden, table = _case()
@@ -98,6 +99,7 @@ def test_the_scan_finds_the_best_row_of_whisper_bases_own_table() -> None:
     assert torch.equal(out.argmax(-1), head32.argmax(-1))
 
 
+@pytest.mark.isa_avx2  # the scan is edgectl's kernel: again at its AVX2 level
 def test_a_float32_models_scan_is_recomputed_too() -> None:
     """On a CPU without bf16 arithmetic the plan serves float32: the scan's logits are then float32 too,
     and still int8 arithmetic; the best are recomputed all the same."""

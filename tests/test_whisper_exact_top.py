@@ -53,7 +53,11 @@ def _scan_or_skip():
     ok, why = ops.available()
     if not ok:
         pytest.skip(f"edgectl's kernel library: {why}")
-    ops.load()
+    level = ops.load()
+    import isa_helpers
+
+    if isa_helpers.TIER == "avx2":  # the tier runs the scan on the kernels' AVX2 level, and says so
+        assert level == "avx2"
     from edgectl_runtime.vllm_plugin import whisper_exact_top
 
     return whisper_exact_top

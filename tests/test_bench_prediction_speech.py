@@ -26,3 +26,13 @@ def test_a_speech_run_is_a_repeat_or_held_out_against_the_speech_figures(tmp_pat
     assert out["planned-w4a8"]["check"] == HELD_OUT
     assert {k for d in out["planned-w4a8"]["differs"].values() for k in d} == {"weight_format"}
     assert check_label(out["planned-w4a8"]) == "held out, differs in weight_format"
+
+
+def test_a_plan_whose_head_is_the_int8_scan_is_held_out(tmp_path):
+    """The speech figures were solved from servers with the dense head (rows written before the scan):
+    a plan with the int8 scan differs in what the ledger models (the copy, no packed table)."""
+    arms = json.loads(RUN.read_text())["arms"]
+    arms["planned"]["plan"]["speech"]["head"] = "w8-scan"
+    out = memory_prediction(arms, tmp_path / RUN.name, [REPO])["arms"]
+    assert out["planned"]["check"] == HELD_OUT
+    assert {k for d in out["planned"]["differs"].values() for k in d} == {"speech_head"}

@@ -40,6 +40,9 @@ CONFIGURATION = ("max_model_len", "max_num_seqs", "weight_format", "compilation"
 # the source's command names (``… bf16-s1-pN …``; the others are held out in the same rounds). The script
 # plans with ``edgectl plan``'s defaults but those it names, so a row's compilation is the planner's: eager.
 SPEECH_ROW_CONFIGURATION = ("max_num_seqs", "weight_format", "dtype")
+# The head a speech row was served with; rows written before the int8 scan existed served the dense one
+# (the ledger models the difference: the scan's int8 copy, and no packed copy of the table).
+SPEECH_ROW_HEAD, SPEECH_ROW_HEAD_BEFORE = "speech_head", "dense"
 SPEECH_ROW_COMPILATION = "eager"
 # What kind of check an error is (the module's docstring).
 CALIBRATION, REPEAT, HELD_OUT, UNKNOWN = "calibration", "repeat", "held_out", "unknown"
@@ -51,6 +54,7 @@ def configuration(plan: dict[str, Any]) -> dict[str, Any]:
     conf = {"model": (plan.get("model") or {}).get("name"), **{k: plan.get(k) for k in CONFIGURATION}}
     if isinstance(plan.get("speech"), dict):
         conf["dtype"] = plan["speech"].get("dtype")  # a dense speech plan's weight_format is bf16 in any dtype
+        conf[SPEECH_ROW_HEAD] = plan["speech"].get("head", SPEECH_ROW_HEAD_BEFORE)
     return conf
 
 
@@ -101,7 +105,8 @@ def calibration_configurations(source: dict[str, Any], roots: list[Path]) -> lis
             continue
         fitted = [r for r in rows if isinstance(r, dict) and re.sub(r"-p\d+$", "", str(r.get("label"))) in labels]
         confs = [{"model": source.get("model"), "compilation": SPEECH_ROW_COMPILATION,
-                  **{k: r.get(k) for k in SPEECH_ROW_CONFIGURATION}} for r in fitted]
+                  **{k: r.get(k) for k in SPEECH_ROW_CONFIGURATION},
+                  SPEECH_ROW_HEAD: r.get(SPEECH_ROW_HEAD, SPEECH_ROW_HEAD_BEFORE)} for r in fitted]
         return [dict(t) for t in {tuple(sorted(c.items())) for c in confs}] or None
     return None
 

@@ -27,8 +27,10 @@ class Cpus:
 
 # How the threads wait when nothing is asked, and the measurement behind it.
 THREAD_WAIT = ThreadWait.SPIN
-THREAD_WAIT_EVIDENCE = ("libgomp's default (spin up to 300000 times, then sleep): what vLLM runs with; the other "
-                        "way is measured as the bench's wait-passive arm")
+THREAD_WAIT_EVIDENCE = ("libgomp's default (spin up to 300000 times, then sleep), as vLLM runs: on a quiet host "
+                        "sleeping at once made SmolLM2's decode 4.2x slower (33 against 139 tok/s; whisper-base "
+                        "unchanged), though on a host busy with other work spinning threads decoded at 1.8-3.7 "
+                        "tok/s and sleeping ones at 29-65 (x86_64-amx, docs/kernels.md \"Waiting threads\")")
 
 
 def choose_cpus(facts: HostFacts, request: Request, profile: Profile, topology: Topology) -> Decided[Cpus]:

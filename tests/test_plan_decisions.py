@@ -329,10 +329,12 @@ def test_reserve_with_one_usable_cpu_keeps_it(tmp_path: Path):
     assert "only one core" in reasons_by_decision(p)["reserve_frontend_core"][-1]["detail"]
 
 
-@pytest.mark.parametrize("asked, policy", [("passive", "PASSIVE"), ("spin", None)])
-def test_thread_wait_as_asked_sets_the_wait_policy(asked: str, policy: str | None):
+@pytest.mark.parametrize("asked, policy, spins", [("passive", "PASSIVE", None), ("spin", None, None),
+                                                  ("spin-short", None, "10000")])
+def test_thread_wait_as_asked_sets_the_wait_policy(asked: str, policy: str | None, spins: str | None):
     p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2), thread_wait=asked)
     assert str(p.levers.thread_wait) == asked and p.env.get("OMP_WAIT_POLICY") == policy
+    assert p.env.get("GOMP_SPINCOUNT") == spins
     assert reasons_by_decision(p)["thread_wait"][0]["source"] == "flag"
 
 

@@ -15,3 +15,10 @@ def test_thread_wait_follows_omp_wait_policy(monkeypatch, value, reported):
     else:
         monkeypatch.setenv("OMP_WAIT_POLICY", value)
     assert readback.thread_wait() == reported
+
+
+@pytest.mark.parametrize("count, reported", [("10000", "spin-short"), ("5", "spin-5")])
+def test_a_spin_count_is_reported(monkeypatch, count, reported):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("GOMP_SPINCOUNT", count)
+    assert readback.thread_wait() == reported

@@ -52,7 +52,8 @@ from edgectl.errors import EdgectlError
 
 CONTROL = "stock"
 # The variables by which a plan sets vLLM's threading (edgectl/planner/service.py).
-THREADING = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_WAIT_POLICY")
+THREADING = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_WAIT_POLICY",
+             "GOMP_SPINCOUNT")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
             "the plan with its OpenMP threads sleeping at once between parallel regions (OMP_WAIT_POLICY=PASSIVE)"),
     ArmSpec("wait-spin", "worker", {"thread_wait": "spin"},
             "the plan with its OpenMP threads spinning before they sleep (libgomp's default)"),
+    ArmSpec("wait-spin-short", "worker", {"thread_wait": "spin-short"},
+            "the plan with its OpenMP threads spinning briefly, then sleeping (GOMP_SPINCOUNT=10000)"),
     ArmSpec("threads-1", "worker", {"threads": 1}, "the plan on one OpenMP thread"),
     ArmSpec("lm-head-int4", "worker", {"quantize_lm_head": True}, "the plan with the output head in int4"),
     ArmSpec("bf16", "worker", {"weight_format": "bf16"}, "the plan with bf16 weights (the fidelity reference)"),

@@ -120,6 +120,8 @@ _VARS = [
     Var("VLLM_CPU_OMP_THREADS_BIND", Role.SET, "plan env: the CPUs vLLM binds its OpenMP threads to, one "
         "per thread (vllm/v1/worker/cpu_worker.py)"),
     Var("OMP_NUM_THREADS", Role.SET, "plan env: the OpenMP threads of the engine (the plan's threads)"),
+    Var("GOMP_SPINCOUNT", Role.SET, "plan env: SHORT_SPINCOUNT when the plan's levers.thread_wait is spin-short "
+        "(GNU libgomp's threads spin that many times between parallel regions, then sleep; its default is 300000)"),
     Var("OMP_WAIT_POLICY", Role.SET, "plan env: PASSIVE when the plan's levers.thread_wait is passive (GNU "
         "libgomp's threads then sleep at once between parallel regions instead of spinning first)"),
     Var("VLLM_ENABLE_V1_MULTIPROCESSING", Role.SET, "plan env, single-process topology: 0 keeps vLLM's "
@@ -180,6 +182,8 @@ TUNING_PREFIXES = ("VLLM_", "EDGECTL_", "OMP_", "KMP_", "MKL_", "GOMP_", "LLAMA_
 # edgectl's kernels (the AVX2 tier sets them all: tests/isa_helpers.py AVX2_CAPS has the values and the
 # source lines). A benchmarked server inherits them, whatever their prefix: they are the path under test,
 # and a compiled graph's cache key holds them (runtime/edgectl_runtime/vllm_plugin/compile_cache.py).
+# The spins of the spin-short wait (libgomp's default is 300000): tens of microseconds on a few-GHz core.
+SHORT_SPINCOUNT = "10000"
 ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "TORCHINDUCTOR_CPP_MARCH",
             "GLIBC_TUNABLES", "EDGECTL_KERNEL_ISA")
 NOT_INHERITED_BY_SERVERS = (*SYSTEMD_NOTIFY, "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "CUDA_VISIBLE_DEVICES")

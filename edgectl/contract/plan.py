@@ -98,6 +98,9 @@ class ThreadWait(StrEnum):
 
     SPIN = "spin"  # libgomp's default: spin up to GOMP_SPINCOUNT (300000) times, then sleep
     PASSIVE = "passive"  # sleep at once (OMP_WAIT_POLICY=PASSIVE): the CPU goes to whatever else is runnable
+    # spin briefly, then sleep (GOMP_SPINCOUNT=environment.SHORT_SPINCOUNT): the gaps between a step's
+    # parallel regions are spun through, a descheduled partner is not waited for at length
+    SPIN_SHORT = "spin-short"
 
 
 class OptionalImports(StrEnum):
@@ -195,7 +198,7 @@ class BenchLevers:
     tokenizer: str | None = None  # vllm | lean
     idle_trim: bool | None = None
     python_optimize: int | None = None  # 0 or 2 (python -OO)
-    thread_wait: str | None = None  # spin | passive
+    thread_wait: str | None = None  # spin | passive | spin-short
     speech_head: str | None = None  # a speech model's: dense | w8-scan
 
 

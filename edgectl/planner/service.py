@@ -154,6 +154,8 @@ def worker_environment(cpus: Cpus, topology: Topology) -> dict[str, str]:
     }
     if cpus.thread_wait is ThreadWait.PASSIVE:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
+    elif cpus.thread_wait is ThreadWait.SPIN_SHORT:
+        env["GOMP_SPINCOUNT"] = environment.SHORT_SPINCOUNT
     if topology is Topology.SINGLE_PROCESS:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if topology is Topology.STOCK:

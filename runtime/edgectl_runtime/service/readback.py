@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from edgectl.contract.environment import SHORT_SPINCOUNT
+
 SCHEMA = "edgectl.readback/1"
 
 
@@ -259,7 +261,12 @@ def thread_wait() -> str:
     """How this process's OpenMP threads wait: GNU libgomp reads ``OMP_WAIT_POLICY`` from the
     environment when it loads (libgomp/env.c, ``parse_wait_policy``), before any of edgectl's code runs."""
     policy = os.environ.get("OMP_WAIT_POLICY", "").strip().upper()
-    return {"PASSIVE": "passive", "ACTIVE": "active"}.get(policy, "spin")  # active: spin and never sleep
+    if policy in ("PASSIVE", "ACTIVE"):
+        return policy.lower()  # active: spin and never sleep
+    count = os.environ.get("GOMP_SPINCOUNT", "").strip()
+    if count:
+        return "spin-short" if count == SHORT_SPINCOUNT else f"spin-{count}"
+    return "spin"
 
 
 def collect_worker_facts(worker) -> dict[str, Any]:

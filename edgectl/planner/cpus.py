@@ -26,11 +26,11 @@ class Cpus:
 
 
 # How the threads wait when nothing is asked, and the measurement behind it.
-THREAD_WAIT = ThreadWait.SPIN
-THREAD_WAIT_EVIDENCE = ("libgomp's default (spin up to 300000 times, then sleep), as vLLM runs: on a quiet host "
-                        "sleeping at once made SmolLM2's decode 4.2x slower (33 against 139 tok/s; whisper-base "
-                        "unchanged), though on a host busy with other work spinning threads decoded at 1.8-3.7 "
-                        "tok/s and sleeping ones at 29-65 (x86_64-amx, docs/kernels.md \"Waiting threads\")")
+THREAD_WAIT = ThreadWait.SPIN_SHORT
+THREAD_WAIT_EVIDENCE = ("a bounded spin (GOMP_SPINCOUNT=10000, then sleep): SmolLM2 decoded at 144 tok/s with it on a "
+                        "quiet host against 133 with libgomp's default spin (both under the noise gate), and at 9.5 "
+                        "against 0.7 with one CPU busy with other work; sleeping at once cost 4.2x quiet "
+                        "(x86_64-amx, docs/kernels.md \"Waiting threads\")")
 
 
 def choose_cpus(facts: HostFacts, request: Request, profile: Profile, topology: Topology) -> Decided[Cpus]:

@@ -118,32 +118,33 @@ def _smollm2_tokenizer() -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def make_tiny_pair(root: Path, *, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
+                   outtypes: tuple[str, ...] = ("bf16", "q8_0")) -> dict[str, Path]:
     """A tiny Idefics3 directory (the maker's, SmolLM2's tokenizer and 49280 rows, as the shape model) and
-    llama.cpp's pair of it: the language model in bf16 and in Q8_0, the projector in bf16."""
+    llama.cpp's pair of it: the language model in each of ``outtypes`` (``text`` for bf16, ``text_q8_0``...),
+    the projector in bf16. Skipped, saying why, without llama.cpp's converter or SmolLM2's tokenizer."""
     torch = pytest.importorskip("torch")
     from installed import RUNTIME_PYTHON
     from safetensors.torch import save_file
 
     script, tokenizer = _llama_converter(), _smollm2_tokenizer()
-    root = tmp_path_factory.mktemp("pair")
     lm = root / "lm"
-    lm.mkdir()
+    lm.mkdir(parents=True)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (lm / f).write_bytes((tokenizer / f).read_bytes())
-    h, i, hd = 64, 128, 16  # 4 query heads, 2 KV heads of 16: llama.cpp permutes both
+    h, i = 64, 128
     (lm / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": i,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": hd,
+        "num_hidden_layers": 2, "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
         "vocab_size": 49152, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "hidden_act": "silu"}))
     g = torch.Generator().manual_seed(0)
+    q, kv = heads * head_dim, kv_heads * head_dim
     shapes = {"model.embed_tokens.weight": (49152, h), "model.norm.weight": (h,)}
     for n in range(2):
         p = f"model.layers.{n}."
-        shapes |= {p + "self_attn.q_proj.weight": (4 * hd, h), p + "self_attn.k_proj.weight": (2 * hd, h),
-                   p + "self_attn.v_proj.weight": (2 * hd, h), p + "self_attn.o_proj.weight": (h, 4 * hd),
+        shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                   p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
                    p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
                    p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
     save_file({n: (torch.randn(s, generator=g) * 0.1).to(torch.bfloat16) for n, s in shapes.items()},
@@ -151,13 +152,19 @@ def tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     vlm = root / "tiny-vlm"
     _make(vlm, lm, {**TINY.maker_spec(), "vocab_size": 49280})
     out = {"directory": vlm}
-    for what, extra in (("text", ["--outtype", "bf16"]), ("text_q8_0", ["--outtype", "q8_0"]),
-                        ("mmproj", ["--outtype", "bf16", "--mmproj"])):
+    runs = [("text" if t == "bf16" else f"text_{t}", ["--outtype", t]) for t in outtypes]
+    for what, extra in [*runs, ("mmproj", ["--outtype", "bf16", "--mmproj"])]:
         out[what] = root / f"{what}.gguf"
         done = subprocess.run([RUNTIME_PYTHON, str(script), str(vlm), *extra, "--outfile", str(out[what])],
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """4 query heads, 2 KV heads of 16: llama.cpp permutes both."""
+    return make_tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
 def _tensors(path: Path) -> dict:

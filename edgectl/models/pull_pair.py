@@ -114,8 +114,8 @@ def pull_pair(text: Path, mmproj: Path, environ: Mapping[str, str], progress: Pr
         python = environment.runtime_python(environ)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache))
         try:
-            progress(f"convert: {text.name} + {mmproj.name} -> a {pair.architecture} directory in bf16 "
-                     f"({size / 1e6:.0f} MB), offline")
+            progress(f"convert: {text.name} + {mmproj.name} -> a Hugging Face directory ({pair.architecture}, bf16, "
+                     f"{size / 1e6:.0f} MB), offline")
             started = time.monotonic()
             report = _run_converter(python, text, mmproj, tmp, environ)
             (tmp / "config.json").write_text(

@@ -50,6 +50,7 @@ VISION_KEYS = {
 }
 EPS_KEY = "clip.vision.attention.layer_norm_epsilon"
 SCALE_KEY = "clip.vision.projector.scale_factor"
+PROJECTION_KEY = "clip.vision.projection_dim"  # the language model's embedding width
 LONGEST_EDGE_KEY = "clip.vision.preproc_image_size"
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 # transformers' Idefics3ImageProcessor defaults for what a projector does not carry
@@ -96,20 +97,21 @@ def check_pair(text_path: Path, mmproj_path: Path) -> Pair:
     if text.architecture != arch:
         raise EdgectlError(f"{text_path} is a {text.architecture} language model, a {ptype} projector pairs with a "
                            f"{arch} one: not a pair")
+    missing = [k for k in (*VISION_KEYS, SCALE_KEY, PROJECTION_KEY) if not _positive(mmproj.metadata.get(k))]
+    if missing:
+        raise EdgectlError(f"--mmproj {mmproj_path}: metadata {', '.join(missing)} missing or not a positive "
+                           "integer; the file was not written by a complete converter")
     width = text.arch_key("embedding_length")
-    projection = mmproj.metadata.get("clip.vision.projection_dim")
+    projection = mmproj.metadata[PROJECTION_KEY]
     fc = next((t for t in mmproj.tensors if t.name == CONNECTOR), None)
     if fc is None:
         raise EdgectlError(f"--mmproj {mmproj_path}: no {CONNECTOR} (the connector's projection): the file is not "
                            "complete; convert it again")
     if not (width == projection == fc.shape[0]):
-        raise EdgectlError(f"--mmproj {mmproj_path} projects images to width {fc.shape[0]}, the language model "
+        shown = f"{projection}" if projection == fc.shape[0] else f"{projection} (its connector's rows: {fc.shape[0]})"
+        raise EdgectlError(f"--mmproj {mmproj_path} projects images to width {shown}, the language model "
                            f"{text_path} embeds tokens in width {width}: not a pair (each projector is converted "
                            "from the same directory as its language model)")
-    missing = [k for k in (*VISION_KEYS, SCALE_KEY) if not _positive(mmproj.metadata.get(k))]
-    if missing:
-        raise EdgectlError(f"--mmproj {mmproj_path}: metadata {', '.join(missing)} missing or not a positive "
-                           "integer; the file was not written by a complete converter")
     for key in ("clip.vision.image_mean", "clip.vision.image_std"):
         value = mmproj.metadata.get(key)
         if not (isinstance(value, list) and len(value) == 3 and all(isinstance(v, (int, float)) for v in value)):

@@ -72,6 +72,7 @@ def test_a_pair_edgectl_cannot_turn_back_is_refused_with_one_line_and_nothing_wr
         ([str(write_tiny(tmp_path / "bare.gguf", template=None)), "--mmproj", str(mmproj)], "no tokenizer.chat_template"),
         (["smollm2-135m", "--mmproj", str(mmproj)], "--mmproj goes with the language model's GGUF file"),
         ([str(text), "--name", "mine"], "--name names a llama.cpp pair pulled with --mmproj"),
+        ([str(mmproj)], "is llama.cpp's vision projector of a vision-language model: pull it with its language model"),
         ([str(text), "--mmproj", str(mmproj), "--name", "My Model"], "--name 'My Model': a cache name is"),
     ]
     for args, needle in cases:

@@ -120,6 +120,10 @@ def check_pair(text_path: Path, mmproj_path: Path) -> Pair:
     if not isinstance(text.metadata.get(CHAT_TEMPLATE_KEY), str):
         raise EdgectlError(f"{text_path}: no {CHAT_TEMPLATE_KEY}; vLLM needs a chat template to place an image in "
                            "a chat: convert the model again from a directory that has one")
+    try:
+        hf_config(text)  # the text config is made after the conversion: refuse what it cannot map first
+    except ValueError as exc:
+        raise EdgectlError(f"{text_path}: {exc}") from None
     return Pair(text, mmproj, ptype, hf_arch)
 
 

@@ -74,6 +74,7 @@ def test_a_pair_edgectl_cannot_turn_back_is_refused_with_one_line_and_nothing_wr
         ([str(text), "--name", "mine"], "--name names a llama.cpp pair pulled with --mmproj"),
         ([str(mmproj)], "is llama.cpp's vision projector of a vision-language model: pull it with its language model"),
         ([str(text), "--mmproj", str(mmproj), "--name", "My Model"], "--name 'My Model': a cache name is"),
+        ([str(text), "--mmproj", str(mmproj), "--name", "smollm2-135m"], "smollm2-135m is a catalog model's name"),
     ]
     for args, needle in cases:
         done = run_cli(["models", "pull", *args], env={"EDGECTL_MODEL_CACHE": str(cache)}, timeout=120)

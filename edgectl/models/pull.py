@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from edgectl.contract.gguf_header import read_gguf
+from edgectl.contract.mmproj_names import MMPROJ_ARCHITECTURE
 from edgectl.errors import EXIT_FAILED, EdgectlError
 from edgectl.models.cache import (
     FILE_MODE,
@@ -92,6 +93,9 @@ def pull_file(path: Path, environ: Mapping[str, str], progress: Progress = quiet
     checks it and does nothing more."""
     path = path.expanduser().resolve()
     header = read_gguf(path)
+    if header.architecture == MMPROJ_ARCHITECTURE:
+        raise EdgectlError(f"{path} is llama.cpp's vision projector of a vision-language model: pull it with its "
+                           f"language model, `edgectl models pull MODEL.gguf --mmproj {path}`")
     facts_from_header(header, path.stem)  # refuses, with one line, what cannot be served
     name = local_name(path)
     cache = cache_dir(environ)

@@ -265,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_plan(ns.plan)
         prepare_environment(plan, os.environ)  # the worker's own process: the plan's environment
+        if plan.topology is Topology.SINGLE_PROCESS:
+            # One OpenMP thread for every thread but the engine's, which takes the plan's count
+            # (inproc.own_openmp_threads says why); read by libgomp when torch loads, which is later.
+            os.environ["OMP_NUM_THREADS"] = "1"
     except Refused as exc:
         log.error("%s", exc)
         notifier.status(f"refused: {exc}")
@@ -290,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan.topology is Topology.SINGLE_PROCESS:
         from edgectl_runtime.vllm_plugin import compile_cache, inproc
 
-        inproc.install()
+        inproc.install(engine_threads=plan.threads)
         compile_cache.listeners.append(service.on_compile_event)  # the model is in this process
     import uvloop
 

@@ -105,6 +105,7 @@ class InprocAsyncClient(EngineCoreClient):
     # -- the engine thread -------------------------------------------------------------
 
     def _run(self, executor_class, log_stats: bool) -> None:
+        own_openmp_threads(_engine_threads)  # the load and a compile run on the plan's threads
         try:
             self.engine_core = EngineCore(self.vllm_config, executor_class, log_stats)
         except BaseException as exc:  # handed to the constructor, which re-raises it
@@ -112,6 +113,7 @@ class InprocAsyncClient(EngineCoreClient):
             self.health.dead_reason = f"engine failed to start: {exc}"
             self._ready.set()
             return
+        own_openmp_threads(_engine_threads)  # again: the engine's start-up set this thread's count from the default
         self.health.loaded = True
         self._ready.set()
         core = self.engine_core
@@ -305,11 +307,49 @@ def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> N
         future.set_result(result)
 
 
-def install() -> None:
-    """Make ``AsyncLLM`` build an :class:`InprocAsyncClient` in this process.
+# The engine thread's OpenMP threads (0: the process's default); set by install().
+_engine_threads = 0
+
+
+def own_openmp_threads(threads: int) -> None:
+    """Give the calling thread ``threads`` OpenMP threads, whatever the process's default.
+
+    Why: in one process the HTTP server's threads run torch too (the audio feature extractor, the
+    image processor), and each thread that runs a parallel region with more than one thread gets a
+    team of its own. Once GNU libgomp manages more threads than there are CPUs it spins only 100
+    times before sleeping (``gomp_throttled_spin_count_var``, libgomp/env.c), so the engine's threads
+    sleep and wake between every two parallel regions: whisper-base's decode step took 11-12 ms in
+    the service against ~6.5 ms offline (docs/speech.md, "Where a transcription's time goes in the
+    service"). So the worker makes one thread the process's default (``OMP_NUM_THREADS=1``, read
+    when libgomp loads) and the engine thread alone takes the plan's count: libgomp's per-thread
+    ``omp_set_num_threads``, after torch's own per-thread set-up (its first parallel operation, which
+    sets the thread's count from the default) has run, so torch does not set it back.
+    """
+    if threads <= 0:
+        return
+    import ctypes
+
+    import torch
+
+    torch.ones(1 << 16).add_(1)  # torch's per-thread OpenMP set-up (at its first parallel operation) runs now
+    # Every GNU libgomp loaded: wheels bundle their own (torch's, and sentencepiece's is loaded first),
+    # each with its own per-thread count; the one torch and vLLM's kernels run on is among them.
+    with open("/proc/self/maps") as maps:
+        libraries = sorted({line.split()[-1] for line in maps if "libgomp" in line.rsplit("/", 1)[-1]})
+    if not libraries:  # torch built with another OpenMP: its default is left as it is
+        log.warning("no GNU libgomp in this process: the engine thread keeps the default thread count")
+    for library in libraries:
+        ctypes.CDLL(library).omp_set_num_threads(threads)
+
+
+def install(engine_threads: int = 0) -> None:
+    """Make ``AsyncLLM`` build an :class:`InprocAsyncClient` in this process, whose engine thread runs
+    ``engine_threads`` OpenMP threads (:func:`own_openmp_threads`; 0: the process's default).
 
     A class attribute replaced in this process only; vLLM's source is untouched.
     """
+    global _engine_threads
+    _engine_threads = engine_threads
 
     def make_async_mp_client(vllm_config, executor_class, log_stats, *args, **kwargs):
         return InprocAsyncClient(vllm_config, executor_class, log_stats)

@@ -76,6 +76,13 @@ def prepare_environment(plan: Plan, environ, proc_self_cgroup: str | None = None
     environ.update(environment.runtime_levers(plan))
 
 
+def one_openmp_thread_by_default(plan: Plan, environ) -> None:
+    """In one process, one OpenMP thread for every thread but the engine's, which takes the plan's
+    count (``inproc.own_openmp_threads`` says why); libgomp reads it when torch loads, which is later."""
+    if plan.topology is Topology.SINGLE_PROCESS:
+        environ["OMP_NUM_THREADS"] = "1"
+
+
 def refused_test_faults(environ, proc_self_cgroup: str | None = None) -> list[str]:
     """A test-only fault injection (``environment.TEST_ONLY``) in a unit edgectl deployed: refused.
 
@@ -265,10 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_plan(ns.plan)
         prepare_environment(plan, os.environ)  # the worker's own process: the plan's environment
-        if plan.topology is Topology.SINGLE_PROCESS:
-            # One OpenMP thread for every thread but the engine's, which takes the plan's count
-            # (inproc.own_openmp_threads says why); read by libgomp when torch loads, which is later.
-            os.environ["OMP_NUM_THREADS"] = "1"
+        one_openmp_thread_by_default(plan, os.environ)
     except Refused as exc:
         log.error("%s", exc)
         notifier.status(f"refused: {exc}")

@@ -192,6 +192,9 @@ class Costs:
     peak_source: Source
     workspace_bytes_per_token: float
     peak_what: str = "load peak"
+    # held only while some work runs (a vision tower on one image): room under the limits, not steady memory
+    transient_bytes: int = 0
+    transient_what: str = ""
 
 
 def tokenizer_delta(model: ModelFacts, profile: Profile) -> tuple[int, str]:
@@ -276,8 +279,9 @@ class Ledger:
         rope = rope_bytes_for(self.model, rope_rows(self.model, max_len, self.rope_capped))
         workspace = int(self.costs.workspace_bytes_per_token * batched)
         total = self.costs.runtime_bytes + self.weights_bytes + kv + rope + workspace
-        high = round_mib(total * self.costs.peak_ratio * HIGH_HEADROOM)
-        limit = round_mib(total * self.costs.peak_ratio * MAX_HEADROOM)
+        peak = total * self.costs.peak_ratio + self.costs.transient_bytes
+        high = round_mib(peak * HIGH_HEADROOM)
+        limit = round_mib(peak * MAX_HEADROOM)
         return Memory(self.weights_bytes, kv, rope, self.costs.runtime_bytes, workspace, total, high, limit)
 
     def largest_fitting(self, budget: int, low: int, cap: int) -> int | None:
@@ -321,10 +325,13 @@ def rope(model: ModelFacts, max_model_len: int, capped: bool) -> Decided[int]:
 
 
 def memory_limit(memory: Memory, costs: Costs) -> Decided[int]:
-    """MemoryMax (and MemoryHigh): the steady total times the load peak, with headroom."""
+    """MemoryMax (and MemoryHigh): the steady total times the load peak, and any transient work, with headroom."""
+    peak = f"total × {costs.peak_what} {costs.peak_ratio:.2f}"
+    if costs.transient_bytes:
+        peak = f"({peak} + {costs.transient_what} {costs.transient_bytes / MiB:.0f} MiB)"
     return Decided(memory.limit_bytes, Reason(
         "memory_limit", memory.limit_bytes, costs.peak_source,
-        f"MemoryMax = total × {costs.peak_what} {costs.peak_ratio:.2f} × {MAX_HEADROOM}; MemoryHigh = × {HIGH_HEADROOM}"))
+        f"MemoryMax = {peak} × {MAX_HEADROOM}; MemoryHigh = × {HIGH_HEADROOM}"))
 
 
 def round_mib(n: float) -> int:

@@ -144,6 +144,19 @@ def test_a_gguf_keeps_its_wider_layers_in_8_bit_blocks():
     assert len(mismatches(_gguf(base), got)) == 1
 
 
+def test_a_w8a8_plan_wants_every_linear_layer_in_8_bit_blocks():
+    p = plan(weight_format=WeightFormat.W8A8, group_size=32)
+    got = read_back(p)
+    got["linear_formats"] = {n: "bf16-tied-embedding" if n == "lm_head" else "w8a8/b32"
+                             for n in got["linear_formats"]}
+    assert mismatches(p, got) == []
+    got["linear_formats"]["model.layers.3.mlp.down_proj"] = "w4a8/b32"
+    assert mismatches(p, got) == ["1 linear layers are not edgectl's W8 although the plan says w8a8 "
+                                  "(e.g. model.layers.3.mlp.down_proj: w4a8/b32)"]
+    got["kernel_isa"] = None
+    assert "edgectl's kernel library is not loaded, the plan's w8a8 runs on it" in mismatches(p, got)
+
+
 def test_a_gguf_must_be_loaded_by_edgectls_loader():
     p = _gguf(plan())
     assert mismatches(p, {**read_back(p), "load_format": "edgectl_gguf"}) == []

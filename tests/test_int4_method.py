@@ -384,6 +384,43 @@ def test_edgectl_linear_holds_any_shape_and_matches_its_reference():
                                rtol=0, atol=1e-6)
 
 
+def test_edgectl_linear_in_8_bits_when_asked_matches_its_reference():
+    """EDGECTL_LINEAR_BITS=8 (the plan's w8a8): the linear layers in edgectl's W8 blocks, any shape."""
+    _edgectl_available()
+    from edgectl_runtime.formats import blocks
+    from edgectl_runtime.kernels.ops import reference
+
+    layer, method, w = _layer(_config(kernel="edgectl", linear_bits=8), [120, 80], 100)
+    info = getattr(layer, cpu_int4.INFO_ATTR)
+    assert (method.kernel, info["format"], info["bits"]) == ("edgectl", "w8a8/b32", 8)
+    assert {n: tuple(t.shape) for n, t in _tensors(layer)} == {cpu_int4.W_ATTR: blocks.packed_shape(200, 100, 8)}
+    x = torch.randn(3, 100).to(BF16)
+    assert torch.equal(method.apply(layer, x), torch.ops.edgectl.linear_w8a8(x, getattr(layer, cpu_int4.W_ATTR), 200, 100))
+    q, d = blocks.quantize_w8(w)
+    ref = reference.linear_w8a8(x, q, d)
+    assert float((method.apply(layer, x).float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+    # closer to the dense layer than the same layer in 4 bits
+    dense = x.float() @ w.float().T
+    w4_layer, w4_method, _ = _layer(_config(kernel="edgectl"), [120, 80], 100)
+    err8 = float((method.apply(layer, x).float() - dense).norm() / dense.norm())
+    err4 = float((w4_method.apply(w4_layer, x).float() - dense).norm() / dense.norm())
+    assert err8 < err4 / 4
+
+
+def test_8_bit_linear_layers_are_refused_where_they_cannot_run(monkeypatch):
+    monkeypatch.setenv("EDGECTL_LINEAR_BITS", "8")
+    monkeypatch.setenv("EDGECTL_INT4_KERNEL", "torch")
+    with pytest.raises(ValueError, match="8-bit linear layers run on edgectl's kernels"):
+        cpu_int4.CpuInt4Config()
+    with pytest.raises(ValueError, match="linear layers of 6 bits"):
+        _config(kernel="edgectl", linear_bits=6)
+    monkeypatch.setenv("EDGECTL_INT4_KERNEL", "edgectl")
+    _edgectl_available()
+    assert cpu_int4.CpuInt4Config().linear_bits == 8
+    with pytest.raises(ValueError, match="quantized at load from a dense checkpoint"):
+        cpu_int4.CpuInt4Config(source="gptq")
+
+
 @pytest.mark.parametrize("head", ["int8", "int4"])
 def test_edgectl_tied_head_and_lookup_read_one_copy(head):
     _edgectl_available()

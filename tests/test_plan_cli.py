@@ -220,7 +220,7 @@ def test_w4a8_amx_is_an_unknown_format_for_plan_and_deploy(tmp_path: Path, comma
                         "EDGECTL_MODEL_CACHE": str(tmp_path / "model-cache"),
                         "EDGECTL_CONFIG_DIR": str(etc), "EDGECTL_UNIT_DIR": str(units)})
     line = _one_error_line(done)
-    assert line == "error: unknown weight format 'w4a8-amx': use one of w4a16, w4a8, w4a16-vllm, bf16"
+    assert line == "error: unknown weight format 'w4a8-amx': use one of w4a16, w4a8, w8a8, w4a16-vllm, bf16"
     assert not etc.exists() and not units.exists()
 
 
@@ -230,6 +230,7 @@ def test_format_help_lists_only_the_formats_edgectl_serves(command: str):
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
     assert "Weight format: w4a16, w4a8, w4a16-vllm or bf16 (default:" in text
+    assert "a speech model: float16, bfloat16, float32, w4a8 or w8a8." in text
     assert "w4a8-amx" not in text
 
 

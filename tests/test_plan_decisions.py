@@ -64,7 +64,7 @@ def test_an_unknown_format_is_refused():
     with pytest.raises(EdgectlError) as exc:
         make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), weight_format="int3")
     assert exc.value.exit_code == 2
-    assert exc.value.message == "unknown weight format 'int3': use one of w4a16, w4a8, w4a16-vllm, bf16"
+    assert exc.value.message == "unknown weight format 'int3': use one of w4a16, w4a8, w8a8, w4a16-vllm, bf16"
 
 
 def test_aarch64_gets_neither_vllm_int4_nor_edgectls_kernels():
@@ -107,7 +107,7 @@ def test_asking_for_w4a8_amx_is_an_unknown_format(permission: AmxPermission):
     with pytest.raises(EdgectlError) as exc:
         make_plan(facts, shape(QWEN3_17B), weight_format="w4a8-amx")
     assert exc.value.exit_code == 2 and not exc.value.details
-    assert exc.value.message == "unknown weight format 'w4a8-amx': use one of w4a16, w4a8, w4a16-vllm, bf16"
+    assert exc.value.message == "unknown weight format 'w4a8-amx': use one of w4a16, w4a8, w8a8, w4a16-vllm, bf16"
 
 
 # ---- ranking by measured figures --------------------------------------------------------------------

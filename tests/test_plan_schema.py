@@ -32,7 +32,7 @@ ADDED_SINCE = {
     "levers": {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, "tokenizer": "vllm",
                "idle_trim": False, "thread_wait": "spin"},
     "request": {"kv_cache_dtype": None, "embedding_pack": None, "optional_imports": None, "tokenizer": None, "idle_trim": None,
-                "python_optimize": None, "thread_wait": None, "speech_head": None},
+                "python_optimize": None, "thread_wait": None, "speech_head": None, "speech_dtype": None},
 }
 
 
@@ -117,11 +117,11 @@ def test_unknown_fields_are_refused_by_name(plan_dict):
 @pytest.mark.parametrize("change, says", [
     (lambda d: d.update(threads="two"), "plan.threads: expected an integer, got a string 'two'"),
     (lambda d: d.update(max_model_len=True), "plan.max_model_len: expected an integer, got a boolean True"),
-    (lambda d: d.update(weight_format="w8a8"),
-     "plan.weight_format: 'w8a8' is not one of w4a16, w4a8, w4a16-vllm, bf16"),
+    (lambda d: d.update(weight_format="w8a16"),
+     "plan.weight_format: 'w8a16' is not one of w4a16, w4a8, w8a8, w4a16-vllm, bf16"),
     # a format edgectl never served cannot be a plan's (no plan with it was ever written: every path refused it)
     (lambda d: d.update(weight_format="w4a8-amx"),
-     "plan.weight_format: 'w4a8-amx' is not one of w4a16, w4a8, w4a16-vllm, bf16"),
+     "plan.weight_format: 'w4a8-amx' is not one of w4a16, w4a8, w8a8, w4a16-vllm, bf16"),
     (lambda d: d.update(device_class="x86_64-sse"), "plan.device_class: 'x86_64-sse' is not one of"),
     (lambda d: d.pop("rope_rows"), "plan.rope_rows: missing"),
     (lambda d: d["memory"].pop("limit_bytes"), "plan.memory.limit_bytes: missing"),

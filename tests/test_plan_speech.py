@@ -172,6 +172,42 @@ def test_w4a8_when_asked_runs_edgectls_kernels_on_the_linear_layers(whisper):
     assert saved == pytest.approx(linear * 2 * (1 - 20 / 64), rel=0.02)
 
 
+def test_w8a8_when_asked_runs_edgectls_int8_kernels_on_the_linear_layers(whisper):
+    from edgectl.contract.environment import runtime_levers
+    from edgectl.contract.vllm_args import server_args
+
+    dense = speech_plan(whisper, host="kvm-epyc-avx2-2c")
+    w8 = speech_plan(whisper, host="kvm-epyc-avx2-2c", weight_format="w8a8")
+    assert w8.weight_format == "w8a8" and w8.group_size == 32 and not w8.quantize_lm_head
+    assert w8.speech.dtype == dense.speech.dtype  # the activations' dtype is the dense plan's (no bf16 needed)
+    args = server_args(w8)
+    assert args[args.index("--quantization") + 1] == "cpu_int4"
+    levers = runtime_levers(w8)
+    assert levers["EDGECTL_INT4_KERNEL"] == "edgectl" and levers["EDGECTL_LINEAR_BITS"] == "8"
+    assert runtime_levers(speech_plan(whisper, weight_format="w4a8"))["EDGECTL_LINEAR_BITS"] == "4"
+    # every linear layer but the tied head in blocks of 32 int8 values and one fp16 scale (34 B per 32 values),
+    # where dense holds them in the plan's dtype (float32 on this AVX2 host: 4 bytes a value)
+    assert dense.speech.dtype == "float32"
+    linear = sum(layer.out_features * layer.in_features for layer in whisper.linear_layers)
+    saved = dense.memory.weights_bytes - w8.memory.weights_bytes
+    assert saved == pytest.approx(linear * (4 - 34 / 32), rel=0.02)
+    # the bench's lever: the rest of a w8a8 plan in float32 (CTranslate2's int8 recipe); only with w8a8
+    f32 = speech_plan(whisper, weight_format="w8a8", speech_dtype="float32")
+    assert f32.speech.dtype == "float32" and speech_plan(whisper, weight_format="w8a8").speech.dtype == "bfloat16"
+    assert f32.memory.weights_bytes > speech_plan(whisper, weight_format="w8a8").memory.weights_bytes
+    with pytest.raises(EdgectlError, match="with the w8a8 format"):
+        speech_plan(whisper, speech_dtype="float32")
+    # edgectl's kernels have no vector build below AVX2: refused, with what to do
+    avx2_host = host_facts("kvm-epyc-avx2-2c")
+    no_avx2 = with_cpu(avx2_host, isa=replace(avx2_host.cpu.isa, avx2=False))
+    with pytest.raises(EdgectlError, match="serve whisper-base dense"):
+        plan(no_avx2, whisper, frozen_profiles(), Request.from_flat(model="whisper-base", weight_format="w8a8"))
+    # not a text model's format: refused by the text planner with the reason
+    with pytest.raises(EdgectlError, match="w8a8 serves a speech model.s linear layers"):
+        plan(host_facts("kvm-epyc-avx2-2c"), shape("smollm2-135m"), frozen_profiles(),
+             Request(model="smollm2-135m", weight_format="w8a8"))
+
+
 def test_an_english_only_model_is_served_by_edgectls_class(whisper):
     from edgectl.contract.vllm_args import server_args
     from edgectl.contract.whisper_names import ARCHITECTURE, ENGLISH_ONLY_ARCHITECTURE

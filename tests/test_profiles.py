@@ -178,7 +178,7 @@ def _swap(old: str, new: str) -> str:
                  "lab.yaml: match.isa_all[1]: 'fma3' is not one of avx2, fma, avx512f, avx512bw, avx512vl, "
                  "avx512dq, avx512_vnni, avx512_bf16, amx_tile, amx_int8, amx_bf16, asimd, sve", id="unknown-isa"),
     pytest.param(_swap("  w4a16:\n    runs: true\n", "  w4a4:\n    runs: true\n"),
-                 "lab.yaml: formats.w4a4: 'w4a4' is not one of w4a16, w4a8, w4a16-vllm, bf16 (nor a format "
+                 "lab.yaml: formats.w4a4: 'w4a4' is not one of w4a16, w4a8, w8a8, w4a16-vllm, bf16 (nor a format "
                  "recorded but not served by edgectl: w4a8-amx)", id="unknown-format"),
     # a format recorded but not served is read as strictly as any other
     pytest.param(_swap('  w4a16-vllm:\n    runs: false\n    reason: "no cpu_gemm_wna16 in _C_AVX2"\n',

@@ -19,8 +19,9 @@ Model = Annotated[str, typer.Argument(help="A catalog name (`edgectl models list
 MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Context length in tokens (default: the largest that fits, up to 4096 or the model's maximum).")]
 MaxNumSeqs = Annotated[int, typer.Option("--max-num-seqs", help="Sequences served at once; KV is sized for each at full context.")]
 # the formats edgectl serves, from the contract's list (what the planner accepts)
-_FORMATS = ", ".join(list(WeightFormat)[:-1]) + f" or {list(WeightFormat)[-1]}"
-Format = Annotated[Optional[str], typer.Option("--format", help=f"Weight format: {_FORMATS} (default: the fastest measured that runs here); a speech model: float16, bfloat16 or float32.")]
+_TEXT = [f for f in WeightFormat if f is not WeightFormat.W8A8]  # w8a8: a speech model's only
+_FORMATS = ", ".join(_TEXT[:-1]) + f" or {_TEXT[-1]}"
+Format = Annotated[Optional[str], typer.Option("--format", help=f"Weight format: {_FORMATS} (default: the fastest measured that runs here); a speech model: float16, bfloat16, float32, w4a8 or w8a8.")]
 GroupSize = Annotated[Optional[int], typer.Option("--group-size", help="Preferred int4 group size (32, 64, 128, 256; default: what suits the model, else 128); chosen per layer where K is not a multiple.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="OpenMP threads (default: one per usable physical core).")]
 KvDtype = Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache dtype: auto (bf16) or fp8_e4m3 (half the bytes per token, AVX-512/AMX only; top-1 0.930 against bf16 KV, docs/memory.md). Default: bf16, fp8_e4m3 where the context fits only with it.")]

@@ -278,13 +278,18 @@ def _linear_formats(plan: Plan, effective: Effective) -> list[str]:
     if not plan.weight_format.is_int4:
         if int4:
             out.append(f"{len(int4)} linear layers are 4-bit, the plan says bf16 (e.g. {int4[0]})")
+    elif plan.weight_format == "w8a8":
+        not_w8 = sorted(n for n, f in formats.items() if n != "lm_head" and not f.startswith("w8a8"))
+        if not_w8:
+            out.append(f"{len(not_w8)} linear layers are not edgectl's W8 although the plan says w8a8 "
+                       f"(e.g. {not_w8[0]}: {formats[not_w8[0]]})")
     else:
         out += _int4_body(plan, formats, int4, effective)
     head = effective.lm_head_format if "lm_head_format" in effective.reported else formats.get("lm_head")
     if head_family(head) != plan.lm_head_format:
         planned = "keeps it unquantized" if plan.lm_head_format == "dense" else f"has it {plan.lm_head_format}"
         out.append(f"the output head is {head}, the plan {planned}")
-    if ((plan.weight_format == "w4a8" or plan.lm_head_format == "int8")
+    if ((plan.weight_format in ("w4a8", "w8a8") or plan.lm_head_format == "int8")
             and "kernel_isa" in effective.reported and not effective.kernel_isa):
         out.append(f"edgectl's kernel library is not loaded, the plan's {plan.weight_format} runs on it")
     return out

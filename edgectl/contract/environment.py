@@ -95,6 +95,9 @@ _VARS = [
         "_weight_int4pack_mm_for_cpu, every ISA; the plan's w4a16), vllm (vLLM's cpu_gemm_wna16, only where "
         "its C library registers it; the plan's w4a16-vllm) or edgectl (edgectl's own kernels, W4 blocks of 32 "
         "with int8 activations; the plan's w4a8)", "torch", ("torch", "vllm", "edgectl")),
+    Var("EDGECTL_LINEAR_BITS", Role.OWN, "the bits of cpu_int4's linear layers quantized at load: 4 (the "
+        "int4 formats) or 8 (edgectl's W8, blocks of 32 with one scale, GGUF Q8_0 arithmetic, int8 activations; "
+        "only with EDGECTL_INT4_KERNEL=edgectl; the plan's w8a8)", "4", ("4", "8")),
     Var("EDGECTL_COMPILE_CACHE", Role.OWN, "1: in vLLM's compiled mode, load the graph a previous start saved "
         "(edgectl works around vLLM 0.32 discarding it, runtime/edgectl_runtime/vllm_plugin/compile_cache.py); 0: unmodified "
         "vLLM, which compiles again at every start", "0", _BOOL),
@@ -239,10 +242,10 @@ def runtime_python(environ: Mapping[str, str]) -> str:
 # -- the plan's side of the runtime's variables -----------------------------------------------------
 
 _RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_LAYERWISE_REPACK", "EDGECTL_LM_HEAD",
-                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_KERNEL_ISA", "EDGECTL_COMPILE_CACHE",
-                   "EDGECTL_EMBEDDING_PACK")
-# weight format → the cpu_int4 plugin's kernel (EDGECTL_INT4_KERNEL)
-_KERNEL = {"w4a16": "torch", "w4a16-vllm": "vllm", "w4a8": "edgectl"}
+                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_LINEAR_BITS", "EDGECTL_KERNEL_ISA",
+                   "EDGECTL_COMPILE_CACHE", "EDGECTL_EMBEDDING_PACK")
+# weight format → the cpu_int4 plugin's kernel (EDGECTL_INT4_KERNEL) and its linear layers' bits (EDGECTL_LINEAR_BITS)
+_KERNEL = {"w4a16": ("torch", 4), "w4a16-vllm": ("vllm", 4), "w4a8": ("edgectl", 4), "w8a8": ("edgectl", 8)}
 
 
 def runtime_levers(plan: Plan) -> dict[str, str]:
@@ -265,7 +268,8 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
         env["EDGECTL_INT4_GROUP_SIZE"] = str(plan.group_size)
     kernel = _KERNEL.get(str(plan.weight_format))
     if kernel:
-        env["EDGECTL_INT4_KERNEL"] = kernel
+        env["EDGECTL_INT4_KERNEL"] = kernel[0]
+        env["EDGECTL_LINEAR_BITS"] = str(kernel[1])
     return env
 
 

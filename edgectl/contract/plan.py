@@ -60,11 +60,15 @@ class WeightFormat(StrEnum):
     # int4 weights in blocks of 32 (GGUF Q4_1), activations quantized to int8 per call: edgectl's
     # own kernels (runtime/edgectl_runtime/kernels/ops, docs/kernels.md), AVX2 or AVX-512 VNNI at run time
     W4A8 = "w4a8"
+    # int8 weights in blocks of 32 with one scale (GGUF Q8_0), activations quantized to int8 per call:
+    # edgectl's W8 kernels; a speech model's linear layers (docs/speech.md "Weights")
+    W8A8 = "w8a8"
     W4A16_VLLM = "w4a16-vllm"  # int4 weights on vLLM's cpu_gemm_wna16 (its AVX-512 libraries)
     BF16 = "bf16"
 
     @property
     def is_int4(self) -> bool:
+        """Quantized by edgectl's cpu_int4 method (4-bit, or edgectl's W8 for w8a8): not dense."""
         return self is not WeightFormat.BF16
 
 
@@ -200,6 +204,7 @@ class BenchLevers:
     python_optimize: int | None = None  # 0 or 2 (python -OO)
     thread_wait: str | None = None  # spin | passive | spin-short
     speech_head: str | None = None  # a speech model's: dense | w8-scan
+    speech_dtype: str | None = None  # a speech model's activations with --format w8a8: float16 | bfloat16 | float32
 
 
 @dataclass(frozen=True)
@@ -228,7 +233,7 @@ class Request:
                    "threads", "name", "host", "port", "topology", "rope_cap", "layerwise_repack",
                    "reserve_frontend_core", "compilation", "quantize_lm_head", "kv_cache_bytes", "kv_cache_dtype",
                    "embedding_pack", "optional_imports", "tokenizer", "idle_trim", "python_optimize", "thread_wait",
-                   "speech_head", "watchdog_s")
+                   "speech_head", "speech_dtype", "watchdog_s")
 
     @classmethod
     def from_flat(cls, **values: Any) -> Request:

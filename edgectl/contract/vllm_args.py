@@ -38,7 +38,7 @@ def quantization_for(plan: Plan) -> str | None:
         return None
     if plan.model.checkpoint_format in ("cpu_int4", "gptq", "awq"):
         return None  # config.json's quantization_config names the method
-    if plan.weight_format in (WeightFormat.W4A16, WeightFormat.W4A16_VLLM, WeightFormat.W4A8):
+    if plan.weight_format in (WeightFormat.W4A16, WeightFormat.W4A16_VLLM, WeightFormat.W4A8, WeightFormat.W8A8):
         return CPU_INT4  # the plugin's kernel (torch, vLLM's or edgectl's) comes from EDGECTL_INT4_KERNEL
     raise ValueError(f"no runtime path for weight format {plan.weight_format!r}")
 

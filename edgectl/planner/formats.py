@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 FORMAT_PRIOR = (WeightFormat.W4A16, WeightFormat.W4A8, WeightFormat.W4A16_VLLM, WeightFormat.BF16)
 # Chosen only where a profile of the device class measured them running (or asked for by name).
 MEASURED_ONLY = (WeightFormat.W4A8, WeightFormat.W4A16_VLLM)
+# A text model's formats: w8a8 serves a speech model's linear layers only (planner/speech.py).
+TEXT_FORMATS = tuple(f for f in WeightFormat if f is not WeightFormat.W8A8)
 
 
 def checkpoint_format(model: ModelFacts) -> str:
@@ -169,7 +171,10 @@ def runnable_formats(facts: HostFacts, model: ModelFacts, profile: Profile, requ
     checkpoint = checkpoint_format(model)
     runnable: dict[WeightFormat, str] = {}
     refused: dict[WeightFormat, str] = {}
-    for fmt in WeightFormat:
+    if request.weight_format == WeightFormat.W8A8:
+        raise EdgectlError("--format w8a8 serves a speech model's linear layers (a Whisper); a text model's formats are "
+                           + ", ".join(TEXT_FORMATS))
+    for fmt in TEXT_FORMATS:
         ok, why = _format_runs(fmt, facts, checkpoint, profile, request)
         (runnable if ok else refused)[fmt] = why
     not_runnable = ([Reason("formats_not_runnable", sorted(str(f) for f in refused), Source.PROBE,

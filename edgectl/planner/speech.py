@@ -115,7 +115,7 @@ def speech_sizes(speech: SpeechFacts, dtype: str) -> SpeechSizes:
     return SpeechSizes(speech.max_target_positions, p, blocks, per_block, work)
 
 
-W4A8_BLOCK = 32  # edgectl's int4 blocks (docs/kernels.md)
+EDGECTL_BLOCK = 32  # the columns of edgectl's int4 and int8 blocks (docs/kernels.md)
 
 
 def _weight_format(request: Request) -> Decided[WeightFormat]:
@@ -132,8 +132,13 @@ def _weight_format(request: Request) -> Decided[WeightFormat]:
             "weight_format", WeightFormat.W4A8, Source.FLAG,
             "asked: edgectl's int4 blocks of 32 with int8 activations for every linear layer but the output head "
             "(the tied embedding, kept dense)"))
-    raise EdgectlError(f"--format {asked}: a speech model is served dense ({', '.join(DTYPE_BYTES)}) or as w4a8 "
-                       "(edgectl's kernels)")
+    if asked == WeightFormat.W8A8:
+        return Decided(WeightFormat.W8A8, Reason(
+            "weight_format", WeightFormat.W8A8, Source.FLAG,
+            "asked: edgectl's int8 blocks of 32 (one scale each, GGUF Q8_0) with int8 activations for every linear "
+            "layer but the output head (the tied embedding)"))
+    raise EdgectlError(f"--format {asked}: a speech model is served dense ({', '.join(DTYPE_BYTES)}), as w4a8 or as "
+                       "w8a8 (edgectl's kernels)")
 
 
 # What bf16 costs Whisper's word error rate (docs/speech.md "Which dtype"): whisper-base on x86_64-amx, the
@@ -151,6 +156,11 @@ def choose_dtype(facts: HostFacts, request: Request) -> Decided[str]:
     asked = request.weight_format
     if asked in DTYPE_BYTES:
         return Decided(asked, Reason("speech_dtype", asked, Source.FLAG, "asked with --format"))
+    lever = request.bench.speech_dtype
+    if lever is not None:
+        if lever not in DTYPE_BYTES or asked != WeightFormat.W8A8:
+            raise EdgectlError(f"speech dtype {lever!r}: one of {', '.join(DTYPE_BYTES)}, with the w8a8 format")
+        return Decided(lever, Reason("speech_dtype", lever, Source.FLAG, "asked: the activations of a w8a8 plan"))
     isa = facts.cpu.isa  # usable (enabled by the OS), not merely advertised
     if isa.avx512_bf16 or isa.amx_bf16:
         return Decided("bfloat16", Reason(
@@ -213,6 +223,9 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     compilation = why.take(_compilation(request))
     memory_levers = why.take(_memory_levers(request.bench, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
+    if fmt is WeightFormat.W8A8 and not (facts.cpu.arch == "x86_64" and facts.cpu.isa.avx2):
+        raise EdgectlError("--format w8a8 runs edgectl's kernels, which have a vector build for x86 with AVX2 or more "
+                           f"only: serve {model.name} dense (no --format)")
     dtype = why.take(_w4a8_dtype(facts, model) if fmt is WeightFormat.W4A8 else choose_dtype(facts, request))
     head = why.take(choose_head(facts, request, fmt))
     if head == "w8-scan" and request.bench.embedding_pack is None:
@@ -238,7 +251,7 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         device_class=facts.device_class,
         profile=ProfileRef(profile.name, profile.file, profile.kind),
         weight_format=fmt,  # bf16: dense weights, their dtype the speech section's
-        group_size=W4A8_BLOCK if fmt.is_int4 else 0,
+        group_size=EDGECTL_BLOCK if fmt.is_int4 else 0,
         quantize_lm_head=False,
         max_model_len=sizes.decoder_tokens,
         max_num_seqs=seqs,
@@ -337,9 +350,13 @@ def _runtime_cost(profile: Profile, seqs: int) -> _RuntimeCost:
 
 def _weights_bytes(model: ModelFacts, fmt: WeightFormat, dtype: str) -> tuple[int, str]:
     params = model.num_params if model.num_params is not None else model.param_bytes.total // 2
-    if fmt is WeightFormat.W4A8:
-        packed = ledger.weights_bytes_for(model, fmt, W4A8_BLOCK, quantize_lm_head=False)[0]
-        return packed, f"{params / 1e6:.1f} M parameters, the linear layers in edgectl's int4 blocks"
+    if fmt in (WeightFormat.W4A8, WeightFormat.W8A8):
+        bits = 4 if fmt is WeightFormat.W4A8 else 8
+        layers = model.linear_layers
+        packed = sum(block_packed_bytes(layer.out_features, layer.in_features, bits) for layer in layers)
+        rest = params - sum(layer.out_features * layer.in_features for layer in layers)
+        return (packed + rest * DTYPE_BYTES[dtype],
+                f"{params / 1e6:.1f} M parameters, the linear layers in edgectl's int{bits} blocks, the rest in {dtype}")
     return params * DTYPE_BYTES[dtype], f"{params / 1e6:.1f} M parameters in {dtype}"
 
 

@@ -2,9 +2,10 @@
 
 - ``planned``: edgectl's worker on edgectl's plan for the model, the text bench's
   ``arms.WorkerArm`` as it is (read-back ``GET /edgectl/effective``, checked against the plan);
-  ``planned-float16``, ``planned-float32``, ``planned-compiled`` and ``planned-w4a8`` (not run
-  unless asked): the same plan in float16 or float32, in vLLM's compiled mode, or with the linear
-  layers on edgectl's w4a8 kernels, each planned by the planner with that override.
+  ``planned-float16``, ``planned-float32``, ``planned-compiled``, ``planned-w4a8``,
+  ``planned-w8a8`` and ``planned-w8a8-float32`` (not run unless asked): the same plan in float16 or
+  float32, in vLLM's compiled mode, or with the linear layers on edgectl's w4a8 or w8a8 kernels (the
+  rest in float32 for the last), each planned by the planner with that override.
 - ``stock``: vLLM as it ships, ``python -m vllm.entrypoints.openai.api_server --model DIR`` with
   its defaults; only the served name, host and port are given so the bench can reach it, and
   edgectl's plugin is left out (``VLLM_PLUGINS``). Read-back: ``/v1/models`` (the model it loaded,
@@ -51,6 +52,11 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
             "edgectl's plan with vLLM's compiled mode (it compiles Whisper's decoder, not the encoder)"),
     ArmSpec("planned-w4a8", "worker", {"weight_format": "w4a8"},
             "edgectl's plan with Whisper's linear layers on edgectl's int4 kernels (w4a8, blocks of 32)"),
+    ArmSpec("planned-w8a8", "worker", {"weight_format": "w8a8"},
+            "edgectl's plan with Whisper's linear layers on edgectl's int8 kernels (w8a8, blocks of 32, one scale)"),
+    ArmSpec("planned-w8a8-float32", "worker", {"weight_format": "w8a8", "speech_dtype": "float32"},
+            "edgectl's plan with Whisper's linear layers on edgectl's int8 kernels and everything else in float32 "
+            "(CTranslate2's int8 recipe)"),
     ArmSpec("planned-wait-passive", "worker", {"thread_wait": "passive"},
             "edgectl's plan with its OpenMP threads sleeping at once between parallel regions (OMP_WAIT_POLICY=PASSIVE)"),
     ArmSpec("planned-wait-spin", "worker", {"thread_wait": "spin"},

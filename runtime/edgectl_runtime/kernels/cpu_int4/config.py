@@ -9,8 +9,8 @@ processes. Its settings come from, in order:
 2. a bf16/fp16/fp32 checkpoint served with ``quantization="cpu_int4"``: vLLM calls
    ``CpuInt4Config()`` with no arguments, so the settings come from the runtime environment
    (``edgectl.contract.environment``), which the worker sets from the plan before vLLM starts:
-   ``EDGECTL_INT4_KERNEL`` (the weight format of the linear layers), ``EDGECTL_LM_HEAD``,
-   ``EDGECTL_INT4_GROUP_SIZE``, ``EDGECTL_LAYERWISE_REPACK``;
+   ``EDGECTL_INT4_KERNEL`` (the weight format of the linear layers), ``EDGECTL_LINEAR_BITS``,
+   ``EDGECTL_LM_HEAD``, ``EDGECTL_INT4_GROUP_SIZE``, ``EDGECTL_LAYERWISE_REPACK``;
 3. or explicitly, ``hf_overrides={"quantization_config_dict_json": '{"kernel": "edgectl"}'}``
    (:meth:`CpuInt4Config.from_config_dict_json`), which wins over the environment.
 
@@ -21,7 +21,8 @@ Kernels of the linear layers (the plan's weight format in brackets):
 - ``vllm`` [w4a16-vllm]: vLLM's ``cpu_gemm_wna16``, only where its C library registers it
   (``ops/wna16.py``);
 - ``edgectl`` [w4a8]: edgectl's own library, blocks of 32 with a scale and a minimum (GGUF
-  Q4_1), activations quantized to int8 per call (``ops/``, ``formats/blocks.py``).
+  Q4_1), activations quantized to int8 per call (``ops/``, ``formats/blocks.py``); with
+  ``EDGECTL_LINEAR_BITS=8`` [w8a8] its W8 blocks of 32 with one scale (GGUF Q8_0) instead.
 
 The LM head (``lm_head``): ``dense`` (the model dtype), ``int4`` (the linear layers' 4-bit
 family: edgectl's W4 with the ``edgectl`` kernel, PyTorch's otherwise) or ``int8`` (edgectl's W8,
@@ -48,6 +49,7 @@ from edgectl_runtime.kernels.cpu_int4.checkpoint import Int4Checkpoint
 from edgectl_runtime.kernels.cpu_int4.kernel import Int4Kernel
 from edgectl_runtime.kernels.cpu_int4.kernel_choice import (
     KERNELS,
+    W8_KERNEL,
     head_kernel,
     kernel_class,
 )
@@ -96,7 +98,8 @@ class CpuInt4Settings(QuantizationConfig):
 
     def __init__(self, group_size: int | None = None, lm_head: bool | str | None = None,
                  layerwise: bool | None = None, source: str = "dense",
-                 checkpoint: dict[str, Any] | None = None, kernel: str | None = None) -> None:
+                 checkpoint: dict[str, Any] | None = None, kernel: str | None = None,
+                 linear_bits: int | None = None) -> None:
         super().__init__()
         environ = os.environ
         self.group_size = int(group_size if group_size is not None
@@ -113,11 +116,21 @@ class CpuInt4Settings(QuantizationConfig):
         self.kernel = kernel if kernel is not None else runtime_env.read("EDGECTL_INT4_KERNEL", environ)
         if self.kernel not in KERNELS:
             raise ValueError(f"cpu_int4: kernel {self.kernel!r} is not one of {', '.join(KERNELS)}")
+        # the bits of linear layers quantized here (a stored 4-bit checkpoint or a GGUF's blocks keep their own)
+        self.linear_bits = int(linear_bits if linear_bits is not None
+                               else runtime_env.read_int("EDGECTL_LINEAR_BITS", environ))
+        if self.linear_bits not in (4, 8):
+            raise ValueError(f"cpu_int4: linear layers of {self.linear_bits} bits; use 4 or 8")
+        if self.linear_bits == 8 and kernel_class(self.kernel) is not W8_KERNEL:
+            raise ValueError(f"cpu_int4: 8-bit linear layers run on edgectl's kernels, not {self.kernel!r}")
         for kernel in self.kernels_in_use():
             kernel.require()
         if source not in SOURCES:
             raise ValueError(f"cpu_int4: unknown source {source!r}")
         self.source = source  # "dense": quantize a bf16/fp16/fp32 checkpoint at load
+        if self.linear_bits == 8 and source != "dense":
+            raise ValueError(f"cpu_int4: 8-bit linear layers are quantized at load from a dense checkpoint, and this "
+                             f"one is {source}")
         self.checkpoint = dict(checkpoint or {})
         # GPTQ / AWQ checkpoints converted at load: their own group (-1 = one per output channel)
         self.ckpt_group = int(self.checkpoint.get("group_size", self.checkpoint.get("q_group_size", -1)) or -1)
@@ -137,7 +150,7 @@ class CpuInt4Settings(QuantizationConfig):
 
     def __repr__(self) -> str:
         return (f"CpuInt4Config(kernel={self.kernel!r}, group_size={self.group_size}, lm_head={self.lm_head!r}, "
-                f"layerwise={self.layerwise}, source={self.source!r})")
+                f"linear_bits={self.linear_bits}, layerwise={self.layerwise}, source={self.source!r})")
 
     def describe(self) -> dict[str, Any]:
         out = {"group_size": self.group_size, "lm_head": self.lm_head, "layerwise": self.layerwise,

@@ -12,6 +12,7 @@ from edgectl_runtime.kernels.cpu_int4.kernel_vllm import VllmWna16Kernel
 KERNEL_CLASSES: dict[str, type[Int4Kernel]] = {
     cls.name: cls for cls in (TorchInt4Kernel, VllmWna16Kernel, EdgectlBlocksKernel)}
 KERNELS = tuple(KERNEL_CLASSES)  # the setting's values
+W8_KERNEL = EdgectlBlocksKernel  # the only kernel with an 8-bit format (GGUF Q8_0 blocks)
 
 
 def kernel_class(name: str) -> type[Int4Kernel]:
@@ -22,7 +23,7 @@ def kernel_class(name: str) -> type[Int4Kernel]:
 def head_kernel(linear: type[Int4Kernel], lm_head: str) -> type[Int4Kernel]:
     """The kernel of a quantized LM head / tied embedding: edgectl's for int8 (its W8 is the only
     8-bit format), the linear kernel's lookup partner for int4 (vLLM's has no lookup)."""
-    return EdgectlBlocksKernel if lm_head == "int8" else linear.lookup_kernel()
+    return W8_KERNEL if lm_head == "int8" else linear.lookup_kernel()
 
 
 def fit_kernel(kernel: type[Int4Kernel], n: int, k: int) -> tuple[type[Int4Kernel], str]:

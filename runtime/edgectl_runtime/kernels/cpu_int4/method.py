@@ -74,7 +74,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         # Per layer: the linear layers' kernel, or the head's own choice.
         linear = kernel_class(config.kernel)
         self.kernel_class: type[Int4Kernel] = linear if role == "linear" else head_kernel(linear, config.lm_head)
-        bits = 8 if role != "linear" and config.lm_head == "int8" else 4
+        bits = config.linear_bits if role == "linear" else 8 if config.lm_head == "int8" else 4
         self.spec = Int4Layer(prefix=prefix, role=role, bits=bits)
         self.layer_kernel: Int4Kernel | None = None  # built when the layer's shape is known
         # Layer-wise processing is vLLM's online-quantization path: the weight is created on the

@@ -58,7 +58,7 @@ def render_plan(plan: Plan) -> str:
     if plan.speech is not None:
         sp = plan.speech
         lines += [
-            f"  speech      {sp.dtype} weights; {plan.max_num_seqs} transcription(s) at once; uploads up to "
+            f"  speech      {_speech_weights(plan)}; {plan.max_num_seqs} transcription(s) at once; uploads up to "
             f"{sp.max_audio_s} s and {sp.max_upload_bytes / 1e6:.0f} MB, in {sp.window_s} s windows",
             f"  decoder     {plan.max_model_len} tokens and {sp.encoder_positions} cross-attention rows per transcription",
         ]
@@ -161,3 +161,11 @@ def read_facts_file(path: Path):
     except json.JSONDecodeError as exc:
         raise EdgectlError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}): give the output of `edgectl probe --json`") from None
     return HostFacts.from_dict(data, source=str(path))  # errors name the file: `facts.json: cpu.isa: missing`
+
+
+def _speech_weights(plan: Plan) -> str:
+    """A speech plan's weights in words: the dtype, or the linear layers' format and the rest's dtype."""
+    assert plan.speech is not None
+    if plan.weight_format.is_int4:
+        return f"linear layers {plan.weight_format}, the rest {plan.speech.dtype}"
+    return f"{plan.speech.dtype} weights"

@@ -4,11 +4,13 @@ after it transcribed the shipped clip, then every kind of bad audio the issue na
 serving after each — and the audio it did transcribe counted.
 
 Audio is made here (espeak-ng, sox, PyAV: tests/audio_clips.py); nothing is downloaded. One service
-for the module: about 40 s to start and ~30 s of requests on 2 vCPUs.
+for the module: about 40 s to start and ~30 s of requests on 2 vCPUs; and one on `--format w8a8`
+(edgectl's int8 kernels on every linear layer), started, read back and asked once: about 30 s more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +20,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import isa_helpers
 import pytest
@@ -38,15 +42,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def service(pulled_whisper_base, tmp_path_factory):
-    """The worker on the plan `edgectl plan whisper-base` makes for this run's ISA (in the AVX2 tier,
-    the plan an AVX2 user gets: float32), started as the unit starts it."""
-    need_tools()
-    tmp = tmp_path_factory.mktemp("serve")
+@contextlib.contextmanager
+def serving(tmp: Path, *plan_args: str) -> Iterator[tuple[str, dict]]:
+    """The worker on `edgectl plan whisper-base PLAN_ARGS`'s plan for this run's ISA, started as the unit
+    starts it; (its address, the plan) once READY."""
     port = free_port()
-    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "whisper-base", "--json", *isa_helpers.plan_args(tmp)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([PYTHON, "-m", "edgectl", "plan", "whisper-base", "--json", *plan_args,
+                          *isa_helpers.plan_args(tmp)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     plan["serve"]["port"] = port
@@ -77,6 +79,15 @@ def service(pulled_whisper_base, tmp_path_factory):
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def service(pulled_whisper_base, tmp_path_factory):
+    """The worker on the plan `edgectl plan whisper-base` makes for this run's ISA (in the AVX2 tier,
+    the plan an AVX2 user gets: float32), started as the unit starts it."""
+    need_tools()
+    with serving(tmp_path_factory.mktemp("serve")) as served:
+        yield served
 
 
 def post(base: str, data: bytes, filename: str = "clip.wav", **fields: str) -> tuple[int, dict]:
@@ -112,6 +123,7 @@ def effective(base: str) -> dict:
 
 @pytest.fixture(scope="module")
 def audio(tmp_path_factory) -> dict[str, bytes]:
+    need_tools()
     d = tmp_path_factory.mktemp("audio")
     wav = speech_wav(d)
     mp3 = encode(wav, "mp3", "mp3", bit_rate=128_000)
@@ -191,3 +203,20 @@ def test_the_dtype_is_the_isas_and_the_engine_runs_it(service):
     assert plan["speech"]["dtype"] == want, (plan["speech"], isa)
     eff = effective(base)
     assert set(eff["kv_tensor_dtypes"]) == {want}, eff["kv_tensor_dtypes"]
+
+
+def test_w8a8_runs_every_linear_layer_on_edgectls_int8_kernels_and_hears_the_clip(pulled_whisper_base, audio,
+                                                                                  tmp_path):
+    """`--format w8a8`: READY after the shipped clip, every linear layer but the tied head read back as
+    edgectl's W8 blocks on the kernel level this run allows (the AVX2 tier: avx2), and a clip heard."""
+    with serving(tmp_path, "--format", "w8a8") as (base, plan):
+        assert plan["weight_format"] == "w8a8"
+        eff = effective(base)
+        assert eff["phase"] == "serving" and eff["warmup"]["suspect"] is None, eff["warmup"]
+        body = {n: f for n, f in eff["linear_formats"].items() if n != "lm_head"}
+        assert len(body) == 66 and set(body.values()) == {"w8a8/b32"}, body
+        assert eff["kernel_isa"] in ("avx2", "avx512vnni"), eff["kernel_isa"]
+        if os.environ.get("EDGECTL_TEST_ISA") == "avx2":
+            assert eff["kernel_isa"] == "avx2"
+        status, answer = post(base, audio["wav"])
+        assert status == 200 and len(heard(answer["text"])) >= len(SAID) - 1, answer

@@ -94,9 +94,10 @@ def test_cli_prints_the_report_as_json():
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
     assert out["schema"] == "edgectl.kernels/1"
-    assert set(out["formats"]) == {"bf16", "w4a16", "w4a16-vllm", "w4a8"} == {str(f) for f in WeightFormat}
+    assert set(out["formats"]) == {"bf16", "w4a16", "w4a16-vllm", "w4a8", "w8a8"} == {str(f) for f in WeightFormat}
     assert isinstance(out["vllm"]["w4a8_amx_usable"], bool)
     assert out["formats"]["w4a8"] is True and out["edgectl"]["isa"] in out["edgectl"]["supported_isas"]
+    assert out["formats"]["w8a8"] is True
 
 
 def test_microbench_rows_read_back_each_level():

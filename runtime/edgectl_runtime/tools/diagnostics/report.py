@@ -101,8 +101,9 @@ def kernel_report() -> dict:
         "bf16": True,
         "w4a16": bool(torch_int4.get("works")),
         "w4a16-vllm": ops["cpu_gemm_wna16"],
-        # edgectl's own kernels (every x86 and ARM CPU, once built)
+        # edgectl's own kernels (every x86 and ARM CPU, once built); w8a8: a speech model's linear layers
         "w4a8": edgectl["loaded"],
+        "w8a8": edgectl["loaded"],
     }
     return {
         "schema": "edgectl.kernels/1",

@@ -150,12 +150,11 @@ def weights_bytes_for(model: ModelFacts, weight_format: WeightFormat | str, grou
     rest = pb.embedding + pb.lm_head + pb.other
     if weight_format == WeightFormat.BF16:
         return pb.total, 0, len(model.linear_layers)
-    if weight_format in (WeightFormat.W4A8, WeightFormat.W8A8):
+    if weight_format == WeightFormat.W4A8:
         # edgectl's blocks hold every linear layer (any N and K); the head as int8 blocks. A GGUF
         # served as it is keeps its 5-8-bit layers in 8-bit blocks (LinearLayer.gguf_bits).
-        bits = 8 if weight_format == WeightFormat.W8A8 else 4
         total = rest + sum(int4_layout.block_packed_bytes(layer.out_features, layer.in_features,
-                                                          layer.gguf_bits or bits)
+                                                          layer.gguf_bits or 4)
                            for layer in model.linear_layers)
         if quantize_lm_head:
             total += int4_layout.block_packed_bytes(model.vocab_size, model.hidden_size, 8) - (pb.lm_head or pb.embedding)

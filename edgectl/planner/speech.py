@@ -47,6 +47,7 @@ from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Decided, Reasons
 from edgectl.planner.engine import MemoryLevers, choose_memory_levers, choose_topology
+from edgectl.planner.formats import host_runs
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request
 from edgectl.planner.service import (
@@ -118,7 +119,7 @@ def speech_sizes(speech: SpeechFacts, dtype: str) -> SpeechSizes:
 EDGECTL_BLOCK = 32  # the columns of edgectl's int4 and int8 blocks (docs/kernels.md)
 
 
-def _weight_format(request: Request) -> Decided[WeightFormat]:
+def _weight_format(request: Request, facts: HostFacts, model: ModelFacts) -> Decided[WeightFormat]:
     """Dense unless asked: edgectl's w4a8 kernels run Whisper's linear layers (the output head stays
     dense), but cost words on this class (docs/speech.md "Weights"): not the default."""
     asked = request.weight_format
@@ -133,6 +134,9 @@ def _weight_format(request: Request) -> Decided[WeightFormat]:
             "asked: edgectl's int4 blocks of 32 with int8 activations for every linear layer but the output head "
             "(the tied embedding, kept dense)"))
     if asked == WeightFormat.W8A8:
+        runs, why = host_runs(WeightFormat.W4A8, facts)  # the same kernels: edgectl's, where they have a vector build
+        if not runs:
+            raise EdgectlError(f"--format w8a8 runs edgectl's kernels: {why}; serve {model.name} dense (no --format)")
         return Decided(WeightFormat.W8A8, Reason(
             "weight_format", WeightFormat.W8A8, Source.FLAG,
             "asked: edgectl's int8 blocks of 32 (one scale each, GGUF Q8_0) with int8 activations for every linear "
@@ -217,15 +221,12 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         raise EdgectlError(f"{model.name} is not a speech model")
     why = Reasons()
     profile = why.take(choose_profile(profiles, facts))
-    fmt = why.take(_weight_format(request))
+    fmt = why.take(_weight_format(request, facts, model))
     check_request(replace(request, weight_format=None))  # the rest as for a text model
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(_compilation(request))
     memory_levers = why.take(_memory_levers(request.bench, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
-    if fmt is WeightFormat.W8A8 and not (facts.cpu.arch == "x86_64" and facts.cpu.isa.avx2):
-        raise EdgectlError("--format w8a8 runs edgectl's kernels, which have a vector build for x86 with AVX2 or more "
-                           f"only: serve {model.name} dense (no --format)")
     dtype = why.take(_w4a8_dtype(facts, model) if fmt is WeightFormat.W4A8 else choose_dtype(facts, request))
     head = why.take(choose_head(facts, request, fmt))
     if head == "w8-scan" and request.bench.embedding_pack is None:

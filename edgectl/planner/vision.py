@@ -150,11 +150,9 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     why.take(_tower(vision))
     text_costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     held = why.take(_encoder_held(sizes))
-    work = why.take(_encoder_work(vision, sizes))
-    # The encoder's held memory sits beside the text model's, its work only while an image is encoded: the
-    # context is fitted with the one in the steady total and the other under the limits.
-    costs = replace(text_costs, runtime_bytes=text_costs.runtime_bytes + held, transient_bytes=work,
-                    transient_what="the tower's work on one image")
+    # the encoder's held memory beside the text model's in the steady total, its work only under the limits
+    costs = replace(text_costs, runtime_bytes=text_costs.runtime_bytes + held,
+                    transient_bytes=why.take(_encoder_work(vision, sizes)), transient_what="the tower's work on one image")
     levers = choose_levers(request.bench).value
     fit = why.take(fit_weights_and_context(
         facts.memory.budget_bytes, model, profile, request, [(WeightFormat.BF16, fmt_reason)], 0,

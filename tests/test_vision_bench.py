@@ -220,6 +220,36 @@ def test_one_answer_s_ttft_and_decode() -> None:
         measure.one_image(StreamingClient(tokens=10), "m", images.noise_png(1))  # type: ignore[arg-type]
 
 
+class AlternatingClient(StreamingClient):
+    """Streams whose pace depends on the request: ``image_s`` / ``text_s`` between tokens, each a list
+    consumed in the order requests arrive (a host that changes pace during a pass)."""
+
+    def __init__(self, image_s: list[float], text_s: list[float]) -> None:
+        super().__init__()
+        self.image_s, self.text_s = image_s, text_s
+
+    def stream(self, path: str, body: dict[str, Any], timeout: float = 600.0) -> Stream:
+        with_image = body["messages"][0]["content"][0]["type"] == "image_url"
+        self.per_token_s = (self.image_s if with_image else self.text_s).pop(0)
+        return super().stream(path, body, timeout)
+
+
+def test_decode_pairs_alternate_and_take_the_median_of_their_own_ratios() -> None:
+    # pair 0: the first image (already answered) then text; pair 1 text first; pair 2 image first.
+    # The host slows 2x for pair 1 (both halves): its ratio is still 0.9, and the median ratio is
+    # 0.9 whatever the single outlier pair says.
+    client = AlternatingClient(image_s=[0.2 / 0.9, 0.1 / 0.5], text_s=[0.1, 0.2, 0.1])
+    first = {"decode_tok_s": 9.0, "ttft_s": 2.0, "with_image": True}
+    r = measure.decode_pairs(client, "m", first, [images.noise_png(2), images.noise_png(3)])  # type: ignore[arg-type]
+    kinds = ["image" if b["messages"][0]["content"][0]["type"] == "image_url" else "text" for b in client.bodies]
+    assert kinds == ["text", "text", "image", "image", "text"]  # (first, text), (text, image), (image, text)
+    assert [p["text"]["decode_tok_s"] for p in r["pairs"]] == pytest.approx([10.0, 5.0, 10.0])
+    assert [p["image"]["decode_tok_s"] for p in r["pairs"]] == pytest.approx([9.0, 4.5, 5.0])
+    assert r["image_text_decode_ratio"] == pytest.approx(0.9)  # ratios 0.9, 0.9, 0.5
+    assert r["decode_image_tok_s"] == pytest.approx(5.0) and r["decode_text_tok_s"] == pytest.approx(10.0)
+    assert len(r["pairs"]) == measure.DECODE_PAIRS
+
+
 def test_four_images_at_once_aggregate_every_answer() -> None:
     r = measure.together(StreamingClient(), "m", [images.noise_png(i) for i in range(4)])  # type: ignore[arg-type]
     span = 2.0 + (measure.DECODE_TOKENS - 1) * 0.1
@@ -318,6 +348,8 @@ def test_a_run_on_stand_in_servers_writes_a_complete_artifact(tmp_path: Path) ->
     assert list(a["arms"]) == ["planned", "llama.cpp-t2"] and not a["quotable"]  # one pass: indicative only
     planned = a["arms"]["planned"]["passes"][0]
     assert planned["prompt_tokens_image"] > planned["prompt_tokens_text"] + 1000  # the image was sent
+    assert len(planned["decode_pairs"]["pairs"]) == measure.DECODE_PAIRS
+    assert planned["image_text_decode_ratio"] == a["arms"]["planned"]["median"]["image_text_decode_ratio"]
     assert planned["together"]["requests"] == 4 and planned["pss_steady_bytes"] > 0
     llama = a["arms"]["llama.cpp-t2"]
     assert "--mmproj" in llama["passes"][0]["command"] and llama["passes"][0]["llama_cpp"]["modalities"]["vision"]

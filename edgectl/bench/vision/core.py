@@ -176,7 +176,7 @@ def _new_artifact(opts: VisionBenchOptions, ctx: BenchContext, arms: list[Vision
             "max_model_len": ctx.planned.max_model_len, "max_num_seqs": ctx.planned.max_num_seqs,
             "requests": {"route": "/v1/chat/completions", "stream": True, "temperature": 0, "ignore_eos": True,
                          "question": measure.QUESTION, "decode_tokens": measure.DECODE_TOKENS,
-                         "concurrent_images": measure.CONCURRENT_IMAGES,
+                         "concurrent_images": measure.CONCURRENT_IMAGES, "decode_pairs": measure.DECODE_PAIRS,
                          "image_px": f"{images.SIDE_PX}x{images.SIDE_PX}", "image_seed": opts.seed,
                          "images": "seeded RGB noise, PNG, a fresh one per request (images.image_seed)"},
             "llama_server": {"path": llama.path, "origin": llama.origin, "threads": list(ctx.llama_threads),

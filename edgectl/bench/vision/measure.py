@@ -10,7 +10,10 @@ fresh 512×512 PNG (images.py) as a ``data:`` URI in an ``image_url`` part befor
   rate with the image in context, (tokens − 1) / (last − first token event), as the text bench's
   decode (bench/measure.py);
 - text-only: the same question without the image, the same decode rate: the pair says what an
-  image in context costs each decoded token;
+  image in context costs each decoded token. One pair per pass was at the mercy of a busy host (a
+  pass read 0.45× and the next 1.01× on one server), so a pass takes ``DECODE_PAIRS`` adjacent
+  pairs, which goes first alternating, each image fresh (``decode_pairs``); its figures are the
+  medians, its ratio the median of the pairs' own ratios;
 - four at once: ``CONCURRENT_IMAGES`` such requests, each with its own image, sent together
   (bench/measure.py's ``at_once``); the aggregate is every answer's tokens over the span from the
   first request sent to the last token (image work included: what a client sending four camera
@@ -22,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from edgectl.bench import stats
 from edgectl.bench.measure import MeasurementFailed, at_once
 from edgectl.bench.vision import images
 from edgectl.client import Client
@@ -31,6 +35,7 @@ QUESTION = "What is in this image? Answer in one sentence."
 # work (prefill of ~1140 prompt tokens on the shape model) stays most of its time.
 DECODE_TOKENS = 64
 CONCURRENT_IMAGES = 4  # issue 34: 4 requests with images at once
+DECODE_PAIRS = 3  # image / text-only decode pairs per pass (the first image's request is the first pair's)
 WARM_UP_TOKENS = 4
 # perf_counter() readings: meaningless outside the process that took them
 CLOCK_READINGS = ("t_sent", "t_first", "t_last")
@@ -88,6 +93,29 @@ def one_image(client: Client, model: str, image: bytes) -> dict[str, Any]:
 
 def text_only(client: Client, model: str) -> dict[str, Any]:
     return without_clock(chat_stream(client, model, None))
+
+
+def decode_pairs(client: Client, model: str, first: dict[str, Any], pictures: Sequence[bytes]) -> dict[str, Any]:
+    """Decode with an image in context against text-only, as adjacent pairs: ``first`` (the pass's one-image
+    request, already made) and a text-only answer, then one pair per picture, the order alternating (text
+    first, then image first, …) so that a host slowing during a pass moves both halves of a pair alike."""
+    pairs = [(first, text_only(client, model))]
+    for k, picture in enumerate(pictures, start=1):
+        if k % 2:
+            text = text_only(client, model)
+            pairs.append((one_image(client, model, picture), text))
+        else:
+            image = one_image(client, model, picture)
+            pairs.append((image, text_only(client, model)))
+    image_rates, text_rates = [i["decode_tok_s"] for i, _ in pairs], [t["decode_tok_s"] for _, t in pairs]
+    return {
+        "pairs": [{"image": i, "text": t} for i, t in pairs],
+        "decode_image_tok_s": stats.median(image_rates), "decode_text_tok_s": stats.median(text_rates),
+        "image_text_decode_ratio": stats.median([stats.ratio(i, t) for i, t in zip(image_rates, text_rates)]),
+        "method": (f"{len(pairs)} pairs of {DECODE_TOKENS}-token answers, one with a fresh image, one text-only, "
+                   "adjacent, which goes first alternating; decode rates the medians, the ratio the median of the "
+                   "pairs' image / text-only"),
+    }
 
 
 def together(client: Client, model: str, pictures: Sequence[bytes], timeout_s: float = 1800) -> dict[str, Any]:

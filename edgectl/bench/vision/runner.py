@@ -4,7 +4,7 @@ fresh server (bench/grid.py: the speech bench's grid, its pass states and launch
 A pass: ready when it has answered a real chat completion
 about an image (``ready_s`` from launch); its peak PSS sampled from launch to ready; the settings
 read back and checked; one image (TTFT, decode with the image in context), the same question
-text-only (decode), four images at once; then, after ``quiet_s`` without requests, the steady PSS
+text-only (decode), and more such pairs (measure.decode_pairs), four images at once; then, after ``quiet_s`` without requests, the steady PSS
 of its whole process tree (the text bench's ``_read_steady``). Every request has an image of its
 own, seeded by the run's seed, the pass and the request (images.py).
 """
@@ -31,10 +31,12 @@ from edgectl.client import Client, HttpFailed
 
 Progress = Callable[[str], None]
 # Numbers a pass that did not complete as specified does not keep.
-MEASURED = ("ttft_image_s", "decode_image_tok_s", "decode_text_tok_s", "aggregate_tok_s", "pss_steady_bytes",
-            "load_peak_ratio")
-# The requests of a pass, by their index in image_seed: the warm-up, one image, then the four.
+MEASURED = ("ttft_image_s", "decode_image_tok_s", "decode_text_tok_s", "image_text_decode_ratio", "aggregate_tok_s",
+            "pss_steady_bytes", "load_peak_ratio")
+# The requests of a pass, by their index in image_seed: the warm-up, one image, the four, then the
+# images of the further decode pairs.
 WARM_UP, ONE_IMAGE, FIRST_OF_FOUR = 0, 1, 2
+FIRST_DECODE_PAIR = FIRST_OF_FOUR + measure.CONCURRENT_IMAGES
 
 
 def run_grid(arms: list[PreparedArm], passes: int, ctx: BenchContext, seed: int, progress: Progress,
@@ -65,9 +67,12 @@ def _serve_and_measure(arm: PreparedArm, client: Client, server: ServerProcess, 
     effective = ready_and_checked(arm, client, server, rec)
     rec.update(arm.from_log(server))
     one = measure.one_image(client, ctx.model_name, _image(seed, p, ONE_IMAGE))
-    text = measure.text_only(client, ctx.model_name)
-    rec.update(one_image=one, text_only=text, ttft_image_s=one["ttft_s"], decode_image_tok_s=one["decode_tok_s"],
-               decode_text_tok_s=text["decode_tok_s"], prompt_tokens_image=one["prompt_tokens"],
+    pairs = measure.decode_pairs(client, ctx.model_name, one, [_image(seed, p, FIRST_DECODE_PAIR + k)
+                                                               for k in range(measure.DECODE_PAIRS - 1)])
+    text = pairs["pairs"][0]["text"]
+    rec.update(one_image=one, text_only=text, decode_pairs=pairs, ttft_image_s=one["ttft_s"],
+               decode_image_tok_s=pairs["decode_image_tok_s"], decode_text_tok_s=pairs["decode_text_tok_s"],
+               image_text_decode_ratio=pairs["image_text_decode_ratio"], prompt_tokens_image=one["prompt_tokens"],
                prompt_tokens_text=text["prompt_tokens"])
     four = measure.together(client, ctx.model_name, [_image(seed, p, FIRST_OF_FOUR + i)
                                                      for i in range(measure.CONCURRENT_IMAGES)])
@@ -82,12 +87,16 @@ def pass_line(rec: dict[str, Any]) -> str:
         return failed
     return (f"ok: ready {rec['ready_s']:.1f} s, one image TTFT {rec['ttft_image_s']:.2f} s "
             f"({rec.get('prompt_tokens_image')} prompt tokens), decode {_f(rec['decode_image_tok_s'])} tok/s with the "
-            f"image vs {_f(rec['decode_text_tok_s'])} text-only, four images at once {_f(rec['aggregate_tok_s'])} tok/s, "
+            f"image vs {_f(rec['decode_text_tok_s'])} text-only ({_f2(rec.get('image_text_decode_ratio'))}×), four images at once {_f(rec['aggregate_tok_s'])} tok/s, "
             f"PSS {_gb(rec.get('pss_steady_bytes'))} (peak {_gb(rec.get('pss_peak_bytes'))})")
 
 
 def _f(v: float | None) -> str:
     return "?" if v is None else f"{v:.1f}"
+
+
+def _f2(v: float | None) -> str:
+    return "?" if v is None else f"{v:.2f}"
 
 
 def _gb(v: int | None) -> str:

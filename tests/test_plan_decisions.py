@@ -345,6 +345,16 @@ def test_thread_wait_unasked_is_the_planners_choice_with_its_evidence():
     assert (p.env.get("OMP_WAIT_POLICY") == "PASSIVE") == (str(p.levers.thread_wait) == "passive")
 
 
+@pytest.mark.parametrize("asked", [None, False, True])
+def test_huge_pages_only_when_asked_set_pytorchs_allocator_variable(asked: bool | None):
+    p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2), huge_pages=asked)
+    assert p.levers.huge_pages is bool(asked)
+    assert p.env.get("THP_MEM_ALLOC_ENABLE") == ("1" if asked else None)
+    why = reasons_by_decision(p)["huge_pages"][0]
+    assert why["source"] == ("default" if asked is None else "flag")
+    assert asked is not None or "measured" in why["detail"]
+
+
 def test_threads_flag_within_the_usable_cpus():
     p = make_plan(host_facts("arm64-board"), shape(SMOLLM2), threads=3)
     assert p.threads == 3 and p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-2"

@@ -95,3 +95,46 @@ def test_a_process_that_is_gone_is_reported_not_raised(tmp_path):
     assert read_proc_mem(p.pid) is None
     tree = mem_of_pids([p.pid])
     assert tree.processes == () and tree.unreadable == (p.pid,)
+
+
+# A process that madvises 16 MiB of anonymous memory MADV_HUGEPAGE before touching it (what
+# PyTorch's allocator does under THP_MEM_ALLOC_ENABLE=1) and says READY.
+HUGE_HOLDER = r"""
+import mmap, sys
+m = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+m.madvise(mmap.MADV_HUGEPAGE)
+for i in range(0, len(m), 4096):
+    m[i] = 1
+print("READY", flush=True)
+sys.stdin.read()
+"""
+
+
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "absent"
+    return text[text.index("[") + 1:text.index("]")] if "[" in text else text.strip()
+
+
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason=f"transparent huge pages: {_thp_mode()}")
+def test_anonymous_memory_on_huge_pages_is_read(tmp_path):
+    # the huge-pages lever's read-back (bench/runner.py): AnonHugePages of the tree, from the kernel
+    script = tmp_path / "huge.py"
+    script.write_text(HUGE_HOLDER)
+    plain = _holder(tmp_path, 16, None)
+    huge = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(plain)
+        _wait_ready(huge)
+        got = read_proc_mem(huge.pid)
+        assert got is not None and got.anon_huge_bytes >= 2 * MiB, got  # at least one 2 MiB page of the 16
+        assert tree_mem(huge.pid).anon_huge_bytes == got.anon_huge_bytes
+        assert "anon_huge_bytes" in got.to_dict()
+        if _thp_mode() == "madvise":  # nothing asked, nothing given
+            assert read_proc_mem(plain.pid).anon_huge_bytes == 0
+    finally:
+        for p in (plain, huge):
+            p.stdin.close()
+            p.wait(timeout=30)

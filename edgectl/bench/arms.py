@@ -119,6 +119,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("memory-levers-off", "worker", {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0,
                                             "tokenizer": "vllm", "idle_trim": False},
             "the plan with none of the memory levers"),
+    ArmSpec("huge-pages", "worker", {"huge_pages": True},
+            "the plan with PyTorch's allocations of 2 MiB or more on transparent huge pages (THP_MEM_ALLOC_ENABLE=1; "
+            "the tree's AnonHugePages read back)"),
     ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
             "the plan with fp8_e4m3 KV (half the KV bytes at the same context; AVX-512 or AMX only)"),
     ArmSpec("llama.cpp", "llama.cpp", {}, "llama-server on the GGUF the model was converted from"),

@@ -272,8 +272,12 @@ def _read_steady(arm: PreparedArm, client: Client, server: ServerProcess, ctx: B
         rec["idle_trim"] = arm.readback(client, server).get("idle_trim")
     if not server.alive():
         raise Crashed(f"the server exited with code {server.returncode()} during the measurements")
+    if isinstance(arm, WorkerArm) and arm.plan is not None and arm.plan.levers.huge_pages and not steady.anon_huge_bytes:
+        raise Crashed("the plan puts PyTorch's allocations on transparent huge pages, and the tree holds none "
+                      "(AnonHugePages 0: is /sys/kernel/mm/transparent_hugepage/enabled 'never'?)", invalid=True)
     rec.update(
         pss_steady_bytes=steady.pss_bytes, pss_anon_steady_bytes=steady.pss_anon_bytes,
+        anon_huge_steady_bytes=steady.anon_huge_bytes,
         pss_file_steady_bytes=steady.pss_file_bytes, processes=len(steady.processes),
         process_tree=[{"pid": m.pid, "name": m.name, "pss_bytes": m.pss_bytes} for m in steady.processes],
         load_peak_ratio=(rec["pss_peak_bytes"] / steady.pss_bytes) if steady.pss_bytes else None,

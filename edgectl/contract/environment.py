@@ -127,6 +127,10 @@ _VARS = [
         "(GNU libgomp's threads spin that many times between parallel regions, then sleep; its default is 300000)"),
     Var("OMP_WAIT_POLICY", Role.SET, "plan env: PASSIVE when the plan's levers.thread_wait is passive (GNU "
         "libgomp's threads then sleep at once between parallel regions instead of spinning first)"),
+    Var("THP_MEM_ALLOC_ENABLE", Role.SET, "plan env: 1 when the plan's levers.huge_pages is on: PyTorch's CPU "
+        "allocator aligns allocations of 2 MiB or more to 2 MiB and madvises them MADV_HUGEPAGE "
+        "(c10/core/impl/alloc_cpu.cpp), so transparent huge pages back them where the kernel's THP mode is "
+        "always or madvise"),
     Var("VLLM_ENABLE_V1_MULTIPROCESSING", Role.SET, "plan env, single-process topology: 0 keeps vLLM's "
         "model worker in the engine's process (vllm/platforms/cpu.py:333-341)"),
     Var("VLLM_CPU_NUM_OF_RESERVED_CPU", Role.SET, "plan env, stock topology: CPUs vLLM keeps for its front "

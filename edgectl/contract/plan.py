@@ -203,6 +203,7 @@ class BenchLevers:
     idle_trim: bool | None = None
     python_optimize: int | None = None  # 0 or 2 (python -OO)
     thread_wait: str | None = None  # spin | passive | spin-short
+    huge_pages: bool | None = None  # PyTorch's allocations of 2 MiB or more on transparent huge pages
     speech_head: str | None = None  # a speech model's: dense | w8-scan
     speech_dtype: str | None = None  # a speech model's activations with --format w8a8: float16 | bfloat16 | float32
 
@@ -233,7 +234,7 @@ class Request:
                    "threads", "name", "host", "port", "topology", "rope_cap", "layerwise_repack",
                    "reserve_frontend_core", "compilation", "quantize_lm_head", "kv_cache_bytes", "kv_cache_dtype",
                    "embedding_pack", "optional_imports", "tokenizer", "idle_trim", "python_optimize", "thread_wait",
-                   "speech_head", "speech_dtype", "watchdog_s")
+                   "huge_pages", "speech_head", "speech_dtype", "watchdog_s")
 
     @classmethod
     def from_flat(cls, **values: Any) -> Request:
@@ -294,6 +295,9 @@ class Levers:
     idle_trim: bool = field(default=False, kw_only=True)
     python_optimize: int = field(default=0, kw_only=True, metadata=check(_optimize_level))
     thread_wait: ThreadWait = field(default=ThreadWait.SPIN, kw_only=True)
+    # PyTorch's CPU allocator asks for transparent huge pages on allocations of 2 MiB or more
+    # (THP_MEM_ALLOC_ENABLE): the weights and the KV cache on fewer TLB entries
+    huge_pages: bool = field(default=False, kw_only=True)
 
 
 @dataclass(frozen=True)

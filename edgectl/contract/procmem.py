@@ -26,11 +26,13 @@ class ProcMem:
     pss_file_bytes: int
     pss_shmem_bytes: int
     rss_bytes: int
+    anon_huge_bytes: int = 0  # AnonHugePages: anonymous memory on transparent huge pages
 
     def to_dict(self) -> dict[str, int | str]:
         return {"pid": self.pid, "name": self.name, "pss_bytes": self.pss_bytes,
                 "pss_anon_bytes": self.pss_anon_bytes, "pss_file_bytes": self.pss_file_bytes,
-                "pss_shmem_bytes": self.pss_shmem_bytes, "rss_bytes": self.rss_bytes}
+                "pss_shmem_bytes": self.pss_shmem_bytes, "rss_bytes": self.rss_bytes,
+                "anon_huge_bytes": self.anon_huge_bytes}
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,10 @@ class TreeMem:
     @property
     def pss_file_bytes(self) -> int:
         return sum(p.pss_file_bytes for p in self.processes)
+
+    @property
+    def anon_huge_bytes(self) -> int:
+        return sum(p.anon_huge_bytes for p in self.processes)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pss_bytes": self.pss_bytes, "pss_anon_bytes": self.pss_anon_bytes,
@@ -71,7 +77,7 @@ def read_proc_mem(pid: int, proc: Path = Path("/proc")) -> ProcMem | None:
     if "Pss" not in fields:
         return None  # a kernel thread or a zombie has no mappings
     return ProcMem(pid, name, fields["Pss"], fields.get("Pss_Anon", 0), fields.get("Pss_File", 0),
-                   fields.get("Pss_Shmem", 0), fields.get("Rss", 0))
+                   fields.get("Pss_Shmem", 0), fields.get("Rss", 0), fields.get("AnonHugePages", 0))
 
 
 def children_map(proc: Path = Path("/proc")) -> dict[int, list[int]]:

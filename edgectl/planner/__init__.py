@@ -127,7 +127,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         predicted=predicted,
         serve=Serve(request.name, request.host, request.port),
         timeouts=timeouts,
-        env=worker_environment(cpus, topology),
+        env=worker_environment(cpus, topology, memory_levers.huge_pages),
         reasons=why.items,
         request=request,
     )

@@ -173,6 +173,7 @@ class MemoryLevers:
     python_optimize: int
     tokenizer: TokenizerLever = TokenizerLever.LEAN
     idle_trim: bool = True
+    huge_pages: bool = False
 
     def levers(self, *, rope_cap: bool, layerwise_repack: bool, topology: Topology,
                reserve_frontend_core: bool, thread_wait: ThreadWait) -> Levers:
@@ -180,7 +181,8 @@ class MemoryLevers:
         return Levers(rope_cap=rope_cap, kv_exact=True, layerwise_repack=layerwise_repack, topology=topology,
                       reserve_frontend_core=reserve_frontend_core, embedding_pack=self.embedding_pack,
                       optional_imports=self.optional_imports, python_optimize=self.python_optimize,
-                      tokenizer=self.tokenizer, idle_trim=self.idle_trim, thread_wait=thread_wait)
+                      tokenizer=self.tokenizer, idle_trim=self.idle_trim, thread_wait=thread_wait,
+                      huge_pages=self.huge_pages)
 
 
 # Why the worker gives freed heap memory back when it goes quiet (measured, docs/memory.md "Freed but resident").
@@ -189,6 +191,13 @@ IDLE_TRIM_EVIDENCE = ("freed heap memory goes back to the kernel once no request
                       "98 MiB): SmolLM2-135M 0.87 GB steady after the bench's requests against 0.96 GB without it, "
                       "decode within the spread (x86_64-avx512-bf16, 3 interleaved passes, docs/memory.md \"Freed "
                       "but resident\")")
+
+
+# Why PyTorch's allocations are not put on transparent huge pages by default (the bench's huge-pages arm).
+HUGE_PAGES_EVIDENCE = ("off until measured quietly: SmolLM2-135M decoded 4.5% and 12% faster with the weights and KV "
+                       "on transparent huge pages in two of three interleaved pairs on a busy x86_64-avx512-bf16 "
+                       "host (the third disturbed), ~124 MiB of huge pages, PSS not yet compared (docs/kernels.md "
+                       "\"Huge pages\"); `edgectl bench --arms planned,huge-pages` measures it")
 
 
 def vllm_packs_embeddings(facts: HostFacts) -> bool | None:
@@ -232,6 +241,7 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
         tokenizer=TokenizerLever(asked.tokenizer or TokenizerLever.LEAN),
         # the trim runs on the in-process engine thread's idle beats (runtime/edgectl_runtime/vllm_plugin/inproc.py)
         idle_trim=(topology is Topology.SINGLE_PROCESS) if asked.idle_trim is None else asked.idle_trim,
+        huge_pages=bool(asked.huge_pages),
     )
 
     def source(value: object) -> Source:
@@ -254,6 +264,8 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
         Reason("idle_trim", levers.idle_trim, source(asked.idle_trim),
                "asked" if asked.idle_trim is not None else IDLE_TRIM_EVIDENCE if levers.idle_trim else
                "off: the engine runs in vLLM's own processes, where edgectl has no idle beat to trim on"),
+        Reason("huge_pages", levers.huge_pages, source(asked.huge_pages),
+               "asked" if asked.huge_pages is not None else HUGE_PAGES_EVIDENCE),
     )
 
 

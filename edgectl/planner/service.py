@@ -145,7 +145,7 @@ def _figure_provenance(profile: Profile, fig: Figure, unit: str, weights_bytes: 
     return f"{fig.describe(unit)}, {where}{scaled}"
 
 
-def worker_environment(cpus: Cpus, topology: Topology) -> dict[str, str]:
+def worker_environment(cpus: Cpus, topology: Topology, huge_pages: bool = False) -> dict[str, str]:
     """The variables the plan sets for the worker (declared in contract/environment.py)."""
     env = {
         "VLLM_CPU_OMP_THREADS_BIND": format_cpu_list(cpus.cpus[:cpus.threads], sep=","),
@@ -156,6 +156,8 @@ def worker_environment(cpus: Cpus, topology: Topology) -> dict[str, str]:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     elif cpus.thread_wait is ThreadWait.SPIN_SHORT:
         env["GOMP_SPINCOUNT"] = environment.SHORT_SPINCOUNT
+    if huge_pages:
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
     if topology is Topology.SINGLE_PROCESS:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if topology is Topology.STOCK:

@@ -243,7 +243,7 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
                               facts.memory.budget_bytes, profile))
     kv_per_seq = sizes.blocks_per_seq * sizes.kv_bytes_per_block
     timeouts = why.take(_timeouts(request))
-    env = worker_environment(cpus, topology)
+    env = worker_environment(cpus, topology, memory_levers.huge_pages)
     env.update({"EDGECTL_SPEECH_HEAD": head,
                 "VLLM_MAX_AUDIO_DECODE_DURATION_S": str(max_audio_s),
                 "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": str(math.ceil(max_upload / (1 << 20)))})

@@ -169,7 +169,7 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.rope_cap))
     why.take(ledger.memory_limit(memory, costs))
     timeouts = why.take(_timeouts(request))
-    env = worker_environment(cpus, topology)
+    env = worker_environment(cpus, topology, memory_levers.huge_pages)
     env["VLLM_MAX_IMAGE_PIXELS"] = str(limits.max_pixels)  # vLLM's loader holds the guard's limit too
     return Plan(
         model=ModelRef(model.name, model.path, model.architecture, checkpoint_format(model)),

@@ -194,10 +194,11 @@ IDLE_TRIM_EVIDENCE = ("freed heap memory goes back to the kernel once no request
 
 
 # Why PyTorch's allocations are not put on transparent huge pages by default (the bench's huge-pages arm).
-HUGE_PAGES_EVIDENCE = ("off until measured quietly: SmolLM2-135M decoded 4.5% and 12% faster with the weights and KV "
-                       "on transparent huge pages in two of three interleaved pairs on a busy x86_64-avx512-bf16 "
-                       "host (the third disturbed), ~124 MiB of huge pages, PSS not yet compared (docs/kernels.md "
-                       "\"Huge pages\"); `edgectl bench --arms planned,huge-pages` measures it")
+HUGE_PAGES_EVIDENCE = ("off: with the weights and the KV on transparent huge pages decode did not change beyond the "
+                       "host's noise, SmolLM2-135M 140.2 against 121.6 tok/s (pass by pass +3%, -17%, +30%) and the "
+                       "1B-class shape 41.2 against 42.8 (already at ~91% of the copy bandwidth), at the same PSS "
+                       "(x86_64-avx512-bf16, 3 interleaved passes each, docs/kernels.md \"Huge pages\"); the bench's "
+                       "huge-pages arm measures it on other boxes")
 
 
 def vllm_packs_embeddings(facts: HostFacts) -> bool | None:

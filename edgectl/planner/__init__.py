@@ -102,6 +102,9 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     why.take(ledger.memory_limit(fit.memory, costs))
     predicted = predict(profile, fit.weight_format, fit.weights_bytes, compilation)
     timeouts = why.take(choose_timeouts(request, profile, fit.weight_format, fit.weights_bytes, batched, compilation))
+    plan_levers = memory_levers.levers(rope_cap=levers.value.rope_cap, layerwise_repack=levers.value.layerwise_repack,
+                                       topology=topology, reserve_frontend_core=cpus.reserve_frontend_core,
+                                       thread_wait=cpus.thread_wait)
 
     return Plan(
         model=ModelRef(model.name, model.path, model.architecture, checkpoint_format(model)),
@@ -121,13 +124,12 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         cpus=cpus.cpus,
         topology=topology,
         compilation=compilation,
-        levers=memory_levers.levers(rope_cap=levers.value.rope_cap, layerwise_repack=levers.value.layerwise_repack, topology=topology,
-                                     reserve_frontend_core=cpus.reserve_frontend_core, thread_wait=cpus.thread_wait),
+        levers=plan_levers,
         memory=fit.memory,
         predicted=predicted,
         serve=Serve(request.name, request.host, request.port),
         timeouts=timeouts,
-        env=worker_environment(cpus, topology, memory_levers.huge_pages),
+        env=worker_environment(cpus, plan_levers),
         reasons=why.items,
         request=request,
     )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from edgectl.contract import environment
 from edgectl.contract.plan import (
     Compilation,
+    Levers,
     Predicted,
     Reason,
     Request,
@@ -145,22 +146,23 @@ def _figure_provenance(profile: Profile, fig: Figure, unit: str, weights_bytes: 
     return f"{fig.describe(unit)}, {where}{scaled}"
 
 
-def worker_environment(cpus: Cpus, topology: Topology, huge_pages: bool = False) -> dict[str, str]:
-    """The variables the plan sets for the worker (declared in contract/environment.py)."""
+def worker_environment(cpus: Cpus, levers: Levers) -> dict[str, str]:
+    """The variables the plan sets for the worker (declared in contract/environment.py), from its CPUs and
+    its levers."""
     env = {
         "VLLM_CPU_OMP_THREADS_BIND": format_cpu_list(cpus.cpus[:cpus.threads], sep=","),
         "OMP_NUM_THREADS": str(cpus.threads),
         **environment.OFFLINE,
     }
-    if cpus.thread_wait is ThreadWait.PASSIVE:
+    if levers.thread_wait is ThreadWait.PASSIVE:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
-    elif cpus.thread_wait is ThreadWait.SPIN_SHORT:
+    elif levers.thread_wait is ThreadWait.SPIN_SHORT:
         env["GOMP_SPINCOUNT"] = environment.SHORT_SPINCOUNT
-    if huge_pages:
+    if levers.huge_pages:
         env["THP_MEM_ALLOC_ENABLE"] = "1"
-    if topology is Topology.SINGLE_PROCESS:
+    if levers.topology is Topology.SINGLE_PROCESS:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if topology is Topology.STOCK:
+    if levers.topology is Topology.STOCK:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "1" if cpus.reserve_frontend_core else "0"
     return env
 

@@ -243,7 +243,9 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
                               facts.memory.budget_bytes, profile))
     kv_per_seq = sizes.blocks_per_seq * sizes.kv_bytes_per_block
     timeouts = why.take(_timeouts(request))
-    env = worker_environment(cpus, topology, memory_levers.huge_pages)
+    plan_levers = memory_levers.levers(rope_cap=False, layerwise_repack=False, topology=topology,
+                                       reserve_frontend_core=cpus.reserve_frontend_core, thread_wait=cpus.thread_wait)
+    env = worker_environment(cpus, plan_levers)
     env.update({"EDGECTL_SPEECH_HEAD": head,
                 "VLLM_MAX_AUDIO_DECODE_DURATION_S": str(max_audio_s),
                 "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": str(math.ceil(max_upload / (1 << 20)))})
@@ -264,8 +266,7 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         cpus=cpus.cpus,
         topology=topology,
         compilation=compilation,
-        levers=memory_levers.levers(rope_cap=False, layerwise_repack=False, topology=topology,
-                                     reserve_frontend_core=cpus.reserve_frontend_core, thread_wait=cpus.thread_wait),
+        levers=plan_levers,
         memory=memory,
         predicted=Predicted(decode_tok_s=None, prefill_tok_s=None, ready_s=None),
         serve=Serve(request.name, request.host, request.port),

@@ -169,7 +169,9 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.rope_cap))
     why.take(ledger.memory_limit(memory, costs))
     timeouts = why.take(_timeouts(request))
-    env = worker_environment(cpus, topology, memory_levers.huge_pages)
+    plan_levers = memory_levers.levers(rope_cap=levers.rope_cap, layerwise_repack=False, topology=topology,
+                                       reserve_frontend_core=cpus.reserve_frontend_core, thread_wait=cpus.thread_wait)
+    env = worker_environment(cpus, plan_levers)
     env["VLLM_MAX_IMAGE_PIXELS"] = str(limits.max_pixels)  # vLLM's loader holds the guard's limit too
     return Plan(
         model=ModelRef(model.name, model.path, model.architecture, checkpoint_format(model)),
@@ -189,8 +191,7 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         cpus=cpus.cpus,
         topology=topology,
         compilation=compilation,
-        levers=memory_levers.levers(rope_cap=levers.rope_cap, layerwise_repack=False, topology=topology,
-                                     reserve_frontend_core=cpus.reserve_frontend_core, thread_wait=cpus.thread_wait),
+        levers=plan_levers,
         memory=memory,
         predicted=Predicted(decode_tok_s=None, prefill_tok_s=None, ready_s=None),
         serve=Serve(request.name, request.host, request.port),

@@ -101,12 +101,13 @@ def decode_pairs(client: Client, model: str, first: dict[str, Any], pictures: Se
     first, then image first, …) so that a host slowing during a pass moves both halves of a pair alike."""
     pairs = [(first, text_only(client, model))]
     for k, picture in enumerate(pictures, start=1):
-        if k % 2:
+        if k % 2:  # text first
             text = text_only(client, model)
-            pairs.append((one_image(client, model, picture), text))
+            image = one_image(client, model, picture)
         else:
             image = one_image(client, model, picture)
-            pairs.append((image, text_only(client, model)))
+            text = text_only(client, model)
+        pairs.append((image, text))
     image_rates, text_rates = [i["decode_tok_s"] for i, _ in pairs], [t["decode_tok_s"] for _, t in pairs]
     return {
         "pairs": [{"image": i, "text": t} for i, t in pairs],

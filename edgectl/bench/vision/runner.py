@@ -4,8 +4,8 @@ fresh server (bench/grid.py: the speech bench's grid, its pass states and launch
 A pass: ready when it has answered a real chat completion
 about an image (``ready_s`` from launch); its peak PSS sampled from launch to ready; the settings
 read back and checked; one image (TTFT, decode with the image in context), the same question
-text-only (decode), and more such pairs (measure.decode_pairs), four images at once; then, after ``quiet_s`` without requests, the steady PSS
-of its whole process tree (the text bench's ``_read_steady``). Every request has an image of its
+text-only (decode), and more such pairs (measure.decode_pairs); four images at once; then, after
+``quiet_s`` without requests, the steady PSS of its whole process tree (the text bench's ``_read_steady``). Every request has an image of its
 own, seeded by the run's seed, the pass and the request (images.py).
 """
 
@@ -87,16 +87,13 @@ def pass_line(rec: dict[str, Any]) -> str:
         return failed
     return (f"ok: ready {rec['ready_s']:.1f} s, one image TTFT {rec['ttft_image_s']:.2f} s "
             f"({rec.get('prompt_tokens_image')} prompt tokens), decode {_f(rec['decode_image_tok_s'])} tok/s with the "
-            f"image vs {_f(rec['decode_text_tok_s'])} text-only ({_f2(rec.get('image_text_decode_ratio'))}×), four images at once {_f(rec['aggregate_tok_s'])} tok/s, "
+            f"image vs {_f(rec['decode_text_tok_s'])} text-only ({_f(rec.get('image_text_decode_ratio'), 2)}×), "
+            f"four images at once {_f(rec['aggregate_tok_s'])} tok/s, "
             f"PSS {_gb(rec.get('pss_steady_bytes'))} (peak {_gb(rec.get('pss_peak_bytes'))})")
 
 
-def _f(v: float | None) -> str:
-    return "?" if v is None else f"{v:.1f}"
-
-
-def _f2(v: float | None) -> str:
-    return "?" if v is None else f"{v:.2f}"
+def _f(v: float | None, digits: int = 1) -> str:
+    return "?" if v is None else f"{v:.{digits}f}"
 
 
 def _gb(v: int | None) -> str:

@@ -91,3 +91,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     s = x.to(torch.float32)
     var = s.pow(2).mean(dim=-1, keepdim=True)
     return ((s * torch.rsqrt(var + eps)).to(weight.dtype) * weight).to(x.dtype)
+
+
+def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, seq_lens: torch.Tensor,
+                     block_table: torch.Tensor, scale: float) -> torch.Tensor:
+    """``out [tokens, heads, dim]``: one query token per sequence (its last position) attending to
+    the first ``seq_lens[s]`` tokens of its paged KV cache (``key_cache``/``value_cache``
+    ``[blocks, kv_heads, block_size, dim]``, block ``j`` of sequence ``s`` at
+    ``block_table[s, j]``); query head ``i`` reads KV head ``i // (heads // kv_heads)``.
+    ``softmax(scale * q . k) . v`` in float64, returned in the query's dtype; a sequence of no
+    tokens gives zeros."""
+    tokens, heads, dim = query.shape
+    kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
+    out = torch.zeros_like(query)
+    for s in range(tokens):
+        n = int(seq_lens[s])
+        if n == 0:
+            continue
+        ids = block_table[s, : -(-n // block_size)].long()
+        k = key_cache[ids].transpose(0, 1).reshape(kv_heads, -1, dim)[:, :n].double()  # [kv_heads, n, dim]
+        v = value_cache[ids].transpose(0, 1).reshape(kv_heads, -1, dim)[:, :n].double()
+        q = query[s].double().reshape(kv_heads, heads // kv_heads, dim)
+        p = torch.softmax(torch.einsum("hgd,hnd->hgn", q, k) * scale, dim=-1)
+        out[s] = torch.einsum("hgn,hnd->hgd", p, v).reshape(heads, dim).to(query.dtype)
+    return out

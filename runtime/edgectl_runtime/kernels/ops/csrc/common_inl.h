@@ -160,5 +160,103 @@ inline void quantize_block_scalar(const float* v, int8_t* q, float* d, float* s)
   *s = (float)sum;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Decode attention (kernels.h): the split into (sequence, KV head, block) items and the merge of
+// their partials, written once; each level passes its own work on one block.
+
+inline int64_t attn_group(const DecodeAttention& a) { return a.heads / a.kv_heads; }
+inline int64_t attn_width(const DecodeAttention& a) { return a.dim + 2; }  // acc[dim], max, sum
+
+// Bytes of KV rows fetched ahead of the row in use: a single core's hardware prefetchers leave
+// the block's stream stalled on its loads (measured: docs/vision.md, "An attention of edgectl's").
+#ifndef EDGECTL_ATTN_PREFETCH_BYTES
+#define EDGECTL_ATTN_PREFETCH_BYTES 8192
+#endif
+
+// Ask for the cache lines of `row` (`bytes` long) EDGECTL_ATTN_PREFETCH_BYTES ahead. Past the end of
+// a block's keys come its values, past those the next KV head's keys of the same block (vLLM's
+// layout), which is the next item (decode_attention_by_blocks); a prefetch never faults.
+inline void prefetch_row_ahead(const uint16_t* row, int64_t bytes) {
+  const char* p = (const char*)row + EDGECTL_ATTN_PREFETCH_BYTES;
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
+// One block in plain C++: the scalar level's, and any level's for a head size its vectors do not
+// divide. q: the group's first query head; k, v: the block's rows for this KV head; n tokens.
+inline void attend_block_scalar(const DecodeAttention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                int64_t n, float* part) {
+  const int64_t dim = a.dim, width = attn_width(a);
+  float s[kAttnMaxBlock];
+  for (int64_t g = 0; g < attn_group(a); ++g) {
+    const uint16_t* qg = q + g * a.q_head_stride;
+    float m = -INFINITY;
+    for (int64_t t = 0; t < n; ++t) {
+      float dot = 0.f;
+      for (int64_t d = 0; d < dim; ++d) dot += bf16_to_float(qg[d]) * bf16_to_float(k[t * dim + d]);
+      s[t] = dot * a.scale;
+      m = fmaxf(m, s[t]);
+    }
+    float* acc = part + g * width;
+    for (int64_t d = 0; d < dim; ++d) acc[d] = 0.f;
+    float l = 0.f;
+    for (int64_t t = 0; t < n; ++t) {
+      const float p = expf(s[t] - m);
+      l += p;
+      for (int64_t d = 0; d < dim; ++d) acc[d] += p * bf16_to_float(v[t * dim + d]);
+    }
+    acc[dim] = m;
+    acc[dim + 1] = l;
+  }
+}
+
+// out rows of the group of KV head h of sequence s, from the partials of its blocks.
+inline void merge_partials(const DecodeAttention& a, int64_t s, int64_t h) {
+  const int64_t group = attn_group(a), width = attn_width(a), dim = a.dim;
+  const int64_t blocks = (a.seq_lens[s] + a.block_size - 1) / a.block_size;
+  const float* part = a.partials + (s * a.kv_heads + h) * a.max_blocks * group * width;
+  float acc[kAttnMaxDim];
+  for (int64_t g = 0; g < group; ++g) {
+    uint16_t* out = a.out + s * a.out_seq_stride + (h * group + g) * a.out_head_stride;
+    float top = -INFINITY, l = 0.f;
+    for (int64_t j = 0; j < blocks; ++j) top = fmaxf(top, part[(j * group + g) * width + dim]);
+    for (int64_t d = 0; d < dim; ++d) acc[d] = 0.f;
+    for (int64_t j = 0; j < blocks; ++j) {
+      const float* pj = part + (j * group + g) * width;
+      const float w = expf(pj[dim] - top);
+      l += w * pj[dim + 1];
+      for (int64_t d = 0; d < dim; ++d) acc[d] += w * pj[d];
+    }
+    for (int64_t d = 0; d < dim; ++d) out[d] = float_to_bf16(blocks > 0 ? acc[d] / l : 0.f);
+  }
+}
+
+// Items are single blocks so that two threads share even one sequence's attention evenly, taken
+// in the cache's memory order (a block's KV heads, then the next block); a context under
+// kParallelMinBytes of KV runs on the calling thread.
+template <class AttendBlock>
+void decode_attention_by_blocks(const DecodeAttention& a, AttendBlock attend_block) {
+  const int64_t group = attn_group(a), width = attn_width(a);
+  const int64_t items = a.seqs * a.kv_heads * a.max_blocks;
+  int64_t tokens = 0;
+  for (int64_t s = 0; s < a.seqs; ++s) tokens += a.seq_lens[s];
+  const int64_t kv_bytes = tokens * a.kv_heads * a.dim * 2 * 2;
+#pragma omp parallel num_threads(threads_for(kv_bytes))
+  {
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t s = it / (a.kv_heads * a.max_blocks), j = it / a.kv_heads % a.max_blocks, h = it % a.kv_heads;
+      const int64_t first = j * a.block_size, len = a.seq_lens[s];
+      if (first >= len) continue;
+      const int64_t off = a.block_table[s * a.table_stride + j] * a.block_stride + h * a.head_stride;
+      const int64_t n = len - first < a.block_size ? len - first : a.block_size;
+      float* part = a.partials + ((s * a.kv_heads + h) * a.max_blocks + j) * group * width;  // merge_partials' order
+      attend_block(a, a.q + s * a.q_seq_stride + h * group * a.q_head_stride, a.k + off, a.v + off, n, part);
+    }
+#pragma omp for schedule(static)
+    for (int64_t sh = 0; sh < a.seqs * a.kv_heads; ++sh) merge_partials(a, sh / a.kv_heads, sh % a.kv_heads);
+  }
+}
+
 }  // namespace
 }  // namespace edgectl

@@ -374,12 +374,67 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+
+// vLLM's CPU_ATTN cache: [blocks, kv_heads, 2 * block_size, dim] viewed as key and value halves of
+// [blocks, kv_heads, block_size, dim] (vllm/v1/attention/backends/cpu_attn.py, forward): rows of
+// dim contiguous, the two halves with the same strides.
+void decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                      at::Tensor& out, const at::Tensor& seq_lens, const at::Tensor& block_table, double scale) {
+  const char* op = "edgectl::decode_attention";
+  for (const at::Tensor* t : {&query, &key_cache, &value_cache, static_cast<const at::Tensor*>(&out)})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kBFloat16, op,
+                ": query, caches and out must be bfloat16 CPU tensors, got ", t->scalar_type());
+  TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), op, ": query and out must be [tokens, heads, dim] "
+              "of one shape, got ", query.sizes(), " and ", out.sizes());
+  TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
+              value_cache.strides() == key_cache.strides(), op, ": key and value caches must be "
+              "[blocks, kv_heads, block_size, dim] with the same strides, got ", key_cache.sizes(), " and ",
+              value_cache.sizes());
+  const int64_t seqs = query.size(0), heads = query.size(1), dim = query.size(2);
+  const int64_t kv_heads = key_cache.size(1), block_size = key_cache.size(2);
+  TORCH_CHECK(key_cache.size(3) == dim && kv_heads > 0 && heads % kv_heads == 0 &&
+              heads / kv_heads <= kAttnMaxGroup, op, ": query heads must be a multiple (at most ", kAttnMaxGroup,
+              ") of the caches' KV heads and the head sizes equal, got query ", query.sizes(), " and caches ",
+              key_cache.sizes());
+  TORCH_CHECK(dim % 16 == 0 && dim <= kAttnMaxDim && block_size >= 1 && block_size <= kAttnMaxBlock, op,
+              ": head size must be a multiple of 16 up to ", kAttnMaxDim, " and the block at most ", kAttnMaxBlock,
+              " tokens, got ", dim, " and ", block_size);
+  TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1 && key_cache.stride(3) == 1 && key_cache.stride(2) == dim,
+              op, ": rows of dim must be contiguous (query ", query.strides(), ", caches ", key_cache.strides(), ")");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.dim() == 1 && seq_lens.size(0) == seqs &&
+              seq_lens.is_contiguous(), op, ": seq_lens must be int32 [tokens], got ", seq_lens.sizes(), " ",
+              seq_lens.scalar_type());
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) >= seqs &&
+              block_table.stride(1) == 1, op, ": block_table must be int32 [>= tokens, blocks] with contiguous rows, "
+              "got ", block_table.sizes(), " ", block_table.scalar_type());
+  if (seqs == 0) return;
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  int64_t max_blocks = 0;
+  for (int64_t s = 0; s < seqs; ++s) {
+    TORCH_CHECK(lens[s] >= 0, op, ": seq_lens[", s, "] is negative");
+    max_blocks = std::max(max_blocks, ceil_div(lens[s], block_size));
+  }
+  TORCH_CHECK(max_blocks <= block_table.size(1), op, ": a sequence of ", max_blocks, " blocks in a block table of ",
+              block_table.size(1));
+  const int64_t group = heads / kv_heads;
+  at::Tensor partials = at::empty({seqs * kv_heads * std::max<int64_t>(max_blocks, 1) * group * (dim + 2)},
+                                  query.options().dtype(at::kFloat));
+  const auto* q = reinterpret_cast<const uint16_t*>(query.data_ptr());
+  DecodeAttention a{q, query.stride(0), query.stride(1),
+                    reinterpret_cast<const uint16_t*>(key_cache.data_ptr()),
+                    reinterpret_cast<const uint16_t*>(value_cache.data_ptr()), key_cache.stride(0), key_cache.stride(1),
+                    lens, block_table.data_ptr<int32_t>(), block_table.stride(0),
+                    reinterpret_cast<uint16_t*>(out.data_ptr()), out.stride(0), out.stride(1),
+                    seqs, heads, kv_heads, dim, block_size, max_blocks, (float)scale, partials.data_ptr<float>()};
+  active().decode_attention(a);
+}
+
 std::vector<std::string> supported_isas() { return supported_names(); }
 
 }  // namespace
 }  // namespace edgectl
 
-// Schemas: every op is functional (returns new tensors), so torch.compile can treat each call as
+// Schemas: every op but decode_attention is functional (returns new tensors), so torch.compile can treat each call as
 // one opaque node once the fake implementations (ops/_library.py) are registered.
 TORCH_LIBRARY(edgectl, m) {
   m.def("kernel_isa() -> str");
@@ -395,6 +450,9 @@ TORCH_LIBRARY(edgectl, m) {
   m.def("dequantize(Tensor w, int n, int k, int bits, ScalarType dtype) -> Tensor");
   m.def("set_dense_from_m(int m) -> int");
   m.def("dense_rows(int m) -> int");
+  // The one op that writes into its argument: vLLM's attention hands the output buffer in.
+  m.def("decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor(a!) out, Tensor seq_lens, "
+        "Tensor block_table, float scale) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(edgectl, CPU, m) {
@@ -406,6 +464,7 @@ TORCH_LIBRARY_IMPL(edgectl, CPU, m) {
   m.impl("add_rms_norm", edgectl::add_rms_norm);
   m.impl("rms_norm", edgectl::rms_norm);
   m.impl("dequantize", edgectl::dequantize);
+  m.impl("decode_attention", edgectl::decode_attention);
 }
 
 // Ops without tensor arguments have no dispatch key: registered as CompositeExplicitAutograd

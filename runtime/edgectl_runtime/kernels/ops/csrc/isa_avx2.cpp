@@ -343,11 +343,164 @@ void add_rms_norm(const void* x, void* residual, const void* weight, void* out, 
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Decode attention (kernels.h), as isa_avx512vnni.cpp does it with 256-bit vectors: a load takes
+// 16 bf16 of a row, a shift and a mask make the 8 even and the 8 odd elements as fp32.
+
+inline __m256 even_bf16(__m256i x) { return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)); }
+inline __m256 odd_bf16(__m256i x) { return _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u))); }
+
+// r[i] = the sum of the 8 lanes of v[i], i = 0..7: pairs, quads within each 128-bit half, halves.
+inline __m256 hsum8x8(const __m256* v) {
+  __m256 x[4], y[2];
+  for (int i = 0; i < 4; ++i)  // half of x[i]: {a0+a2, b0+b2, a1+a3, b1+b3}, a = v[2i], b = v[2i+1]
+    x[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 2; ++i) {  // half c of y[i], lane j: half c of v[4i + j], summed
+    const __m256d a = _mm256_castps_pd(x[2 * i]), b = _mm256_castps_pd(x[2 * i + 1]);
+    y[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+  }
+  return _mm256_add_ps(_mm256_permute2f128_ps(y[0], y[1], 0x20), _mm256_permute2f128_ps(y[0], y[1], 0x31));
+}
+
+// Lanes [0, count) set, as a blend mask.
+inline __m256 first_lanes(int64_t count) {
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
+// e^x for x <= 0: the polynomial of isa_avx512vnni.cpp's exp_nonpositive; 2^n built in the
+// exponent field (n >= -126 after the clamp, so always a normal float).
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3365447505531f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// Elements 0..7 and 8..15 of a row from its even and odd halves.
+inline void interleave_even_odd(__m256 e, __m256 o, float* out) {
+  const __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);  // {e0 o0 e1 o1 | e4 o4 e5 o5}, ...
+  _mm256_storeu_ps(out, _mm256_permute2f128_ps(lo, hi, 0x20));
+  _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+// One block (common_inl.h decode_attention_by_blocks) for a head size of 16 * C.
+template <int C>
+void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n,
+                  float* part) {
+  constexpr int64_t dim = 16 * C;
+  const int64_t group = attn_group(a), width = attn_width(a);
+  __m256 qe[kAttnMaxGroup][C], qo[kAttnMaxGroup][C];
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < C; ++c) {
+      const __m256i x = _mm256_loadu_si256((const __m256i*)(q + g * a.q_head_stride + 16 * c));
+      qe[g][c] = even_bf16(x);
+      qo[g][c] = odd_bf16(x);
+    }
+  // Scores, 8 tokens at a time: each key row is widened once and met by every query head.
+  alignas(32) float scores[kAttnMaxGroup][kAttnMaxBlock + 8];
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    const int64_t count = n - t0 < 8 ? n - t0 : 8;
+    __m256 dots[kAttnMaxGroup][8];
+    for (int64_t i = 0; i < 8; ++i) {
+      if (i >= count) {
+        for (int64_t g = 0; g < group; ++g) dots[g][i] = _mm256_setzero_ps();
+        continue;
+      }
+      const uint16_t* row = k + (t0 + i) * dim;
+      prefetch_row_ahead(row, dim * 2);
+      __m256 ke[C], ko[C];
+      for (int c = 0; c < C; ++c) {
+        const __m256i x = _mm256_loadu_si256((const __m256i*)(row + 16 * c));
+        ke[c] = even_bf16(x);
+        ko[c] = odd_bf16(x);
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        __m256 acc = _mm256_mul_ps(ke[0], qe[g][0]);
+        acc = _mm256_fmadd_ps(ko[0], qo[g][0], acc);
+        for (int c = 1; c < C; ++c) {
+          acc = _mm256_fmadd_ps(ke[c], qe[g][c], acc);
+          acc = _mm256_fmadd_ps(ko[c], qo[g][c], acc);
+        }
+        dots[g][i] = acc;
+      }
+    }
+    for (int64_t g = 0; g < group; ++g)  // lanes past count are written and never read
+      _mm256_storeu_ps(&scores[g][t0], _mm256_mul_ps(hsum8x8(dots[g]), _mm256_set1_ps(a.scale)));
+  }
+  // Softmax within the block: its maximum, p = e^(s - max) in place, their sum.
+  for (int64_t g = 0; g < group; ++g) {
+    __m256 top = _mm256_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < n; t += 8)
+      top = _mm256_max_ps(top, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(&scores[g][t]),
+                                                first_lanes(n - t)));
+    const float m = hmax8(top);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; t += 8) {
+      const __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(&scores[g][t]), _mm256_set1_ps(m)));
+      _mm256_storeu_ps(&scores[g][t], p);
+      sum = _mm256_add_ps(sum, _mm256_and_ps(p, first_lanes(n - t)));
+    }
+    part[g * width + dim] = m;
+    part[g * width + dim + 1] = hsum8(sum);
+  }
+  // Values: each row widened once, added into every query head's sums with its weight.
+  __m256 acc_e[kAttnMaxGroup][C], acc_o[kAttnMaxGroup][C];
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < C; ++c) acc_e[g][c] = acc_o[g][c] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    const uint16_t* row = v + t * dim;
+    prefetch_row_ahead(row, dim * 2);
+    __m256 ve[C], vo[C];
+    for (int c = 0; c < C; ++c) {
+      const __m256i x = _mm256_loadu_si256((const __m256i*)(row + 16 * c));
+      ve[c] = even_bf16(x);
+      vo[c] = odd_bf16(x);
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      const __m256 p = _mm256_set1_ps(scores[g][t]);
+      for (int c = 0; c < C; ++c) {
+        acc_e[g][c] = _mm256_fmadd_ps(p, ve[c], acc_e[g][c]);
+        acc_o[g][c] = _mm256_fmadd_ps(p, vo[c], acc_o[g][c]);
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < C; ++c) interleave_even_odd(acc_e[g][c], acc_o[g][c], part + g * width + 16 * c);
+}
+
+void decode_attention(const DecodeAttention& a) {
+  switch (a.dim) {
+    case 32: return decode_attention_by_blocks(a, attend_block<2>);
+    case 64: return decode_attention_by_blocks(a, attend_block<4>);
+    case 80: return decode_attention_by_blocks(a, attend_block<5>);
+    case 96: return decode_attention_by_blocks(a, attend_block<6>);
+    case 112: return decode_attention_by_blocks(a, attend_block<7>);
+    case 128: return decode_attention_by_blocks(a, attend_block<8>);
+    case 160: return decode_attention_by_blocks(a, attend_block<10>);
+    case 192: return decode_attention_by_blocks(a, attend_block<12>);
+    case 224: return decode_attention_by_blocks(a, attend_block<14>);
+    case 256: return decode_attention_by_blocks(a, attend_block<16>);
+    default: return decode_attention_by_blocks(a, attend_block_scalar);
+  }
+}
+
 }  // namespace
 
 const KernelTable& kernel_table_avx2() {
   static const KernelTable table = {"avx2",        quantize_activations, linear_w4, linear_w8,
-                                    dequantize_w4, dequantize_w8,        add_rms_norm};
+                                    dequantize_w4, dequantize_w8,        add_rms_norm,
+                                    decode_attention};
   return table;
 }
 

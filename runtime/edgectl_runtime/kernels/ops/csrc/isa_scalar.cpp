@@ -172,6 +172,8 @@ void dequantize_w8(const uint8_t* w, int64_t kblocks, int64_t rows, int64_t k, v
   for (int64_t i = 0; i < rows; ++i) dequant_row_w8(w, kblocks, i, k, out, i, dtype);
 }
 
+void decode_attention(const DecodeAttention& a) { decode_attention_by_blocks(a, attend_block_scalar); }
+
 }  // namespace
 
 void gather_rows_w4(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64_t count, int64_t k,
@@ -186,7 +188,8 @@ void gather_rows_w8(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64
 
 const KernelTable& kernel_table_scalar() {
   static const KernelTable table = {"scalar",      quantize_activations, linear_w4, linear_w8,
-                                    dequantize_w4, dequantize_w8,        add_rms_norm};
+                                    dequantize_w4, dequantize_w8,        add_rms_norm,
+                                    decode_attention};
   return table;
 }
 

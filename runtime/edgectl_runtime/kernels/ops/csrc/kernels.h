@@ -76,6 +76,39 @@ using DequantizeFn = void (*)(const uint8_t* w, int64_t kblocks, int64_t rows, i
 using AddRmsNormFn = void (*)(const void* x, void* residual, const void* weight, void* out,
                               DType dtype, int64_t rows, int64_t hidden, float eps);
 
+// Decode attention over vLLM's paged KV cache (its CPU_ATTN layout, vllm/v1/attention/backends/
+// cpu_attn.py: per block and KV head, `block_size` key rows of `dim` bf16, the value rows likewise
+// in their own view). One query token per sequence, the last position: it attends to every one of
+// the sequence's `seq_lens[s]` cached tokens (no mask needed). Query head i reads KV head
+// i / (heads / kv_heads). All tensors bf16; strides in elements; rows of `dim` contiguous.
+//
+// The work is split by (sequence, KV head, block): each item writes a partial result for the
+// `group` query heads of its KV head, over its block only (flash-decoding: acc[dim] = sum_t p_t v_t,
+// then max and sum, p_t = exp(s_t - max), s_t = scale * q . k_t), into
+// partials[item][group][dim + 2]; a second pass merges the partials of a (sequence, KV head):
+// out = sum_j exp(m_j - M) acc_j / sum_j exp(m_j - M) l_j. Every query row is read once per
+// block it meets, every key and value row once: the KV streams from memory front to back.
+// ops/reference.py decode_attention is the same in plain PyTorch.
+struct DecodeAttention {
+  const uint16_t* q;
+  int64_t q_seq_stride, q_head_stride;
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t block_stride, head_stride;  // of both caches: block b, KV head h at b * block_stride + h * head_stride
+  const int32_t* seq_lens;            // [seqs]
+  const int32_t* block_table;         // [seqs][table_stride]: cache block of each block of a sequence
+  int64_t table_stride;
+  uint16_t* out;
+  int64_t out_seq_stride, out_head_stride;
+  int64_t seqs, heads, kv_heads, dim, block_size, max_blocks;  // max_blocks: of the longest sequence
+  float scale;
+  float* partials;  // [seqs][kv_heads][max_blocks][group][dim + 2], scratch
+};
+constexpr int64_t kAttnMaxGroup = 16;     // query heads per KV head
+constexpr int64_t kAttnMaxBlock = 512;    // tokens per KV block
+constexpr int64_t kAttnMaxDim = 256;      // a multiple of 16
+using DecodeAttentionFn = void (*)(const DecodeAttention& a);
+
 struct KernelTable {
   const char* name;  // "scalar", "avx2", "avx512vnni"
   QuantizeActsFn quantize_activations;
@@ -84,6 +117,7 @@ struct KernelTable {
   DequantizeFn dequantize_w4;
   DequantizeFn dequantize_w8;
   AddRmsNormFn add_rms_norm;
+  DecodeAttentionFn decode_attention;
 };
 
 // One per ISA file. The dispatcher calls only those the CPU and the OS support.

@@ -355,6 +355,18 @@ def test_huge_pages_only_when_asked_set_pytorchs_allocator_variable(asked: bool 
     assert asked is not None or "huge pages" in why["detail"]
 
 
+@pytest.mark.parametrize("asked", [None, False, True])
+def test_a_text_plan_takes_edgectls_decode_attention_only_when_asked(asked: bool | None):
+    from edgectl.contract import environment
+
+    p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2), decode_attention=asked)
+    assert p.levers.decode_attention is bool(asked)
+    assert environment.runtime_levers(p)["EDGECTL_DECODE_ATTENTION"] == ("1" if asked else "0")
+    why = reasons_by_decision(p)["decode_attention"][0]
+    assert why["source"] == ("default" if asked is None else "flag")
+    assert asked is not None or "until measured" in why["detail"]
+
+
 def test_threads_flag_within_the_usable_cpus():
     p = make_plan(host_facts("arm64-board"), shape(SMOLLM2), threads=3)
     assert p.threads == 3 and p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-2"

@@ -26,7 +26,7 @@ from plan_helpers import (
 )
 from vision_helpers import SPEC, make_vlm, vlm_config
 
-from edgectl.contract.plan import Plan, Request, Source, WeightFormat
+from edgectl.contract.plan import BenchLevers, Plan, Request, Source, WeightFormat
 from edgectl.contract.vision import ImageLimits
 from edgectl.contract.vllm_args import server_args
 from edgectl.errors import EdgectlError
@@ -73,6 +73,20 @@ def test_it_is_planned_as_its_text_model_with_the_tower_in_the_weights(vlm):
     # a processor beside the tokenizer: the tokenizer as vLLM holds it; eager unless asked
     assert p.levers.tokenizer == "vllm" and p.compilation == "eager"
     assert p.predicted.decode_tok_s is None  # nobody measured a vision model on this class
+
+
+@pytest.mark.parametrize("asked", [None, False, True])
+def test_decode_steps_take_edgectls_attention_unless_asked_otherwise(vlm, asked):
+    """On by default for a vision plan (an image's ~1150 tokens in every decode step's attention), with
+    the measurement in its reason; the runtime's variable follows the lever."""
+    from edgectl.contract import environment
+
+    p = vision_plan(vlm, bench=BenchLevers(decode_attention=asked))
+    assert p.levers.decode_attention is (asked is not False)
+    assert environment.runtime_levers(p)["EDGECTL_DECODE_ATTENTION"] == ("0" if asked is False else "1")
+    why = [r for r in p.reasons if r.decision == "decode_attention"][0]
+    assert (str(why.source) == "default") == (asked is None)
+    assert asked is not None or "interleaved" in why.detail
 
 
 def test_image_tokens_come_from_the_processors_tiling_of_the_largest_image(vlm):

@@ -104,7 +104,12 @@ def test_a_vision_plan_is_served_answers_an_image_and_refuses_a_bad_one(tmp_path
         assert status == 400 and "is not an image" in refused["error"]["message"], refused
         status, again = _chat(port, good)  # still serving
         assert status == 200 and again["usage"]["completion_tokens"] >= 1, again
-        assert _get(f"http://127.0.0.1:{port}/edgectl/effective", timeout=30)[1]["images_served"] == 3
+        effective = _get(f"http://127.0.0.1:{port}/edgectl/effective", timeout=30)[1]
+        assert effective["images_served"] == 3
+        # the plan's decode attention is edgectl's, and decode steps took it (prefill and the tower: vLLM's)
+        attention = effective["decode_attention"]
+        assert attention["kernel"] == "edgectl" and attention["calls"]["edgectl"] > 0 < attention["calls"]["vllm"], \
+            attention
     finally:
         proc.terminate()
         try:

@@ -122,6 +122,11 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("huge-pages", "worker", {"huge_pages": True},
             "the plan with PyTorch's allocations of 2 MiB or more on transparent huge pages (THP_MEM_ALLOC_ENABLE=1; "
             "the tree's AnonHugePages read back)"),
+    ArmSpec("vllm-attention", "worker", {"decode_attention": False},
+            "the plan with every attention call on vLLM's CPU op (edgectl's decode-attention kernel off; "
+            "read back from the worker)"),
+    ArmSpec("edgectl-attention", "worker", {"decode_attention": True},
+            "the plan with decode steps on edgectl's attention kernel over the bf16 KV (read back from the worker)"),
     ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
             "the plan with fp8_e4m3 KV (half the KV bytes at the same context; AVX-512 or AMX only)"),
     ArmSpec("llama.cpp", "llama.cpp", {}, "llama-server on the GGUF the model was converted from"),

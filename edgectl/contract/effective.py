@@ -146,6 +146,8 @@ class Effective:
     kv_cache_dtype: tuple[str, ...] | None = None
     kv_tensor_dtypes: tuple[str, ...] | None = None
     attention_isa: tuple[str, ...] | None = None
+    # whose kernel attention calls take in the worker: {"kernel": "edgectl" | "vllm", "calls": {"edgectl": n, "vllm": n}}
+    decode_attention: dict[str, Any] | None = None
     embedding_pack: dict[str, EmbeddingPackState] | None = None
     rope_rows: dict[str, int] | None = None
     linear_formats: dict[str, str] | None = None
@@ -252,6 +254,9 @@ def mismatches(plan: Plan, effective: Effective | Mapping[str, Any]) -> list[str
         out.append(f"the model was loaded with {effective.load_format!r}, a GGUF is served by {GGUF_LOAD_FORMAT!r}")
     out += _processes(plan, effective)
     out += _kv_dtype(plan, effective)
+    if effective.decode_attention is not None:  # reported by workers since the lever exists
+        differ("the decode attention's kernel", "edgectl" if plan.levers.decode_attention else "vllm",
+               effective.decode_attention.get("kernel"))
     out += _memory_levers(plan, effective)
     return out
 

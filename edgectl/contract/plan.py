@@ -204,6 +204,7 @@ class BenchLevers:
     python_optimize: int | None = None  # 0 or 2 (python -OO)
     thread_wait: str | None = None  # spin | passive | spin-short
     huge_pages: bool | None = None  # PyTorch's allocations of 2 MiB or more on transparent huge pages
+    decode_attention: bool | None = None  # decode steps on edgectl's attention kernel (else vLLM's)
     speech_head: str | None = None  # a speech model's: dense | w8-scan
     speech_dtype: str | None = None  # a speech model's activations with --format w8a8: float16 | bfloat16 | float32
 
@@ -234,7 +235,7 @@ class Request:
                    "threads", "name", "host", "port", "topology", "rope_cap", "layerwise_repack",
                    "reserve_frontend_core", "compilation", "quantize_lm_head", "kv_cache_bytes", "kv_cache_dtype",
                    "embedding_pack", "optional_imports", "tokenizer", "idle_trim", "python_optimize", "thread_wait",
-                   "huge_pages", "speech_head", "speech_dtype", "watchdog_s")
+                   "huge_pages", "decode_attention", "speech_head", "speech_dtype", "watchdog_s")
 
     @classmethod
     def from_flat(cls, **values: Any) -> Request:
@@ -298,6 +299,8 @@ class Levers:
     # PyTorch's CPU allocator asks for transparent huge pages on allocations of 2 MiB or more
     # (THP_MEM_ALLOC_ENABLE): the weights and the KV cache on fewer TLB entries
     huge_pages: bool = field(default=False, kw_only=True)
+    # decode steps attend with edgectl's kernel over the bf16 KV (EDGECTL_DECODE_ATTENTION), vLLM's otherwise
+    decode_attention: bool = field(default=False, kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Reasons
 from edgectl.planner.engine import (
+    DECODE_ATTENTION_NOT_MEASURED,
     choose_batched_tokens,
     choose_compilation,
     choose_levers,
@@ -82,7 +83,8 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     check_request(request)
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(choose_compilation(request, profile))
-    memory_levers = why.take(choose_memory_levers(request.bench, facts, topology))
+    memory_levers = why.take(choose_memory_levers(request.bench, facts, topology,
+                                                  decode_attention=(False, DECODE_ATTENTION_NOT_MEASURED)))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request, compilation))

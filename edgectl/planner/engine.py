@@ -174,6 +174,7 @@ class MemoryLevers:
     tokenizer: TokenizerLever = TokenizerLever.LEAN
     idle_trim: bool = True
     huge_pages: bool = False
+    decode_attention: bool = False
 
     def levers(self, *, rope_cap: bool, layerwise_repack: bool, topology: Topology,
                reserve_frontend_core: bool, thread_wait: ThreadWait) -> Levers:
@@ -182,7 +183,7 @@ class MemoryLevers:
                       reserve_frontend_core=reserve_frontend_core, embedding_pack=self.embedding_pack,
                       optional_imports=self.optional_imports, python_optimize=self.python_optimize,
                       tokenizer=self.tokenizer, idle_trim=self.idle_trim, thread_wait=thread_wait,
-                      huge_pages=self.huge_pages)
+                      huge_pages=self.huge_pages, decode_attention=self.decode_attention)
 
 
 # Why the worker gives freed heap memory back when it goes quiet (measured, docs/memory.md "Freed but resident").
@@ -199,6 +200,19 @@ HUGE_PAGES_EVIDENCE = ("off: with the weights and the KV on transparent huge pag
                        "1B-class shape 41.2 against 42.8 (already at ~91% of the copy bandwidth), at the same PSS "
                        "(x86_64-avx512-bf16, 3 interleaved passes each, docs/kernels.md \"Huge pages\"); the bench's "
                        "huge-pages arm measures it on other boxes")
+
+
+# Whether decode steps attend with edgectl's kernel (runtime/edgectl_runtime/vllm_plugin/decode_attention.py).
+DECODE_ATTENTION_VISION = (
+    "on: with an image's ~1150 tokens in context a decode step's attention is most of what the image costs; "
+    "edgectl's kernel over the bf16 KV took 0.77-0.87 ms a token for 30 layers of this shape where vLLM's took "
+    "1.67-2.04 ms (the two ops interleaved, the KV from memory as in a step, x86_64-avx512-bf16; "
+    "docs/vision.md \"An attention of edgectl's\"); `edgectl bench --arms planned,vllm-attention` measures it in "
+    "the engine")
+DECODE_ATTENTION_NOT_MEASURED = (
+    "off until measured in this modality's engine: edgectl's decode attention is measured on the vision shape "
+    "model (docs/vision.md \"An attention of edgectl's\"); `edgectl bench --arms planned,edgectl-attention` "
+    "measures it here")
 
 
 def vllm_packs_embeddings(facts: HostFacts) -> bool | None:
@@ -230,11 +244,13 @@ def _embedding_pack_detail(facts: HostFacts) -> str:
             f"where it does, only the LM head keeps its copy ({measured})")
 
 
-def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology = Topology.SINGLE_PROCESS
-                         ) -> Decided[MemoryLevers]:
+def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology = Topology.SINGLE_PROCESS,
+                         *, decode_attention: tuple[bool, str] = (False, "")) -> Decided[MemoryLevers]:
     """What the worker's runtime holds beyond the model (docs/memory.md: each measured on SmolLM2's
     default plan against the plan without it, 3 interleaved passes on x86_64-amx). The embedding
-    lever's saving depends on the host: it says which (``vllm_packs_embeddings``)."""
+    lever's saving depends on the host: it says which (``vllm_packs_embeddings``).
+    ``decode_attention``: the planner's default for that lever and its evidence (by modality:
+    ``DECODE_ATTENTION_VISION``, ``DECODE_ATTENTION_NOT_MEASURED``)."""
     levers = MemoryLevers(
         embedding_pack=EmbeddingPack(asked.embedding_pack or EmbeddingPack.LM_HEAD),
         optional_imports=OptionalImports(asked.optional_imports or OptionalImports.SKIP),
@@ -243,6 +259,7 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
         # the trim runs on the in-process engine thread's idle beats (runtime/edgectl_runtime/vllm_plugin/inproc.py)
         idle_trim=(topology is Topology.SINGLE_PROCESS) if asked.idle_trim is None else asked.idle_trim,
         huge_pages=bool(asked.huge_pages),
+        decode_attention=decode_attention[0] if asked.decode_attention is None else asked.decode_attention,
     )
 
     def source(value: object) -> Source:
@@ -267,6 +284,8 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
                "off: the engine runs in vLLM's own processes, where edgectl has no idle beat to trim on"),
         Reason("huge_pages", levers.huge_pages, source(asked.huge_pages),
                "asked" if asked.huge_pages is not None else HUGE_PAGES_EVIDENCE),
+        Reason("decode_attention", levers.decode_attention, source(asked.decode_attention),
+               "asked" if asked.decode_attention is not None else decode_attention[1]),
     )
 
 

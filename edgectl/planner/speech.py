@@ -46,7 +46,7 @@ from edgectl.errors import EdgectlError
 from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Decided, Reasons
-from edgectl.planner.engine import MemoryLevers, choose_memory_levers, choose_topology
+from edgectl.planner.engine import DECODE_ATTENTION_NOT_MEASURED, MemoryLevers, choose_memory_levers, choose_topology
 from edgectl.planner.formats import host_runs
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request
@@ -294,7 +294,7 @@ def _compilation(request: Request) -> Decided[Compilation]:
 def _memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:
     """The text planner's memory levers, but the tokenizer as vLLM keeps it: a Whisper model has a
     processor (the feature extractor) beside its tokenizer, which the lean lever does not handle."""
-    levers = choose_memory_levers(asked, facts, topology)
+    levers = choose_memory_levers(asked, facts, topology, decode_attention=(False, DECODE_ATTENTION_NOT_MEASURED))
     kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
     optimize = 0 if asked.python_optimize is None else asked.python_optimize
     value = replace(levers.value, tokenizer=TokenizerLever.VLLM, python_optimize=optimize)

@@ -48,6 +48,7 @@ from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Decided, Reasons
 from edgectl.planner.engine import (
+    DECODE_ATTENTION_VISION,
     MemoryLevers,
     choose_batched_tokens,
     choose_levers,
@@ -236,7 +237,7 @@ def _compilation(request: Request) -> Decided[Compilation]:
 def _memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:
     """The text planner's memory levers, but the tokenizer as vLLM keeps it (a vision model has a processor
     beside its tokenizer, which the lean lever does not handle) and no python -OO (not tried with it)."""
-    levers = choose_memory_levers(asked, facts, topology)
+    levers = choose_memory_levers(asked, facts, topology, decode_attention=(True, DECODE_ATTENTION_VISION))
     kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
     optimize = 0 if asked.python_optimize is None else asked.python_optimize
     value = replace(levers.value, tokenizer=TokenizerLever.VLLM, python_optimize=optimize)

@@ -276,7 +276,7 @@ def collect_worker_facts(worker) -> dict[str, Any]:
     server's own process; otherwise vLLM's worker process, through :class:`ReadbackExtension`), so
     what it reports is what the forward pass really uses, not what a config object says.
     """
-    from edgectl_runtime.vllm_plugin import compile_cache
+    from edgectl_runtime.vllm_plugin import compile_cache, decode_attention
 
     runner = worker.model_runner
     kv = getattr(runner, "kv_caches", None)
@@ -305,6 +305,8 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         # torch.cpu's ISA answers (vllm/v1/attention/backends/cpu_attn.py _get_attn_isa, set on the
         # layer by _set_isa_to_layers)
         "attention_isa": sorted({str(m.isa) for m in attention_layers if hasattr(m, "isa")}),
+        # whose kernel the attention calls of this process took: {"kernel": edgectl | vllm, "calls": {...}}
+        "decode_attention": decode_attention.counts(),
         "embedding_pack": {p["name"]: {"state": p["state"], "lm_head": p["lm_head"]}
                            for p in packed_copies(runner.model)},
         "rope_rows": {r["name"]: r["rows"] for r in described.get("rope", [])},

@@ -13,6 +13,8 @@ worker: ``vllm/plugins/__init__.py`` ``load_general_plugins``), before any model
   ``whisper_english.py``: tiny.en prompted without a language and a task);
 - registers edgectl's fused RMSNorm as provider ``edgectl`` of vLLM's norm IR ops
   (``fused_norm.py``), used only by a server whose ``ir_op_priority`` names it;
+- puts decode steps on edgectl's attention kernel if ``EDGECTL_DECODE_ATTENTION=1``
+  (``decode_attention.py``; off by default for the same reason as the RoPE cap below);
 - installs the RoPE cap if ``EDGECTL_ROPE_CAP=1`` (off by default: the plugin is loaded by
   every vLLM process in the venv, including a benchmark's unmodified "stock" arm);
 - asks Linux for permission to use AMX tiles where the CPU has them (:func:`request_amx`);
@@ -34,18 +36,20 @@ logger = logging.getLogger("edgectl.plugin")
 def register() -> None:
     """Called once per vLLM process."""
     from edgectl_runtime.kernels import cpu_int4  # registers the quantization method
-    from edgectl_runtime.vllm_plugin import fused_norm, gguf_loader, rope  # noqa: F401 (gguf_loader registers)
+    from edgectl_runtime.vllm_plugin import decode_attention, fused_norm, gguf_loader, rope  # noqa: F401 (gguf_loader registers)
 
     register_whisper()
     request_amx()
     capped = rope.install(os.environ)
+    attention = decode_attention.install(os.environ)
     norms = fused_norm.register()
     from edgectl_runtime.vllm_plugin import compile_cache, embedding
 
     compile_cache.install(os.environ)
     pack = embedding.install(os.environ)
-    logger.debug("edgectl plugin: %s registered, norms %s, RoPE cap %s, embedding pack %s", cpu_int4.NAME,
-                 norms or "unavailable", "on" if capped else "off", pack)
+    logger.debug("edgectl plugin: %s registered, norms %s, RoPE cap %s, embedding pack %s, decode attention %s",
+                 cpu_int4.NAME, norms or "unavailable", "on" if capped else "off", pack,
+                 "edgectl" if attention else "vllm")
 
 
 def register_whisper() -> None:

@@ -1,0 +1,99 @@
+"""Decode steps on edgectl's attention kernel (lever ``EDGECTL_DECODE_ATTENTION``).
+
+vLLM 0.32's CPU attention (``CPUAttentionBackendImpl.forward``,
+``vllm/v1/attention/backends/cpu_attn.py:344``) sends every call to its own op,
+``cpu_attention_with_kv_cache``; the KV of the step is written before, by ``do_kv_cache_update``.
+With the lever on, :func:`install` wraps that method: a call that is a pure decode step
+(:func:`handles`: one query token per sequence, bf16 query and KV, a decoder layer with no
+sliding window, soft cap, ALiBi or sinks, a head size and grouping the kernel takes) runs
+``torch.ops.edgectl.decode_attention`` on the same cache views vLLM would pass
+(``runtime/edgectl_runtime/kernels/ops/csrc``; tested against ops/reference.py); every other call
+(prefill, the vision tower's encoder attention, cross-attention, fp8 KV) goes to vLLM's method as
+it is. Why: vLLM's op reads a long context's KV at ~14 GB/s here, edgectl's at about twice that
+(docs/vision.md "An attention of edgectl's").
+
+The lever is off unless set: the plugin is loaded by every vLLM process in the venv, including
+a benchmark's unmodified "stock" arm. :func:`counts` says how many calls each side took in this
+process (the worker's read-back, service/readback.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import torch
+
+from edgectl.contract import environment as runtime_env
+
+logger = logging.getLogger("edgectl.decode_attention")
+
+MAX_GROUP, MAX_BLOCK, MAX_HEAD = 16, 512, 256  # csrc/kernels.h kAttnMaxGroup, kAttnMaxBlock, kAttnMaxDim
+_ORIGINAL: list = []  # vLLM's forward, once installed
+_DECODER: list = []  # vLLM's AttentionType.DECODER, looked up once
+_COUNTS = {"edgectl": 0, "vllm": 0}
+
+
+def handles(impl, layer, query: torch.Tensor, kv_cache: torch.Tensor, meta, output_scale, output_block_scale) -> bool:
+    """Whether this call is a decode step edgectl's kernel computes exactly as vLLM's op would."""
+    if meta is None or output_scale is not None or output_block_scale is not None:
+        return False
+    if impl.attn_type != _DECODER[0] or impl.is_fp8_kv_cache or impl.alibi_slopes is not None:
+        return False
+    if impl.sliding_window != -1 or impl.logits_soft_cap or impl.sinks is not None:
+        return False
+    if meta.max_query_len != 1 or meta.dynamic_causal is not None or meta.encoder_cache is not None:
+        return False
+    if query.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16 or query.dim() != 3:
+        return False
+    heads, kv_heads, head = impl.num_heads, impl.num_kv_heads, impl.head_size
+    if heads % kv_heads or heads // kv_heads > MAX_GROUP or head % 16 or head > MAX_HEAD:
+        return False
+    if kv_cache.size(2) > MAX_BLOCK or meta.num_actual_tokens != meta.seq_lens.size(0):
+        return False
+    return meta.seq_lens.dtype == torch.int32 and meta.block_table.dtype == torch.int32
+
+
+def _forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
+             output_block_scale=None):
+    if not handles(self, layer, query, kv_cache, attn_metadata, output_scale, output_block_scale):
+        if attn_metadata is not None:
+            _COUNTS["vllm"] += 1
+        return _ORIGINAL[0](self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
+                            output_block_scale)
+    tokens = attn_metadata.num_actual_tokens
+    blocks, kv_heads, block_size, _ = kv_cache.size()
+    key_cache, value_cache = kv_cache.view(blocks, kv_heads, block_size * 2, -1).chunk(2, dim=2)  # as vLLM's forward
+    torch.ops.edgectl.decode_attention(query[:tokens], key_cache, value_cache, output[:tokens], attn_metadata.seq_lens,
+                                       attn_metadata.block_table, self.scale)
+    _COUNTS["edgectl"] += 1
+    return output
+
+
+def install(environ: Mapping[str, str]) -> bool:
+    """Wrap vLLM's CPU attention if ``EDGECTL_DECODE_ATTENTION=1`` and edgectl's kernel library loads;
+    returns whether decode steps now take edgectl's kernel."""
+    if not runtime_env.read_bool("EDGECTL_DECODE_ATTENTION", environ):
+        return False
+    if _ORIGINAL:
+        return True
+    from edgectl_runtime.kernels import ops
+
+    ok, why = ops.available()
+    if not ok:
+        logger.warning("edgectl's decode attention is not available (vLLM's stays): %s", why)
+        return False
+    ops.load(environ)
+    from vllm.v1.attention.backend import AttentionType
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    _DECODER.append(AttentionType.DECODER)
+    _ORIGINAL.append(CPUAttentionBackendImpl.forward)
+    CPUAttentionBackendImpl.forward = _forward
+    return True
+
+
+def counts() -> dict[str, object]:
+    """Which kernel this process's attention calls took since it started (``kernel``: edgectl when
+    installed, else vllm)."""
+    return {"kernel": "edgectl" if _ORIGINAL else "vllm", "calls": dict(_COUNTS)}

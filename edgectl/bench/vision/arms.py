@@ -4,6 +4,8 @@
   (the text bench's ``arms.WorkerArm`` as it is: read-back ``GET /edgectl/effective``, checked
   against the plan; READY after its own answer about a shipped image), planned for
   ``measure.CONCURRENT_IMAGES`` requests at once.
+- ``vllm-attention``: the plan with every attention call on vLLM's own CPU op (edgectl's decode
+  attention off), the control of that lever; the worker reads back which kernel its calls took.
 - ``stock``: vLLM as it ships for this model (``stock_vllm.StockVllmArm``: ``--model DIR`` and its
   defaults), if it starts; ``stock-kv`` (not run unless asked): the same given the plan's KV bytes
   and requests at once, so its memory compares with the planned arm's.
@@ -35,6 +37,8 @@ from edgectl.errors import EdgectlError
 
 ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("planned", "worker", {}, "edgectl's worker on edgectl's vision plan for the model, as deploy serves it"),
+    ArmSpec("vllm-attention", "worker", {"decode_attention": False},
+            "edgectl's vision plan with every attention call on vLLM's CPU op (edgectl's decode attention off)"),
     ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
                                        "with its defaults (the served name, host and port only; edgectl's plugin "
                                        "left out)"),

@@ -387,6 +387,16 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+// A row of 16 * C bf16 as fp32 vectors of its even and odd elements.
+template <int C>
+inline void widen_row(const uint16_t* row, __m256* even, __m256* odd) {
+  for (int c = 0; c < C; ++c) {
+    const __m256i x = _mm256_loadu_si256((const __m256i*)(row + 16 * c));
+    even[c] = even_bf16(x);
+    odd[c] = odd_bf16(x);
+  }
+}
+
 // Elements 0..7 and 8..15 of a row from its even and odd halves.
 inline void interleave_even_odd(__m256 e, __m256 o, float* out) {
   const __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);  // {e0 o0 e1 o1 | e4 o4 e5 o5}, ...
@@ -401,12 +411,7 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
   constexpr int64_t dim = 16 * C;
   const int64_t group = attn_group(a), width = attn_width(a);
   __m256 qe[kAttnMaxGroup][C], qo[kAttnMaxGroup][C];
-  for (int64_t g = 0; g < group; ++g)
-    for (int c = 0; c < C; ++c) {
-      const __m256i x = _mm256_loadu_si256((const __m256i*)(q + g * a.q_head_stride + 16 * c));
-      qe[g][c] = even_bf16(x);
-      qo[g][c] = odd_bf16(x);
-    }
+  for (int64_t g = 0; g < group; ++g) widen_row<C>(q + g * a.q_head_stride, qe[g], qo[g]);
   // Scores, 8 tokens at a time: each key row is widened once and met by every query head.
   alignas(32) float scores[kAttnMaxGroup][kAttnMaxBlock + 8];
   for (int64_t t0 = 0; t0 < n; t0 += 8) {
@@ -420,11 +425,7 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
       const uint16_t* row = k + (t0 + i) * dim;
       prefetch_row_ahead(row, dim * 2);
       __m256 ke[C], ko[C];
-      for (int c = 0; c < C; ++c) {
-        const __m256i x = _mm256_loadu_si256((const __m256i*)(row + 16 * c));
-        ke[c] = even_bf16(x);
-        ko[c] = odd_bf16(x);
-      }
+      widen_row<C>(row, ke, ko);
       for (int64_t g = 0; g < group; ++g) {
         __m256 acc = _mm256_mul_ps(ke[0], qe[g][0]);
         acc = _mm256_fmadd_ps(ko[0], qo[g][0], acc);
@@ -462,11 +463,7 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
     const uint16_t* row = v + t * dim;
     prefetch_row_ahead(row, dim * 2);
     __m256 ve[C], vo[C];
-    for (int c = 0; c < C; ++c) {
-      const __m256i x = _mm256_loadu_si256((const __m256i*)(row + 16 * c));
-      ve[c] = even_bf16(x);
-      vo[c] = odd_bf16(x);
-    }
+    widen_row<C>(row, ve, vo);
     for (int64_t g = 0; g < group; ++g) {
       const __m256 p = _mm256_set1_ps(scores[g][t]);
       for (int c = 0; c < C; ++c) {

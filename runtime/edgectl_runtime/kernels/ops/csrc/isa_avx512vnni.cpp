@@ -356,6 +356,16 @@ inline __m512 exp_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// A row of 32 * C bf16 as fp32 vectors of its even and odd elements.
+template <int C>
+inline void widen_row(const uint16_t* row, __m512* even, __m512* odd) {
+  for (int c = 0; c < C; ++c) {
+    const __m512i x = _mm512_loadu_si512(row + 32 * c);
+    even[c] = even_bf16(x);
+    odd[c] = odd_bf16(x);
+  }
+}
+
 // Elements 0..15 and 16..31 of a row from its even and odd halves.
 inline void interleave_even_odd(__m512 e, __m512 o, float* out) {
   const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
@@ -371,12 +381,7 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
   constexpr int64_t dim = 32 * C;
   const int64_t group = attn_group(a), width = attn_width(a);
   __m512 qe[kAttnMaxGroup][C], qo[kAttnMaxGroup][C];
-  for (int64_t g = 0; g < group; ++g)
-    for (int c = 0; c < C; ++c) {
-      const __m512i x = _mm512_loadu_si512(q + g * a.q_head_stride + 32 * c);
-      qe[g][c] = even_bf16(x);
-      qo[g][c] = odd_bf16(x);
-    }
+  for (int64_t g = 0; g < group; ++g) widen_row<C>(q + g * a.q_head_stride, qe[g], qo[g]);
   // Scores, 16 tokens at a time: each key row is widened once and met by every query head.
   alignas(64) float scores[kAttnMaxGroup][kAttnMaxBlock];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
@@ -390,11 +395,7 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
       const uint16_t* row = k + (t0 + i) * dim;
       prefetch_row_ahead(row, dim * 2);
       __m512 ke[C], ko[C];
-      for (int c = 0; c < C; ++c) {
-        const __m512i x = _mm512_loadu_si512(row + 32 * c);
-        ke[c] = even_bf16(x);
-        ko[c] = odd_bf16(x);
-      }
+      widen_row<C>(row, ke, ko);
       for (int64_t g = 0; g < group; ++g) {
         __m512 acc = _mm512_mul_ps(ke[0], qe[g][0]);
         acc = _mm512_fmadd_ps(ko[0], qo[g][0], acc);
@@ -435,11 +436,7 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
     const uint16_t* row = v + t * dim;
     prefetch_row_ahead(row, dim * 2);
     __m512 ve[C], vo[C];
-    for (int c = 0; c < C; ++c) {
-      const __m512i x = _mm512_loadu_si512(row + 32 * c);
-      ve[c] = even_bf16(x);
-      vo[c] = odd_bf16(x);
-    }
+    widen_row<C>(row, ve, vo);
     for (int64_t g = 0; g < group; ++g) {
       const __m512 p = _mm512_set1_ps(scores[g][t]);
       for (int c = 0; c < C; ++c) {

@@ -5,7 +5,10 @@ vLLM 0.32's CPU attention (``CPUAttentionBackendImpl.forward``,
 ``cpu_attention_with_kv_cache``; the KV of the step is written before, by ``do_kv_cache_update``.
 With the lever on, :func:`install` wraps that method: a call that is a pure decode step
 (:func:`handles`: one query token per sequence, bf16 query and KV, a decoder layer with no
-sliding window, soft cap, ALiBi or sinks, a head size and grouping the kernel takes) runs
+sliding window, soft cap, ALiBi or sinks, a head size and grouping the kernel takes, and a layer
+whose KV vLLM writes in its "vec" layout: keys column-major in a block, values row-major,
+``csrc/cpu/cpu_attn_vec.hpp`` ``reshape_and_cache``; on AMX hosts vLLM packs the KV for its AMX
+kernel instead and keeps every call) runs
 ``torch.ops.edgectl.decode_attention`` on the same cache views vLLM would pass
 (``runtime/edgectl_runtime/kernels/ops/csrc``; tested against ops/reference.py); every other call
 (prefill, the vision tower's encoder attention, cross-attention, fp8 KV) goes to vLLM's method as
@@ -37,6 +40,8 @@ _COUNTS = {"edgectl": 0, "vllm": 0}
 def handles(impl, layer, query: torch.Tensor, kv_cache: torch.Tensor, meta, output_scale, output_block_scale) -> bool:
     """Whether this call is a decode step edgectl's kernel computes exactly as vLLM's op would."""
     if meta is None or output_scale is not None or output_block_scale is not None:
+        return False
+    if getattr(layer, "isa", None) != "vec":  # the layout the kernel reads (vLLM sets it on the layer)
         return False
     if impl.attn_type != _DECODER[0] or impl.is_fp8_kv_cache or impl.alibi_slopes is not None:
         return False

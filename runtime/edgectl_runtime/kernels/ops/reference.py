@@ -96,9 +96,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, seq_lens: torch.Tensor,
                      block_table: torch.Tensor, scale: float) -> torch.Tensor:
     """``out [tokens, heads, dim]``: one query token per sequence (its last position) attending to
-    the first ``seq_lens[s]`` tokens of its paged KV cache (``key_cache``/``value_cache``
-    ``[blocks, kv_heads, block_size, dim]``, block ``j`` of sequence ``s`` at
-    ``block_table[s, j]``); query head ``i`` reads KV head ``i // (heads // kv_heads)``.
+    the first ``seq_lens[s]`` tokens of its paged KV cache, block ``j`` of sequence ``s`` at
+    ``block_table[s, j]``, laid out as vLLM's CPU "vec" attention writes it (csrc/kernels.h): the
+    halves ``key_cache``/``value_cache`` ``[blocks, kv_heads, block_size, dim]`` of one cache tensor,
+    whose key block holds the keys column-major (key ``(t, d)`` at ``d * block_size + t``) and whose
+    value block holds the values row-major. Query head ``i`` reads KV head ``i // (heads // kv_heads)``.
     ``softmax(scale * q . k) . v`` in float64, returned in the query's dtype; a sequence of no
     tokens gives zeros."""
     tokens, heads, dim = query.shape
@@ -109,7 +111,10 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
         if n == 0:
             continue
         ids = block_table[s, : -(-n // block_size)].long()
-        k = key_cache[ids].transpose(0, 1).reshape(kv_heads, -1, dim)[:, :n].double()  # [kv_heads, n, dim]
+        blocks = len(ids)
+        # key_cache[ids] copies each block's raw [block_size * dim] elements: read them as [dim, block_size]
+        k = key_cache[ids].reshape(blocks, kv_heads, dim, block_size).permute(1, 0, 3, 2)
+        k = k.reshape(kv_heads, blocks * block_size, dim)[:, :n].double()  # [kv_heads, n, dim]
         v = value_cache[ids].transpose(0, 1).reshape(kv_heads, -1, dim)[:, :n].double()
         q = query[s].double().reshape(kv_heads, heads // kv_heads, dim)
         p = torch.softmax(torch.einsum("hgd,hnd->hgn", q, k) * scale, dim=-1)

@@ -168,22 +168,17 @@ inline void quantize_block_scalar(const float* v, int8_t* q, float* d, float* s)
 inline int64_t attn_group(const DecodeAttention& a) { return a.heads / a.kv_heads; }
 inline int64_t attn_width(const DecodeAttention& a) { return a.dim + 2; }  // acc[dim], max, sum
 
-// Bytes of KV rows fetched ahead of the row in use: a single core's hardware prefetchers leave
-// the block's stream stalled on its loads (measured: docs/vision.md, "An attention of edgectl's").
-#ifndef EDGECTL_ATTN_PREFETCH_BYTES
-#define EDGECTL_ATTN_PREFETCH_BYTES 8192
-#endif
-
-// Ask for the cache lines of `row` (`bytes` long) EDGECTL_ATTN_PREFETCH_BYTES ahead. Past the end of
-// a block's keys come its values, past those the next KV head's keys of the same block (vLLM's
-// layout), which is the next item (decode_attention_by_blocks); a prefetch never faults.
-inline void prefetch_row_ahead(const uint16_t* row, int64_t bytes) {
-  const char* p = (const char*)row + EDGECTL_ATTN_PREFETCH_BYTES;
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+// The next item's bytes (decode_attention_by_blocks takes items in memory order: past a block's
+// keys and values for one KV head come the next KV head's) are asked for while this item computes,
+// a cache line for each one read, at the same offset one item ahead: a single core's hardware
+// prefetchers alone left the loads stalled (docs/kernels.md "Decode attention"). Never faults.
+inline void prefetch_next_item(const uint16_t* p, int64_t item_elements) {
+  __builtin_prefetch((const char*)(p + item_elements), 0, 3);
 }
 
-// One block in plain C++: the scalar level's, and any level's for a head size its vectors do not
-// divide. q: the group's first query head; k, v: the block's rows for this KV head; n tokens.
+// One block in plain C++: the scalar level's, and any level's for a block or head size its vectors do
+// not divide. q: the group's first query head; k, v: the block's keys and values for this KV head
+// (kernels.h: keys column-major, key (t, d) at k[d * block_size + t]; values row-major); n tokens.
 inline void attend_block_scalar(const DecodeAttention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                 int64_t n, float* part) {
   const int64_t dim = a.dim, width = attn_width(a);
@@ -193,7 +188,7 @@ inline void attend_block_scalar(const DecodeAttention& a, const uint16_t* q, con
     float m = -INFINITY;
     for (int64_t t = 0; t < n; ++t) {
       float dot = 0.f;
-      for (int64_t d = 0; d < dim; ++d) dot += bf16_to_float(qg[d]) * bf16_to_float(k[t * dim + d]);
+      for (int64_t d = 0; d < dim; ++d) dot += bf16_to_float(qg[d]) * bf16_to_float(k[d * a.block_size + t]);
       s[t] = dot * a.scale;
       m = fmaxf(m, s[t]);
     }

@@ -346,22 +346,11 @@ void add_rms_norm(const void* x, void* residual, const void* weight, void* out, 
 
 // ---------------------------------------------------------------------------------------------
 // Decode attention (kernels.h), as isa_avx512vnni.cpp does it with 256-bit vectors: a load takes
-// 16 bf16 of a row, a shift and a mask make the 8 even and the 8 odd elements as fp32.
+// 16 bf16, a shift and a mask make the 8 even and the 8 odd elements as fp32; keys (column-major
+// in the block) give the scores of 16 tokens per pass with the tokens in the lanes.
 
 inline __m256 even_bf16(__m256i x) { return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)); }
 inline __m256 odd_bf16(__m256i x) { return _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u))); }
-
-// r[i] = the sum of the 8 lanes of v[i], i = 0..7: pairs, quads within each 128-bit half, halves.
-inline __m256 hsum8x8(const __m256* v) {
-  __m256 x[4], y[2];
-  for (int i = 0; i < 4; ++i)  // half of x[i]: {a0+a2, b0+b2, a1+a3, b1+b3}, a = v[2i], b = v[2i+1]
-    x[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 2; ++i) {  // half c of y[i], lane j: half c of v[4i + j], summed
-    const __m256d a = _mm256_castps_pd(x[2 * i]), b = _mm256_castps_pd(x[2 * i + 1]);
-    y[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
-  }
-  return _mm256_add_ps(_mm256_permute2f128_ps(y[0], y[1], 0x20), _mm256_permute2f128_ps(y[0], y[1], 0x31));
-}
 
 // Lanes [0, count) set, as a blend mask.
 inline __m256 first_lanes(int64_t count) {
@@ -387,59 +376,43 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-// A row of 16 * C bf16 as fp32 vectors of its even and odd elements.
-template <int C>
-inline void widen_row(const uint16_t* row, __m256* even, __m256* odd) {
-  for (int c = 0; c < C; ++c) {
-    const __m256i x = _mm256_loadu_si256((const __m256i*)(row + 16 * c));
-    even[c] = even_bf16(x);
-    odd[c] = odd_bf16(x);
-  }
-}
-
-// Elements 0..7 and 8..15 of a row from its even and odd halves.
+// Elements 0..7 and 8..15 of a row (or 16 tokens) from its even and odd halves.
 inline void interleave_even_odd(__m256 e, __m256 o, float* out) {
   const __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);  // {e0 o0 e1 o1 | e4 o4 e5 o5}, ...
   _mm256_storeu_ps(out, _mm256_permute2f128_ps(lo, hi, 0x20));
   _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
-// One block (common_inl.h decode_attention_by_blocks) for a head size of 16 * C.
+// One block (common_inl.h decode_attention_by_blocks) for a head size of 16 * C and a block of a
+// multiple of 16 tokens.
 template <int C>
 void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n,
                   float* part) {
   constexpr int64_t dim = 16 * C;
-  const int64_t group = attn_group(a), width = attn_width(a);
-  __m256 qe[kAttnMaxGroup][C], qo[kAttnMaxGroup][C];
-  for (int64_t g = 0; g < group; ++g) widen_row<C>(q + g * a.q_head_stride, qe[g], qo[g]);
-  // Scores, 8 tokens at a time: each key row is widened once and met by every query head.
-  alignas(32) float scores[kAttnMaxGroup][kAttnMaxBlock + 8];
-  for (int64_t t0 = 0; t0 < n; t0 += 8) {
-    const int64_t count = n - t0 < 8 ? n - t0 : 8;
-    __m256 dots[kAttnMaxGroup][8];
-    for (int64_t i = 0; i < 8; ++i) {
-      if (i >= count) {
-        for (int64_t g = 0; g < group; ++g) dots[g][i] = _mm256_setzero_ps();
-        continue;
+  const int64_t group = attn_group(a), width = attn_width(a), bs = a.block_size, item = a.head_stride;
+  alignas(32) float qs[kAttnMaxGroup][dim];  // the query, times the scale
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < dim; ++d) qs[g][d] = bf16_to_float(q[g * a.q_head_stride + d]) * a.scale;
+  // Scores of 16 tokens at a time (past n: computed from whatever the block holds, never used).
+  alignas(32) float scores[kAttnMaxGroup][kAttnMaxBlock];
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    if (t0 % 32 == 0)
+      for (int64_t d = 0; d < dim; ++d) prefetch_next_item(k + d * bs + t0, item);
+    for (int64_t g = 0; g < group; ++g) {
+      __m256 e0 = _mm256_setzero_ps(), o0 = e0, e1 = e0, o1 = e0;  // even / odd tokens, even / odd d
+      for (int64_t d = 0; d < dim; d += 2) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i*)(k + d * bs + t0));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i*)(k + (d + 1) * bs + t0));
+        const __m256 q0 = _mm256_set1_ps(qs[g][d]), q1 = _mm256_set1_ps(qs[g][d + 1]);
+        e0 = _mm256_fmadd_ps(even_bf16(x0), q0, e0);
+        o0 = _mm256_fmadd_ps(odd_bf16(x0), q0, o0);
+        e1 = _mm256_fmadd_ps(even_bf16(x1), q1, e1);
+        o1 = _mm256_fmadd_ps(odd_bf16(x1), q1, o1);
       }
-      const uint16_t* row = k + (t0 + i) * dim;
-      prefetch_row_ahead(row, dim * 2);
-      __m256 ke[C], ko[C];
-      widen_row<C>(row, ke, ko);
-      for (int64_t g = 0; g < group; ++g) {
-        __m256 acc = _mm256_mul_ps(ke[0], qe[g][0]);
-        acc = _mm256_fmadd_ps(ko[0], qo[g][0], acc);
-        for (int c = 1; c < C; ++c) {
-          acc = _mm256_fmadd_ps(ke[c], qe[g][c], acc);
-          acc = _mm256_fmadd_ps(ko[c], qo[g][c], acc);
-        }
-        dots[g][i] = acc;
-      }
+      interleave_even_odd(_mm256_add_ps(e0, e1), _mm256_add_ps(o0, o1), &scores[g][t0]);
     }
-    for (int64_t g = 0; g < group; ++g)  // lanes past count are written and never read
-      _mm256_storeu_ps(&scores[g][t0], _mm256_mul_ps(hsum8x8(dots[g]), _mm256_set1_ps(a.scale)));
   }
-  // Softmax within the block: its maximum, p = e^(s - max) in place, their sum.
+  // Softmax within the block: its maximum, p = e^(s - max) in place, their sum (tokens < n only).
   for (int64_t g = 0; g < group; ++g) {
     __m256 top = _mm256_set1_ps(-INFINITY);
     for (int64_t t = 0; t < n; t += 8)
@@ -448,9 +421,11 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
     const float m = hmax8(top);
     __m256 sum = _mm256_setzero_ps();
     for (int64_t t = 0; t < n; t += 8) {
-      const __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(&scores[g][t]), _mm256_set1_ps(m)));
-      _mm256_storeu_ps(&scores[g][t], p);
-      sum = _mm256_add_ps(sum, _mm256_and_ps(p, first_lanes(n - t)));
+      const __m256 valid = first_lanes(n - t);
+      const __m256 s = _mm256_blendv_ps(_mm256_set1_ps(m), _mm256_loadu_ps(&scores[g][t]), valid);
+      const __m256 p = exp_nonpositive(_mm256_sub_ps(s, _mm256_set1_ps(m)));
+      _mm256_storeu_ps(&scores[g][t], p);  // lanes past n: e^0, never read
+      sum = _mm256_add_ps(sum, _mm256_and_ps(p, valid));
     }
     part[g * width + dim] = m;
     part[g * width + dim + 1] = hsum8(sum);
@@ -461,9 +436,13 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
     for (int c = 0; c < C; ++c) acc_e[g][c] = acc_o[g][c] = _mm256_setzero_ps();
   for (int64_t t = 0; t < n; ++t) {
     const uint16_t* row = v + t * dim;
-    prefetch_row_ahead(row, dim * 2);
+    for (int64_t off = 0; off < dim; off += 32) prefetch_next_item(row + off, item);  // a line is 32 bf16
     __m256 ve[C], vo[C];
-    widen_row<C>(row, ve, vo);
+    for (int c = 0; c < C; ++c) {
+      const __m256i x = _mm256_loadu_si256((const __m256i*)(row + 16 * c));
+      ve[c] = even_bf16(x);
+      vo[c] = odd_bf16(x);
+    }
     for (int64_t g = 0; g < group; ++g) {
       const __m256 p = _mm256_set1_ps(scores[g][t]);
       for (int c = 0; c < C; ++c) {
@@ -477,6 +456,7 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
 }
 
 void decode_attention(const DecodeAttention& a) {
+  if (a.block_size % 16) return decode_attention_by_blocks(a, attend_block_scalar);
   switch (a.dim) {
     case 32: return decode_attention_by_blocks(a, attend_block<2>);
     case 64: return decode_attention_by_blocks(a, attend_block<4>);

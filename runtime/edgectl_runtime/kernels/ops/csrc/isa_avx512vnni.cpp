@@ -311,31 +311,18 @@ void add_rms_norm(const void* x, void* residual, const void* weight, void* out, 
 
 
 // ---------------------------------------------------------------------------------------------
-// Decode attention (kernels.h). A 512-bit load takes 32 bf16 of a row; its 16 dwords each hold
-// an even element (low half) and the next odd one (high half), so a shift and a mask make two
-// fp32 vectors of the even and the odd elements, one instruction each (no unpacking). The dot
-// product does not care about the order as long as the query is split the same way; the value
-// sums are put back in order once per block (interleave_even_odd).
+// Decode attention (kernels.h). A 512-bit load takes 32 bf16; its 16 dwords each hold an even
+// element (low half) and the next odd one (high half), so a shift and a mask make two fp32 vectors
+// of the even and the odd elements, one instruction each (no unpacking); interleave_even_odd puts
+// them back in order where the order matters.
+//
+// Keys are column-major in the block (kernels.h): a load of row d is dimension d of 32 tokens, so
+// the scores of 32 tokens are sums over d of a broadcast q[d] times a vector, with the tokens in the
+// lanes: no horizontal sums. Values are row-major: each row widened once, added into every query
+// head's sums with its weight.
 
 inline __m512 even_bf16(__m512i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)); }
 inline __m512 odd_bf16(__m512i x) { return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u))); }
-
-// r[i] = the sum of the 16 lanes of v[i], i = 0..15: pairs, then quads within each 128-bit
-// chunk, then the four chunks (45 instructions for 16 sums against ~8 each one at a time).
-inline __m512 hsum16(const __m512* v) {
-  __m512 x[8], y[4], z[2];
-  for (int i = 0; i < 8; ++i)  // chunk of x[i]: {a0+a2, b0+b2, a1+a3, b1+b3}, a = v[2i], b = v[2i+1]
-    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {  // chunk c of y[i], lane j: chunk c of v[4i + j], summed
-    const __m512d a = _mm512_castps_pd(x[2 * i]), b = _mm512_castps_pd(x[2 * i + 1]);
-    y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  for (int i = 0; i < 2; ++i)  // {A0+A1, A2+A3, B0+B1, B2+B3} of chunks of A = y[2i], B = y[2i+1]
-    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
 
 // e^x for x <= 0 (a score minus the block's maximum): Cephes' expf, range reduction by ln 2 (in
 // two parts) and a degree-6 polynomial on [-ln2/2, ln2/2], then 2^n by vscalefps. Inputs below
@@ -356,17 +343,7 @@ inline __m512 exp_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// A row of 32 * C bf16 as fp32 vectors of its even and odd elements.
-template <int C>
-inline void widen_row(const uint16_t* row, __m512* even, __m512* odd) {
-  for (int c = 0; c < C; ++c) {
-    const __m512i x = _mm512_loadu_si512(row + 32 * c);
-    even[c] = even_bf16(x);
-    odd[c] = odd_bf16(x);
-  }
-}
-
-// Elements 0..15 and 16..31 of a row from its even and odd halves.
+// Elements 0..15 and 16..31 of a row (or 32 tokens) from its even and odd halves.
 inline void interleave_even_odd(__m512 e, __m512 o, float* out) {
   const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
@@ -374,43 +351,34 @@ inline void interleave_even_odd(__m512 e, __m512 o, float* out) {
   _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(e, hi, o));
 }
 
-// One block (common_inl.h decode_attention_by_blocks) for a head size of 32 * C.
+// One block (common_inl.h decode_attention_by_blocks) for a head size of 32 * C and a block of a
+// multiple of 32 tokens.
 template <int C>
 void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n,
                   float* part) {
   constexpr int64_t dim = 32 * C;
-  const int64_t group = attn_group(a), width = attn_width(a);
-  __m512 qe[kAttnMaxGroup][C], qo[kAttnMaxGroup][C];
-  for (int64_t g = 0; g < group; ++g) widen_row<C>(q + g * a.q_head_stride, qe[g], qo[g]);
-  // Scores, 16 tokens at a time: each key row is widened once and met by every query head.
+  const int64_t group = attn_group(a), width = attn_width(a), bs = a.block_size, item = a.head_stride;
+  alignas(64) float qs[kAttnMaxGroup][dim];  // the query, times the scale
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < dim; ++d) qs[g][d] = bf16_to_float(q[g * a.q_head_stride + d]) * a.scale;
+  // Scores of 32 tokens at a time (past n: computed from whatever the block holds, never used).
   alignas(64) float scores[kAttnMaxGroup][kAttnMaxBlock];
-  for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int64_t count = n - t0 < 16 ? n - t0 : 16;
-    __m512 dots[kAttnMaxGroup][16];
-    for (int64_t i = 0; i < 16; ++i) {
-      if (i >= count) {
-        for (int64_t g = 0; g < group; ++g) dots[g][i] = _mm512_setzero_ps();
-        continue;
+  for (int64_t t0 = 0; t0 < n; t0 += 32) {
+    for (int64_t d = 0; d < dim; ++d) prefetch_next_item(k + d * bs + t0, item);
+    for (int64_t g = 0; g < group; ++g) {
+      __m512 e0 = _mm512_setzero_ps(), o0 = e0, e1 = e0, o1 = e0;  // even / odd tokens, even / odd d
+      for (int64_t d = 0; d < dim; d += 2) {
+        const __m512i x0 = _mm512_loadu_si512(k + d * bs + t0), x1 = _mm512_loadu_si512(k + (d + 1) * bs + t0);
+        const __m512 q0 = _mm512_set1_ps(qs[g][d]), q1 = _mm512_set1_ps(qs[g][d + 1]);
+        e0 = _mm512_fmadd_ps(even_bf16(x0), q0, e0);
+        o0 = _mm512_fmadd_ps(odd_bf16(x0), q0, o0);
+        e1 = _mm512_fmadd_ps(even_bf16(x1), q1, e1);
+        o1 = _mm512_fmadd_ps(odd_bf16(x1), q1, o1);
       }
-      const uint16_t* row = k + (t0 + i) * dim;
-      prefetch_row_ahead(row, dim * 2);
-      __m512 ke[C], ko[C];
-      widen_row<C>(row, ke, ko);
-      for (int64_t g = 0; g < group; ++g) {
-        __m512 acc = _mm512_mul_ps(ke[0], qe[g][0]);
-        acc = _mm512_fmadd_ps(ko[0], qo[g][0], acc);
-        for (int c = 1; c < C; ++c) {
-          acc = _mm512_fmadd_ps(ke[c], qe[g][c], acc);
-          acc = _mm512_fmadd_ps(ko[c], qo[g][c], acc);
-        }
-        dots[g][i] = acc;
-      }
+      interleave_even_odd(_mm512_add_ps(e0, e1), _mm512_add_ps(o0, o1), &scores[g][t0]);
     }
-    const __mmask16 valid = (__mmask16)((1u << count) - 1);
-    for (int64_t g = 0; g < group; ++g)
-      _mm512_mask_storeu_ps(&scores[g][t0], valid, _mm512_mul_ps(hsum16(dots[g]), _mm512_set1_ps(a.scale)));
   }
-  // Softmax within the block: its maximum, p = e^(s - max) in place, their sum.
+  // Softmax within the block: its maximum, p = e^(s - max) in place, their sum (tokens < n only).
   for (int64_t g = 0; g < group; ++g) {
     __m512 top = _mm512_set1_ps(-INFINITY);
     for (int64_t t = 0; t < n; t += 16) {
@@ -421,7 +389,8 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
     __m512 sum = _mm512_setzero_ps();
     for (int64_t t = 0; t < n; t += 16) {
       const __mmask16 valid = (__mmask16)(n - t >= 16 ? 0xFFFFu : (1u << (n - t)) - 1);
-      const __m512 p = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(&scores[g][t]), _mm512_set1_ps(m)));
+      const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(m), valid, &scores[g][t]);
+      const __m512 p = exp_nonpositive(_mm512_sub_ps(s, _mm512_set1_ps(m)));
       _mm512_mask_storeu_ps(&scores[g][t], valid, p);
       sum = _mm512_mask_add_ps(sum, valid, sum, p);
     }
@@ -434,9 +403,13 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
     for (int c = 0; c < C; ++c) acc_e[g][c] = acc_o[g][c] = _mm512_setzero_ps();
   for (int64_t t = 0; t < n; ++t) {
     const uint16_t* row = v + t * dim;
-    prefetch_row_ahead(row, dim * 2);
+    for (int64_t off = 0; off < dim; off += 32) prefetch_next_item(row + off, item);  // a line is 32 bf16
     __m512 ve[C], vo[C];
-    widen_row<C>(row, ve, vo);
+    for (int c = 0; c < C; ++c) {
+      const __m512i x = _mm512_loadu_si512(row + 32 * c);
+      ve[c] = even_bf16(x);
+      vo[c] = odd_bf16(x);
+    }
     for (int64_t g = 0; g < group; ++g) {
       const __m512 p = _mm512_set1_ps(scores[g][t]);
       for (int c = 0; c < C; ++c) {
@@ -450,6 +423,7 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
 }
 
 void decode_attention(const DecodeAttention& a) {
+  if (a.block_size % 32) return decode_attention_by_blocks(a, attend_block_scalar);
   switch (a.dim) {
     case 32: return decode_attention_by_blocks(a, attend_block<1>);
     case 64: return decode_attention_by_blocks(a, attend_block<2>);

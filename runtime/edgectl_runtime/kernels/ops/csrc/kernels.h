@@ -76,18 +76,21 @@ using DequantizeFn = void (*)(const uint8_t* w, int64_t kblocks, int64_t rows, i
 using AddRmsNormFn = void (*)(const void* x, void* residual, const void* weight, void* out,
                               DType dtype, int64_t rows, int64_t hidden, float eps);
 
-// Decode attention over vLLM's paged KV cache (its CPU_ATTN layout, vllm/v1/attention/backends/
-// cpu_attn.py: per block and KV head, `block_size` key rows of `dim` bf16, the value rows likewise
-// in their own view). One query token per sequence, the last position: it attends to every one of
+// Decode attention over vLLM's paged KV cache as its CPU "vec" attention writes it (vLLM's
+// csrc/cpu/cpu_attn_vec.hpp reshape_and_cache; the cache tensor [blocks, kv_heads, 2 * block_size, dim]
+// that vllm/v1/attention/backends/cpu_attn.py splits into key and value halves): per block and KV
+// head, the KEYS COLUMN-MAJOR, key (t, d) at d * block_size + t, then the VALUES ROW-MAJOR, value
+// (t, d) at t * dim + d. (vLLM's AMX attention packs both otherwise: not this op's input.) One query
+// token per sequence, the last position: it attends to every one of
 // the sequence's `seq_lens[s]` cached tokens (no mask needed). Query head i reads KV head
-// i / (heads / kv_heads). All tensors bf16; strides in elements; rows of `dim` contiguous.
+// i / (heads / kv_heads). All tensors bf16; strides in elements; query and out rows of `dim` contiguous.
 //
 // The work is split by (sequence, KV head, block): each item writes a partial result for the
 // `group` query heads of its KV head, over its block only (flash-decoding: acc[dim] = sum_t p_t v_t,
 // then max and sum, p_t = exp(s_t - max), s_t = scale * q . k_t), into
 // partials[item][group][dim + 2]; a second pass merges the partials of a (sequence, KV head):
 // out = sum_j exp(m_j - M) acc_j / sum_j exp(m_j - M) l_j. Every query row is read once per
-// block it meets, every key and value row once: the KV streams from memory front to back.
+// block it meets, every key and value once: the KV streams from memory front to back.
 // ops/reference.py decode_attention is the same in plain PyTorch.
 struct DecodeAttention {
   const uint16_t* q;

@@ -205,10 +205,11 @@ HUGE_PAGES_EVIDENCE = ("off: with the weights and the KV on transparent huge pag
 # Whether decode steps attend with edgectl's kernel (runtime/edgectl_runtime/vllm_plugin/decode_attention.py).
 DECODE_ATTENTION_VISION = (
     "on: with an image's ~1150 tokens in context a decode step's attention is most of what the image costs; "
-    "edgectl's kernel over the bf16 KV took 0.77-0.87 ms a token for 30 layers of this shape where vLLM's took "
-    "1.67-2.04 ms (the two ops interleaved, the KV from memory as in a step, x86_64-avx512-bf16; "
-    "docs/vision.md \"An attention of edgectl's\"); `edgectl bench --arms planned,vllm-attention` measures it in "
-    "the engine")
+    "edgectl's kernel over vLLM's bf16 KV took 0.90-1.06 ms a token for 30 layers of this shape where vLLM's op "
+    "took 1.61-1.90 ms (the two ops interleaved, the KV from memory as in a step, x86_64-avx512-bf16; tested "
+    "against vLLM's op on caches vLLM wrote); in the engine one run so far, within the host's noise: decode with "
+    "the image 64.2 against 57.0 tok/s, 0.89x against 0.91x text-only (docs/vision.md \"An attention of "
+    "edgectl's\"); `edgectl bench --arms planned,vllm-attention` measures it")
 DECODE_ATTENTION_NOT_MEASURED = (
     "off until measured in this modality's engine: edgectl's decode attention is measured on the vision shape "
     "model (docs/vision.md \"An attention of edgectl's\"); `edgectl bench --arms planned,edgectl-attention` "

@@ -35,24 +35,34 @@ MAX_GROUP, MAX_BLOCK, MAX_HEAD = 16, 512, 256  # csrc/kernels.h kAttnMaxGroup, k
 _ORIGINAL: list = []  # vLLM's forward, once installed
 _DECODER: list = []  # vLLM's AttentionType.DECODER, looked up once
 _COUNTS = {"edgectl": 0, "vllm": 0}
+_FITS = "_edgectl_decode_attention_fits"  # layer_fits' answer, kept on the vLLM attention impl
 
 
-def handles(impl, layer, query: torch.Tensor, kv_cache: torch.Tensor, meta, output_scale, output_block_scale) -> bool:
-    """Whether this call is a decode step edgectl's kernel computes exactly as vLLM's op would."""
-    if meta is None or output_scale is not None or output_block_scale is not None:
-        return False
+def layer_fits(impl, layer) -> bool:
+    """What about a layer lets the kernel take its decode calls; fixed once the layer exists, so
+    asked once per layer (:func:`handles` runs on every call of every layer of every step)."""
     if getattr(layer, "isa", None) != "vec":  # the layout the kernel reads (vLLM sets it on the layer)
         return False
     if impl.attn_type != _DECODER[0] or impl.is_fp8_kv_cache or impl.alibi_slopes is not None:
         return False
     if impl.sliding_window != -1 or impl.logits_soft_cap or impl.sinks is not None:
         return False
+    heads, kv_heads, head = impl.num_heads, impl.num_kv_heads, impl.head_size
+    return not (heads % kv_heads or heads // kv_heads > MAX_GROUP or head % 16 or head > MAX_HEAD)
+
+
+def handles(impl, layer, query: torch.Tensor, kv_cache: torch.Tensor, meta, output_scale, output_block_scale) -> bool:
+    """Whether this call is a decode step edgectl's kernel computes exactly as vLLM's op would."""
+    if meta is None or output_scale is not None or output_block_scale is not None:
+        return False
+    fits = impl.__dict__.get(_FITS)
+    if fits is None:
+        fits = impl.__dict__[_FITS] = layer_fits(impl, layer)
+    if not fits:
+        return False
     if meta.max_query_len != 1 or meta.dynamic_causal is not None or meta.encoder_cache is not None:
         return False
     if query.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16 or query.dim() != 3:
-        return False
-    heads, kv_heads, head = impl.num_heads, impl.num_kv_heads, impl.head_size
-    if heads % kv_heads or heads // kv_heads > MAX_GROUP or head % 16 or head > MAX_HEAD:
         return False
     if kv_cache.size(2) > MAX_BLOCK or meta.num_actual_tokens != meta.seq_lens.size(0):
         return False

@@ -383,6 +383,26 @@ inline void interleave_even_odd(__m256 e, __m256 o, float* out) {
   _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
+// Softmax of one query head's scores within a block: its maximum, p = e^(s - max) in place, their
+// sum (tokens < n only), the maximum and the sum into out[0], out[1]. Scores are written up to a
+// multiple of 16 tokens, so the 8-lane loads past n stay inside them.
+inline void softmax_in_place(float* scores, int64_t n, float* out) {
+  __m256 top = _mm256_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < n; t += 8)
+    top = _mm256_max_ps(top, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(scores + t), first_lanes(n - t)));
+  const float m = hmax8(top);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; t += 8) {
+    const __m256 valid = first_lanes(n - t);
+    const __m256 s = _mm256_blendv_ps(_mm256_set1_ps(m), _mm256_loadu_ps(scores + t), valid);
+    const __m256 p = exp_nonpositive(_mm256_sub_ps(s, _mm256_set1_ps(m)));
+    _mm256_storeu_ps(scores + t, p);  // lanes past n: e^0, never read
+    sum = _mm256_add_ps(sum, _mm256_and_ps(p, valid));
+  }
+  out[0] = m;
+  out[1] = hsum8(sum);
+}
+
 // One block (common_inl.h decode_attention_by_blocks) for a head size of 16 * C and a block of a
 // multiple of 16 tokens.
 template <int C>
@@ -412,24 +432,7 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
       interleave_even_odd(_mm256_add_ps(e0, e1), _mm256_add_ps(o0, o1), &scores[g][t0]);
     }
   }
-  // Softmax within the block: its maximum, p = e^(s - max) in place, their sum (tokens < n only).
-  for (int64_t g = 0; g < group; ++g) {
-    __m256 top = _mm256_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < n; t += 8)
-      top = _mm256_max_ps(top, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(&scores[g][t]),
-                                                first_lanes(n - t)));
-    const float m = hmax8(top);
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; t += 8) {
-      const __m256 valid = first_lanes(n - t);
-      const __m256 s = _mm256_blendv_ps(_mm256_set1_ps(m), _mm256_loadu_ps(&scores[g][t]), valid);
-      const __m256 p = exp_nonpositive(_mm256_sub_ps(s, _mm256_set1_ps(m)));
-      _mm256_storeu_ps(&scores[g][t], p);  // lanes past n: e^0, never read
-      sum = _mm256_add_ps(sum, _mm256_and_ps(p, valid));
-    }
-    part[g * width + dim] = m;
-    part[g * width + dim + 1] = hsum8(sum);
-  }
+  for (int64_t g = 0; g < group; ++g) softmax_in_place(scores[g], n, part + g * width + dim);
   // Values: each row widened once, added into every query head's sums with its weight.
   __m256 acc_e[kAttnMaxGroup][C], acc_o[kAttnMaxGroup][C];
   for (int64_t g = 0; g < group; ++g)

@@ -351,6 +351,27 @@ inline void interleave_even_odd(__m512 e, __m512 o, float* out) {
   _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(e, hi, o));
 }
 
+// Softmax of one query head's scores within a block: its maximum, p = e^(s - max) in place, their
+// sum (tokens < n only), the maximum and the sum into out[0], out[1].
+inline void softmax_in_place(float* scores, int64_t n, float* out) {
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < n; t += 16) {
+    const __mmask16 valid = (__mmask16)(n - t >= 16 ? 0xFFFFu : (1u << (n - t)) - 1);
+    top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, scores + t));
+  }
+  const float m = _mm512_reduce_max_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; t += 16) {
+    const __mmask16 valid = (__mmask16)(n - t >= 16 ? 0xFFFFu : (1u << (n - t)) - 1);
+    const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(m), valid, scores + t);
+    const __m512 p = exp_nonpositive(_mm512_sub_ps(s, _mm512_set1_ps(m)));
+    _mm512_mask_storeu_ps(scores + t, valid, p);
+    sum = _mm512_mask_add_ps(sum, valid, sum, p);
+  }
+  out[0] = m;
+  out[1] = _mm512_reduce_add_ps(sum);
+}
+
 // One block (common_inl.h decode_attention_by_blocks) for a head size of 32 * C and a block of a
 // multiple of 32 tokens.
 template <int C>
@@ -378,25 +399,7 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
       interleave_even_odd(_mm512_add_ps(e0, e1), _mm512_add_ps(o0, o1), &scores[g][t0]);
     }
   }
-  // Softmax within the block: its maximum, p = e^(s - max) in place, their sum (tokens < n only).
-  for (int64_t g = 0; g < group; ++g) {
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < n; t += 16) {
-      const __mmask16 valid = (__mmask16)(n - t >= 16 ? 0xFFFFu : (1u << (n - t)) - 1);
-      top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, &scores[g][t]));
-    }
-    const float m = _mm512_reduce_max_ps(top);
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < n; t += 16) {
-      const __mmask16 valid = (__mmask16)(n - t >= 16 ? 0xFFFFu : (1u << (n - t)) - 1);
-      const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(m), valid, &scores[g][t]);
-      const __m512 p = exp_nonpositive(_mm512_sub_ps(s, _mm512_set1_ps(m)));
-      _mm512_mask_storeu_ps(&scores[g][t], valid, p);
-      sum = _mm512_mask_add_ps(sum, valid, sum, p);
-    }
-    part[g * width + dim] = m;
-    part[g * width + dim + 1] = _mm512_reduce_add_ps(sum);
-  }
+  for (int64_t g = 0; g < group; ++g) softmax_in_place(scores[g], n, part + g * width + dim);
   // Values: each row widened once, added into every query head's sums with its weight.
   __m512 acc_e[kAttnMaxGroup][C], acc_o[kAttnMaxGroup][C];
   for (int64_t g = 0; g < group; ++g)

@@ -46,7 +46,12 @@ from edgectl.errors import EdgectlError
 from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Decided, Reasons
-from edgectl.planner.engine import DECODE_ATTENTION_NOT_MEASURED, MemoryLevers, choose_memory_levers, choose_topology
+from edgectl.planner.engine import (
+    DECODE_ATTENTION_NOT_MEASURED,
+    MemoryLevers,
+    choose_memory_levers,
+    choose_topology,
+)
 from edgectl.planner.formats import host_runs
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request

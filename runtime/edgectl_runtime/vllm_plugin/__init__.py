@@ -36,7 +36,12 @@ logger = logging.getLogger("edgectl.plugin")
 def register() -> None:
     """Called once per vLLM process."""
     from edgectl_runtime.kernels import cpu_int4  # registers the quantization method
-    from edgectl_runtime.vllm_plugin import decode_attention, fused_norm, gguf_loader, rope  # noqa: F401 (gguf_loader registers)
+    from edgectl_runtime.vllm_plugin import (  # noqa: F401 (gguf_loader registers)
+        decode_attention,
+        fused_norm,
+        gguf_loader,
+        rope,
+    )
 
     register_whisper()
     request_amx()

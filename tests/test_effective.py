@@ -224,3 +224,33 @@ def test_no_packed_copy_at_all_when_the_plan_says_none():
     got["embedding_pack"]["lm_head"]["state"] = "packed"
     (problem,) = mismatches(p, got)
     assert "lm_head: packed" in problem and "embedding_pack is none" in problem
+
+
+def test_a_vision_plan_quantizes_its_language_model_and_keeps_the_tower_dense():
+    """--format w8a8 on a vision-language model: the language model's layers in 8-bit blocks, the head int8, and
+    the layers under the parts the runtime says it kept dense (vLLM's map of the model) read back bf16."""
+    from edgectl.contract.vision import ImageLimits, VisionServe
+
+    p = plan(weight_format=WeightFormat.W8A8, group_size=32, quantize_lm_head=True,
+             vision=VisionServe(images=ImageLimits()))
+    assert p.lm_head_format == "int8"
+    got = read_back(p)
+    got["linear_formats"] = {n: "w8a8/b32-tied-embedding" if n == "lm_head" else "w8a8/b32"
+                             for n in got["linear_formats"]}
+    got["lm_head_format"] = "w8a8/b32-tied-embedding"
+    tower = {"model.vision_model.encoder.layers.0.self_attn.qkv_proj": "bf16",
+             "model.vision_model.encoder.layers.0.mlp.fc1": "bf16", "model.connector.modality_projection.proj": "bf16"}
+    got["linear_formats"].update(tower)
+    got["quantization_readback"] = {"method": "cpu_int4", "parts": "language-model",
+                                    "dense_parts": ["model.connector", "model.vision_model"]}
+    assert mismatches(p, got) == []
+    got["linear_formats"]["model.vision_model.encoder.layers.0.mlp.fc1"] = "w8a8/b32"
+    assert mismatches(p, got) == ["1 layers of the vision tower or connector are quantized, the plan keeps them bf16 "
+                                  "(e.g. model.vision_model.encoder.layers.0.mlp.fc1: w8a8/b32)"]
+    got["linear_formats"].update(tower)
+    got["linear_formats"]["model.layers.2.mlp.down_proj"] = "bf16"  # a language model layer left dense
+    assert mismatches(p, got) == ["1 linear layers are not edgectl's W8 although the plan says w8a8 "
+                                  "(e.g. model.layers.2.mlp.down_proj: bf16)"]
+    got["linear_formats"]["model.layers.2.mlp.down_proj"] = "w8a8/b32"
+    del got["quantization_readback"]["dense_parts"]
+    assert mismatches(p, got)[0] == "the runtime did not say which parts of the vision-language model it kept dense"

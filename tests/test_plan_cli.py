@@ -230,7 +230,8 @@ def test_format_help_lists_only_the_formats_edgectl_serves(command: str):
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
     assert "Weight format: w4a16, w4a8, w4a16-vllm or bf16 (default:" in text
-    assert "a speech model: float16, bfloat16, float32, w4a8 or w8a8." in text
+    assert "a speech model: float16, bfloat16, float32, w4a8 or w8a8;" in text
+    assert "a vision-language model: bf16, or its language model as w4a8 or w8a8." in text
     assert "w4a8-amx" not in text
 
 

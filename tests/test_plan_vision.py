@@ -26,6 +26,7 @@ from plan_helpers import (
 )
 from vision_helpers import SPEC, make_vlm, vlm_config
 
+from edgectl.contract.environment import runtime_levers
 from edgectl.contract.plan import BenchLevers, Plan, Request, Source, WeightFormat
 from edgectl.contract.vision import ImageLimits
 from edgectl.contract.vllm_args import server_args
@@ -161,16 +162,60 @@ def test_a_budget_that_holds_no_image_prompt_is_refused(vlm):
         plan(short, vlm, frozen_profiles(), Request(model=NAME, max_model_len=PROMPT_MIN, kv_cache_dtype="auto"))
 
 
-@pytest.mark.parametrize("fmt", ["w4a8", "w4a16", "w4a16-vllm"])
-def test_int4_formats_are_refused_with_one_line(vlm, fmt):
-    with pytest.raises(EdgectlError, match=rf"--format {fmt}: a vision-language model is served dense \(bf16\)"):
+@pytest.mark.parametrize("fmt", ["w4a16", "w4a16-vllm"])
+def test_other_int4_formats_are_refused_with_one_line(vlm, fmt):
+    with pytest.raises(EdgectlError, match=rf"--format {fmt}: a vision-language model is served bf16, or its "
+                                           r"language model as w4a8 or w8a8 \(edgectl's kernels\)"):
         vision_plan(vlm, weight_format=fmt)
     assert vision_plan(vlm, weight_format="bf16").weight_format is WeightFormat.BF16
 
 
+# SmolLM2-135M's linear layers (30 x q, k, v, o, gate, up, down) and its tied table, 49280 x 576 here
+LM_LINEAR = 30 * (2 * 576 * 576 + 2 * 192 * 576 + 3 * 1536 * 576)
+TABLE = 49280 * 576
+
+
+@pytest.mark.parametrize(("fmt", "bits"), [("w4a8", 4), ("w8a8", 8)])
+def test_asked_its_language_model_is_quantized_and_the_tower_stays_bf16(vlm, fmt, bits):
+    dense = vision_plan(vlm)
+    p = vision_plan(vlm, weight_format=fmt)
+    assert p.weight_format == fmt and p.quantize_lm_head and p.lm_head_format == "int8" and p.group_size == 32
+    # edgectl's tiles of 16 rows x 32 columns: 320 bytes at 4 bits, 544 at 8 (scales included); every dim divides
+    record = {4: 320, 8: 544}[bits]
+    lm = LM_LINEAR * record // 512
+    head = TABLE * 544 // 512
+    assert p.memory.weights_bytes == dense.memory.weights_bytes - 2 * LM_LINEAR + lm - 2 * TABLE + head
+    # the tower's 93.5 M parameters are still bf16 in it
+    assert p.memory.weights_bytes > vlm.vision.tower_bytes + lm + head
+    (why,) = reasons_by_decision(p)["weight_format"]
+    assert why["source"] == "flag" and "the vision tower and the connector stay bf16" in why["detail"]
+    (weights,) = reasons_by_decision(p)["weights_bytes"]
+    assert f"210 linear layers in edgectl's {bits}-bit blocks of 32" in weights["detail"]
+    assert "of the vision tower and connector in bf16" in weights["detail"]
+    assert "--quantization" in server_args(p) and "cpu_int4" in server_args(p)
+    # measured compiled, so compiled unless asked otherwise; the dense plan stays eager
+    assert p.compilation == "default" and dense.compilation == "eager"
+    assert vision_plan(vlm, weight_format=fmt, compilation="eager").compilation == "eager"
+    env = runtime_levers(p)
+    assert env["EDGECTL_INT4_PARTS"] == "language-model" and env["EDGECTL_LINEAR_BITS"] == str(bits)
+    assert env["EDGECTL_LM_HEAD"] == "int8"
+
+
+def test_a_host_without_edgectls_vector_kernels_refuses_the_quantized_formats(vlm):
+    with pytest.raises(EdgectlError, match=r"--format w8a8 runs edgectl's kernels: .*serve synth-smolvlm-256m dense"):
+        vision_plan(vlm, host="arm64-board", weight_format="w8a8")
+
+
+def test_the_dense_default_says_what_the_quantized_formats_measured_where_they_run(vlm):
+    (here,) = reasons_by_decision(vision_plan(vlm))["weight_format"]
+    assert here["source"] == "default" and "--format w8a8" in here["detail"] and "not the default until" in here["detail"]
+    (there,) = reasons_by_decision(vision_plan(vlm, host="arm64-board"))["weight_format"]
+    assert "--format w8a8" not in there["detail"]
+
+
 def test_a_quantized_checkpoint_is_refused(tmp_path):
     d = make_vlm(tmp_path / "q", vlm_config(quantization_config={"quant_method": "gptq", "bits": 4}))
-    with pytest.raises(EdgectlError, match=r"checkpoint is gptq \(config.json.s quantization_config\): edgectl serves a vision-language model dense"):
+    with pytest.raises(EdgectlError, match=r"checkpoint is gptq \(config.json.s quantization_config\): edgectl serves a vision-language model from its bf16"):
         vision_plan(inspect_model(d, name="q"))
 
 
@@ -202,10 +247,10 @@ def test_plan_cli_plans_a_vision_directory(vlm_dir, tmp_path):
     assert data["vision"]["images"]["max_images_per_request"] == 1 and data["weight_format"] == "bf16"
     table = plan_cli([str(vlm_dir), "--facts", str(facts)], tmp_path)
     assert table.returncode == 0 and "Traceback" not in table.stderr, table.stderr
-    bad = plan_cli([str(vlm_dir), "--facts", str(facts), "--format", "w4a8"], tmp_path)
+    bad = plan_cli([str(vlm_dir), "--facts", str(facts), "--format", "w4a16"], tmp_path)
     assert bad.returncode == 2 and bad.stdout == ""
     (line,) = [x for x in bad.stderr.splitlines() if x.startswith("error:")]
-    assert "a vision-language model is served dense (bf16)" in line
+    assert "a vision-language model is served bf16, or its language model as w4a8 or w8a8" in line
 
 
 def test_bench_takes_it_to_the_vision_bench_and_refuses_a_text_models_options(vlm_dir, tmp_path):

@@ -279,6 +279,9 @@ def _linear_formats(plan: Plan, effective: Effective) -> list[str]:
     if not formats:
         return ["linear layer formats could not be read back"]
     out: list[str] = []
+    if plan.vision is not None and plan.weight_format != "bf16":
+        formats, tower = _language_model_part(formats, effective)
+        out += tower
     int4 = [n for n, f in formats.items() if is_int4(f)]
     if not plan.weight_format.is_int4:
         if int4:
@@ -298,6 +301,26 @@ def _linear_formats(plan: Plan, effective: Effective) -> list[str]:
             and "kernel_isa" in effective.reported and not effective.kernel_isa):
         out.append(f"edgectl's kernel library is not loaded, the plan's {plan.weight_format} runs on it")
     return out
+
+
+def _language_model_part(formats: dict[str, str], effective: Effective) -> tuple[dict[str, str], list[str]]:
+    """A vision-language plan quantizes its language model only: the layers under the parts the runtime
+    kept dense (vLLM's map of the model: the tower and the connector) must be dense; the rest is checked
+    as a text plan's layers."""
+    parts = (effective.quantization_readback or {}).get("dense_parts")
+    if not parts:
+        return formats, ["the runtime did not say which parts of the vision-language model it kept dense"]
+
+    def in_tower(name: str) -> bool:
+        return any(name == part or name.startswith(part + ".") for part in parts)
+
+    tower = {n: f for n, f in formats.items() if in_tower(n)}
+    quantized = sorted(n for n, f in tower.items() if is_int4(f) or f.startswith("w8a8"))
+    out = [f"{len(quantized)} layers of the vision tower or connector are quantized, the plan keeps them bf16 "
+           f"(e.g. {quantized[0]}: {tower[quantized[0]]})"] if quantized else []
+    if not tower:
+        out.append(f"no linear layer was read back under {', '.join(parts)}, the parts the runtime kept dense")
+    return {n: f for n, f in formats.items() if not in_tower(n)}, out
 
 
 def _int4_body(plan: Plan, formats: Mapping[str, str], int4: list[str], effective: Effective) -> list[str]:

@@ -102,6 +102,10 @@ _VARS = [
     Var("EDGECTL_LINEAR_BITS", Role.OWN, "the bits of cpu_int4's linear layers quantized at load: 4 (the "
         "int4 formats) or 8 (edgectl's W8, blocks of 32 with one scale, GGUF Q8_0 arithmetic, int8 activations; "
         "only with EDGECTL_INT4_KERNEL=edgectl; the plan's w8a8)", "4", ("4", "8")),
+    Var("EDGECTL_INT4_PARTS", Role.OWN, "which parts of a model cpu_int4 quantizes: all (every linear layer; "
+        "a Whisper's encoder and decoder alike) or language-model (a multimodal model's encoders and connectors, "
+        "where vLLM's map of the model puts them, stay in the model dtype; the plan of a vision-language model)",
+        "all", ("all", "language-model")),
     Var("EDGECTL_COMPILE_CACHE", Role.OWN, "1: in vLLM's compiled mode, load the graph a previous start saved "
         "(edgectl works around vLLM 0.32 discarding it, runtime/edgectl_runtime/vllm_plugin/compile_cache.py); 0: unmodified "
         "vLLM, which compiles again at every start", "0", _BOOL),
@@ -250,8 +254,8 @@ def runtime_python(environ: Mapping[str, str]) -> str:
 # -- the plan's side of the runtime's variables -----------------------------------------------------
 
 _RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_DECODE_ATTENTION", "EDGECTL_LAYERWISE_REPACK", "EDGECTL_LM_HEAD",
-                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_LINEAR_BITS", "EDGECTL_KERNEL_ISA",
-                   "EDGECTL_COMPILE_CACHE", "EDGECTL_EMBEDDING_PACK")
+                   "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_LINEAR_BITS", "EDGECTL_INT4_PARTS",
+                   "EDGECTL_KERNEL_ISA", "EDGECTL_COMPILE_CACHE", "EDGECTL_EMBEDDING_PACK")
 # weight format → the cpu_int4 plugin's kernel (EDGECTL_INT4_KERNEL) and its linear layers' bits (EDGECTL_LINEAR_BITS)
 _KERNEL = {"w4a16": ("torch", 4), "w4a16-vllm": ("vllm", 4), "w4a8": ("edgectl", 4), "w8a8": ("edgectl", 8)}
 
@@ -279,6 +283,8 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
     if kernel:
         env["EDGECTL_INT4_KERNEL"] = kernel[0]
         env["EDGECTL_LINEAR_BITS"] = str(kernel[1])
+        # a vision-language model: the language model only, the tower as the reference it is checked against
+        env["EDGECTL_INT4_PARTS"] = "language-model" if plan.vision is not None else "all"
     return env
 
 

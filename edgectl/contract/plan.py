@@ -445,7 +445,7 @@ class Plan:
         """The output head's format: dense (the model dtype), int4 or int8 (edgectl's W8)."""
         if not self.quantize_lm_head:
             return "dense"
-        return "int8" if self.weight_format is WeightFormat.W4A8 else "int4"
+        return "int8" if self.weight_format in (WeightFormat.W4A8, WeightFormat.W8A8) else "int4"
 
     def with_serve(self, **changes: Any) -> Plan:
         """The same plan served elsewhere (another name, host or port)."""

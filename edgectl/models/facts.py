@@ -22,6 +22,9 @@ SCHEMA = "edgectl.model/1"
 # The attention kind of a layer, as transformers' ``layer_types`` name them.
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
+# The language model's tensors in an Idefics3 / SmolVLM checkpoint (vLLM's get_mm_mapping: language_model
+# "model.text_model"); the rest but the LM head is the vision tower and the connector.
+TEXT_MODEL_PREFIX = "model.text_model."
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,14 @@ class ModelFacts:
     modality: str = field(default="text")
     speech: SpeechFacts | None = field(default=None)
     vision: VisionFacts | None = field(default=None)
+
+    @property
+    def language_model_layers(self) -> tuple[LinearLayer, ...]:
+        """The linear layers a quantized format packs: every one, but of a vision-language model only its
+        language model's (the tower and the connector stay in the model dtype)."""
+        if self.vision is None:
+            return self.linear_layers
+        return tuple(layer for layer in self.linear_layers if layer.name.startswith(TEXT_MODEL_PREFIX))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -20,7 +20,7 @@ from typing import Any
 
 from edgectl.errors import EdgectlError
 from edgectl.models import architectures, config_json
-from edgectl.models.facts import ModelFacts, VisionFacts
+from edgectl.models.facts import TEXT_MODEL_PREFIX, ModelFacts, VisionFacts
 from edgectl.models.safetensors_header import TensorInfo
 from edgectl.models.weights import tensor_kind
 
@@ -37,9 +37,6 @@ DEFAULT_IMAGE_SEQ_LEN = 169
 MAX_IMAGE_SIZE = 4096  # image_processing_idefics3.py: "4k resolution as absolute maximum"
 # Files whose "auto_map" names code shipped with the model (trust_remote_code): vLLM runs without it.
 REMOTE_CODE_FILES = ("config.json", PREPROCESSOR_CONFIG, PROCESSOR_CONFIG, "tokenizer_config.json")
-# The language model's tensors in an Idefics3 / SmolVLM checkpoint (vLLM's get_mm_mapping: language_model
-# "model.text_model"); the rest but the LM head is the vision tower and the connector.
-TEXT_MODEL_PREFIX = "model.text_model."
 
 
 def vision_architecture(config: dict[str, Any]) -> str | None:

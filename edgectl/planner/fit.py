@@ -189,9 +189,11 @@ def _weights(model: ModelFacts, profile: Profile, fmt: WeightFormat, group_size:
         detail += (f": {n_quant - wide} linear layers in edgectl's 4-bit blocks of 32, {wide} in its 8-bit "
                    "blocks (the GGUF holds them in 5 to 8 bits)")
         detail += ", the output head in 8-bit blocks" if quantize_lm_head else ""
-    elif fmt is WeightFormat.W4A8:
-        detail += f": {n_quant} linear layers in edgectl's 4-bit blocks of 32"
+    elif fmt in (WeightFormat.W4A8, WeightFormat.W8A8):
+        bits = 8 if fmt is WeightFormat.W8A8 else 4
+        detail += f": {n_quant} linear layers in edgectl's {bits}-bit blocks of 32"
         detail += ", the output head in 8-bit blocks" if quantize_lm_head else ""
+        detail += f", {n_kept} of the vision tower and connector in bf16" if n_kept else ""
     elif fmt.is_int4:
         detail += f": {n_quant} linear layers int4 (groups ≤ {group_size}, per layer by K), {n_kept} kept bf16"
         figures = profile.formats.get(fmt)

@@ -143,6 +143,15 @@ def _served_param_bytes(model: ModelFacts) -> ParamBytes:
                       other=other * DTYPE_BYTES)
 
 
+def _head_bytes(model: ModelFacts, pb: ParamBytes) -> int:
+    """What a quantized head replaces: the output head, or the tied table it reads. A vision-language
+    model's embedding bytes hold its tower's patch and position embeddings too, so its table is counted
+    from its shape, in bf16 (its checkpoint's dtype: planner/vision.py serves bf16 or float32 ones dense)."""
+    if pb.lm_head or model.vision is None:
+        return pb.lm_head or pb.embedding
+    return model.vocab_size * model.hidden_size * DTYPE_BYTES
+
+
 def weights_bytes_for(model: ModelFacts, weight_format: WeightFormat | str, group_size: int,
                       quantize_lm_head: bool) -> tuple[int, int, int]:
     """(resident weight bytes, quantized linear layers, linear layers left in bf16)."""
@@ -150,15 +159,20 @@ def weights_bytes_for(model: ModelFacts, weight_format: WeightFormat | str, grou
     rest = pb.embedding + pb.lm_head + pb.other
     if weight_format == WeightFormat.BF16:
         return pb.total, 0, len(model.linear_layers)
-    if weight_format == WeightFormat.W4A8:
-        # edgectl's blocks hold every linear layer (any N and K); the head as int8 blocks. A GGUF
-        # served as it is keeps its 5-8-bit layers in 8-bit blocks (LinearLayer.gguf_bits).
+    if weight_format in (WeightFormat.W4A8, WeightFormat.W8A8):
+        # edgectl's blocks hold every linear layer (any N and K) of the language model; the head as
+        # int8 blocks. A GGUF served as it is keeps its 5-8-bit layers in 8-bit blocks
+        # (LinearLayer.gguf_bits). A vision-language model's tower and connector stay bf16.
+        packed = model.language_model_layers
+        dense = [layer for layer in model.linear_layers if layer not in packed]
+        bits = 8 if weight_format is WeightFormat.W8A8 else 4
         total = rest + sum(int4_layout.block_packed_bytes(layer.out_features, layer.in_features,
-                                                          layer.gguf_bits or 4)
-                           for layer in model.linear_layers)
+                                                          layer.gguf_bits or bits)
+                           for layer in packed)
+        total += sum(layer.out_features * layer.in_features * DTYPE_BYTES for layer in dense)
         if quantize_lm_head:
-            total += int4_layout.block_packed_bytes(model.vocab_size, model.hidden_size, 8) - (pb.lm_head or pb.embedding)
-        return total, len(model.linear_layers), 0
+            total += int4_layout.block_packed_bytes(model.vocab_size, model.hidden_size, 8) - _head_bytes(model, pb)
+        return total, len(packed), len(dense)
     total = rest
     quantized = kept = 0
     for layer in model.linear_layers:

@@ -4,7 +4,9 @@ A vision-language model is planned as its language model, with the text planner'
 profile, the topology, the CPUs and threads, the KV dtype, the context and the memory ledger that sizes
 it), plus what the images cost:
 
-    format            dense bf16, the text planner's dense format: the tower and the language model
+    format            dense bf16, the text planner's dense format: the tower and the language model; asked
+                      (--format w4a8 / w8a8), the language model in edgectl's blocks, the tower dense
+    compilation       eager for a dense language model, vLLM's torch.compile mode for a quantized one
     image limits      the guard's limits (edgectl/contract/vision.py), vLLM's own limits set the same
     image tokens      per image, from the processor's tiling of the largest image allowed
                       (edgectl/models/vision_inspect.py, ``idefics3_tiles``): the context must hold a
@@ -24,6 +26,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from edgectl.contract import int4_layout
 from edgectl.contract.plan import (
     BenchLevers,
     Compilation,
@@ -140,7 +143,7 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     fmt_reason = _weight_format(facts, model, request)
     check_request(replace(request, weight_format=None))  # the rest as for a text model
     topology = why.take(choose_topology(request.bench))
-    compilation = why.take(_compilation(request))
+    compilation = why.take(_compilation(request, WeightFormat(fmt_reason.value)))
     memory_levers = why.take(_memory_levers(request.bench, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     limits = why.take(_image_limits(ImageLimits()))
@@ -155,9 +158,11 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     costs = replace(text_costs, runtime_bytes=text_costs.runtime_bytes + held,
                     transient_bytes=why.take(_encoder_work(vision, sizes)), transient_what="the tower's work on one image")
     levers = choose_levers(request.bench).value
+    fmt = WeightFormat(fmt_reason.value)
+    quantized = fmt is not WeightFormat.BF16  # the language model's head in int8 blocks beside its layers
     fit = why.take(fit_weights_and_context(
-        facts.memory.budget_bytes, model, profile, request, [(WeightFormat.BF16, fmt_reason)], 0,
-        False, levers.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
+        facts.memory.budget_bytes, model, profile, request, [(fmt, fmt_reason)], 0,
+        quantized, levers.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
     if fit.max_model_len < prompt_min:
         raise EdgectlError(
             f"{model.name} fits a context of {fit.max_model_len} tokens in the budget {mib(facts.memory.budget_bytes)}"
@@ -178,9 +183,9 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         model=ModelRef(model.name, model.path, model.architecture, checkpoint_format(model)),
         device_class=facts.device_class,
         profile=ProfileRef(profile.name, profile.file, profile.kind),
-        weight_format=WeightFormat.BF16,
-        group_size=0,
-        quantize_lm_head=False,
+        weight_format=fmt,
+        group_size=int4_layout.BLOCK if quantized else 0,
+        quantize_lm_head=quantized,
         max_model_len=fit.max_model_len,
         max_num_seqs=request.max_num_seqs,
         max_num_batched_tokens=batched,
@@ -205,33 +210,58 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
 
 
 def _weight_format(facts: HostFacts, model: ModelFacts, request: Request) -> Reason:
-    """Dense bf16, the tower and the language model alike; anything else refused with one line."""
+    """Dense bf16 unless asked; asked, the language model's linear layers in edgectl's blocks (w4a8 or
+    w8a8) with its output head in int8 blocks, the tower and the connector dense. Anything else is
+    refused with one line."""
     checkpoint = checkpoint_format(model)
     if checkpoint != "bf16":
         raise EdgectlError(f"{model.name}'s checkpoint is {checkpoint} (config.json's quantization_config): edgectl "
-                           "serves a vision-language model dense, from its bf16 or float32 weights")
+                           "serves a vision-language model from its bf16 or float32 weights")
     asked = request.weight_format
-    if asked not in (None, WeightFormat.BF16):
-        raise EdgectlError(f"--format {asked}: a vision-language model is served dense (bf16); edgectl's int4 formats "
-                           f"and kernels serve text models' own layers, not the language model inside "
-                           f"{model.architecture}: drop --format")
-    _, runs = host_runs(WeightFormat.BF16, facts)
+    if asked not in (None, WeightFormat.BF16, WeightFormat.W4A8, WeightFormat.W8A8):
+        raise EdgectlError(f"--format {asked}: a vision-language model is served bf16, or its language model as w4a8 "
+                           "or w8a8 (edgectl's kernels)")
+    runs, why = host_runs(WeightFormat.W4A8, facts)  # w8a8: the same library, its 8-bit blocks
+    if asked in (WeightFormat.W4A8, WeightFormat.W8A8):
+        if not runs:
+            raise EdgectlError(f"--format {asked} runs edgectl's kernels: {why}; serve {model.name} dense (no --format)")
+        bits = 8 if asked is WeightFormat.W8A8 else 4
+        return Reason("weight_format", asked, Source.FLAG,
+                      f"asked: the language model's linear layers in edgectl's {bits}-bit blocks of 32 with int8 "
+                      "activations and its output head (the tied embedding) in 8-bit blocks; the vision tower and "
+                      f"the connector stay bf16, as checked against the reference ({why})")
+    _, dense = host_runs(WeightFormat.BF16, facts)
     return Reason("weight_format", WeightFormat.BF16, Source.FLAG if asked else Source.DEFAULT,
-                  f"dense bf16, the vision tower and the language model alike ({runs}): edgectl's int4 formats and "
-                  "its GGUF loader serve text models' own classes, not the language model inside "
-                  f"{model.architecture}")
+                  f"dense bf16, the vision tower and the language model alike ({dense})"
+                  + ("" if asked or not runs else "; " + QUANTIZED_NOT_DEFAULT))
 
 
-def _compilation(request: Request) -> Decided[Compilation]:
-    """Eager unless asked: the profile's compiled-mode figures are a text model's, and vLLM does not compile
-    the vision tower (``compile_mm_encoder`` is off); a vision model in compiled mode was not measured."""
+# Why the faster formats are not the default yet (docs/vision.md "The language model on edgectl's kernels").
+QUANTIZED_NOT_DEFAULT = (
+    "--format w8a8 (the language model in edgectl's 8-bit blocks, compiled; the tower bf16) decoded with an image "
+    "in context at 111.7 tok/s [106.5-116.9] against this plan's 53.7 [51.5-64.1] in a quiet run (1.67x in a "
+    "noisy one), its warm-up answers bf16's in every pass, 60 MB less (x86_64-avx512-bf16, 3 interleaved passes, "
+    "docs/vision.md \"The language model on edgectl's kernels\"); not the default until its start from the compile "
+    "cache after a kill under systemd is measured: its first start compiles (ready in 112-117 s against 42-50 s)")
+
+
+def _compilation(request: Request, fmt: WeightFormat) -> Decided[Compilation]:
+    """vLLM's torch.compile mode for a language model on edgectl's kernels, eager for a dense one, unless asked.
+    vLLM compiles the language model, not the vision tower (``compile_mm_encoder`` is off)."""
     if request.compilation:
         mode = Compilation(request.compilation)
         return Decided(mode, Reason("compilation", mode, Source.FLAG, "asked with --compilation"))
+    if fmt is not WeightFormat.BF16:
+        return Decided(Compilation.DEFAULT, Reason(
+            "compilation", Compilation.DEFAULT, Source.DEFAULT,
+            "vLLM's torch.compile mode for the language model (the tower stays eager): the quantized language "
+            "model was measured compiled (docs/vision.md \"The language model on edgectl's kernels\"); the first "
+            "start compiles, ready in 113-152 s against 41-50 s eager on x86_64-avx512-bf16; --compilation eager "
+            "starts sooner"))
     return Decided(Compilation.EAGER, Reason(
         "compilation", Compilation.EAGER, Source.DEFAULT,
-        "eager: the profile's compiled-mode figures are for a text model, and vLLM compiles no vision tower; "
-        "no compile at the first start"))
+        "eager: the dense language model was measured eager, and vLLM compiles no vision tower; no compile at the "
+        "first start"))
 
 
 def _memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:

@@ -6,6 +6,10 @@
   ``measure.CONCURRENT_IMAGES`` requests at once.
 - ``vllm-attention``: the plan with every attention call on vLLM's own CPU op (edgectl's decode
   attention off), the control of that lever; the worker reads back which kernel its calls took.
+- ``w4a8`` / ``w8a8``: the plan with its language model's linear layers and head in edgectl's 4- / 8-bit
+  blocks (``--format``), the tower and the connector bf16; the worker reads back each layer's format.
+- ``compiled``, ``w4a8-compiled``, ``w8a8-compiled``: the same in vLLM's torch.compile mode (it compiles
+  the language model; the tower stays eager).
 - ``stock``: vLLM as it ships for this model (``stock_vllm.StockVllmArm``: ``--model DIR`` and its
   defaults), if it starts; ``stock-kv`` (not run unless asked): the same given the plan's KV bytes
   and requests at once, so its memory compares with the planned arm's.
@@ -39,6 +43,18 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("planned", "worker", {}, "edgectl's worker on edgectl's vision plan for the model, as deploy serves it"),
     ArmSpec("vllm-attention", "worker", {"decode_attention": False},
             "edgectl's vision plan with every attention call on vLLM's CPU op (edgectl's decode attention off)"),
+    ArmSpec("w4a8", "worker", {"weight_format": "w4a8"},
+            "edgectl's vision plan with its language model in edgectl's 4-bit blocks (int8 activations, int8 head), "
+            "the tower and connector bf16"),
+    ArmSpec("w8a8", "worker", {"weight_format": "w8a8"},
+            "edgectl's vision plan with its language model in edgectl's 8-bit blocks (int8 activations, int8 head), "
+            "the tower and connector bf16"),
+    ArmSpec("compiled", "worker", {"compilation": "default"},
+            "edgectl's vision plan in vLLM's torch.compile mode (the language model compiled; the tower eager)"),
+    ArmSpec("w4a8-compiled", "worker", {"weight_format": "w4a8", "compilation": "default"},
+            "the w4a8 arm in vLLM's torch.compile mode"),
+    ArmSpec("w8a8-compiled", "worker", {"weight_format": "w8a8", "compilation": "default"},
+            "the w8a8 arm in vLLM's torch.compile mode"),
     ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
                                        "with its defaults (the served name, host and port only; edgectl's plugin "
                                        "left out)"),

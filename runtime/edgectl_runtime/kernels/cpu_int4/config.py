@@ -10,7 +10,8 @@ processes. Its settings come from, in order:
    ``CpuInt4Config()`` with no arguments, so the settings come from the runtime environment
    (``edgectl.contract.environment``), which the worker sets from the plan before vLLM starts:
    ``EDGECTL_INT4_KERNEL`` (the weight format of the linear layers), ``EDGECTL_LINEAR_BITS``,
-   ``EDGECTL_LM_HEAD``, ``EDGECTL_INT4_GROUP_SIZE``, ``EDGECTL_LAYERWISE_REPACK``;
+   ``EDGECTL_LM_HEAD``, ``EDGECTL_INT4_GROUP_SIZE``, ``EDGECTL_LAYERWISE_REPACK``,
+   ``EDGECTL_INT4_PARTS``;
 3. or explicitly, ``hf_overrides={"quantization_config_dict_json": '{"kernel": "edgectl"}'}``
    (:meth:`CpuInt4Config.from_config_dict_json`), which wins over the environment.
 
@@ -57,6 +58,7 @@ from edgectl_runtime.kernels.cpu_int4.names import NAME
 
 LM_HEAD_FORMATS = ("dense", "int4", "int8")
 SOURCES = ("dense", "portable", "gptq", "awq")
+PARTS = ("all", "language-model")
 
 
 def current_model_config():
@@ -121,6 +123,10 @@ class CpuInt4Settings(QuantizationConfig):
                                else runtime_env.read_int("EDGECTL_LINEAR_BITS", environ))
         if self.linear_bits not in (4, 8):
             raise ValueError(f"cpu_int4: linear layers of {self.linear_bits} bits; use 4 or 8")
+        # "language-model": a multimodal model's encoders and connectors stay dense (registration.py)
+        self.parts = runtime_env.read("EDGECTL_INT4_PARTS", environ)
+        if self.parts not in PARTS:
+            raise ValueError(f"cpu_int4: parts {self.parts!r} is not one of {', '.join(PARTS)}")
         if self.linear_bits == 8 and kernel_class(self.kernel) is not W8_KERNEL:
             raise ValueError(f"cpu_int4: 8-bit linear layers run on edgectl's kernels, not {self.kernel!r}")
         for kernel in self.kernels_in_use():
@@ -154,7 +160,7 @@ class CpuInt4Settings(QuantizationConfig):
 
     def describe(self) -> dict[str, Any]:
         out = {"group_size": self.group_size, "lm_head": self.lm_head, "layerwise": self.layerwise,
-               "source": self.source, "kernel": self.kernel}
+               "source": self.source, "kernel": self.kernel, "parts": self.parts}
         if self.source in ("gptq", "awq"):
             out["checkpoint_group_size"] = self.ckpt_group
         for kernel in self.kernels_in_use():

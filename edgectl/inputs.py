@@ -51,6 +51,15 @@ def _kv_dtype_name(plan: Plan) -> str:
     return "bf16" if plan.speech is None else plan.speech.dtype  # "auto": the model's dtype
 
 
+def _groups(plan: Plan) -> str:
+    """How a quantized plan's weights are grouped: edgectl's 8-bit blocks (w8a8), else int4 groups."""
+    if not plan.weight_format.is_int4:
+        return ""
+    if plan.weight_format == "w8a8":
+        return f", 8-bit blocks of {plan.group_size}"
+    return f", int4 groups of {plan.group_size}"
+
+
 def render_plan(plan: Plan) -> str:
     """The plan for a person: what runs, what it costs, and every reason."""
     m = plan.memory
@@ -64,7 +73,7 @@ def render_plan(plan: Plan) -> str:
         ]
     else:
         lines += [
-            f"  weights     {plan.weight_format}" + (f", int4 groups of {plan.group_size}" if plan.weight_format.is_int4 else ""),
+            f"  weights     {plan.weight_format}" + _groups(plan),
             f"  context     {plan.max_model_len} tokens × {plan.max_num_seqs} sequence(s); RoPE rows {plan.rope_rows}",
         ]
     lines += [

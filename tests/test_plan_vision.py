@@ -31,6 +31,7 @@ from edgectl.contract.plan import BenchLevers, Plan, Request, Source, WeightForm
 from edgectl.contract.vision import ImageLimits
 from edgectl.contract.vllm_args import server_args
 from edgectl.errors import EdgectlError
+from edgectl.inputs import render_plan
 from edgectl.models.inspect import inspect_model
 from edgectl.planner import plan
 
@@ -196,6 +197,8 @@ def test_asked_its_language_model_is_quantized_and_the_tower_stays_bf16(vlm, fmt
     # measured compiled, so compiled unless asked otherwise; the dense plan stays eager
     assert p.compilation == "default" and dense.compilation == "eager"
     assert vision_plan(vlm, weight_format=fmt, compilation="eager").compilation == "eager"
+    blocks = "8-bit blocks of 32" if bits == 8 else "int4 groups of 32"
+    assert f"\n  weights     {fmt}, {blocks}\n" in render_plan(p)
     env = runtime_levers(p)
     assert env["EDGECTL_INT4_PARTS"] == "language-model" and env["EDGECTL_LINEAR_BITS"] == str(bits)
     assert env["EDGECTL_LM_HEAD"] == "int8"

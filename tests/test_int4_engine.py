@@ -242,7 +242,7 @@ def test_bf16_checkpoint_quantized_at_load(dense_run, tiny):
     rb = dense_run["readback"]
     assert rb["schema"] == "edgectl.readback/1"
     assert rb["quantization"] == {"method": "cpu_int4", "group_size": 128, "lm_head": "int4", "layerwise": True,
-                                  "source": "dense", "kernel": "torch"}
+                                  "source": "dense", "kernel": "torch", "parts": "all"}
     assert rb["levers"]["EDGECTL_ROPE_CAP"] == "1"
     # ISA-dependent: torch's int4 kernel at the run's level, its packing with that level's block
     isa = isa_helpers.host_isa()
@@ -392,7 +392,7 @@ def test_w4a8_with_an_int8_head_in_the_engine(w4a8_run, tiny):
     rb = w4a8_run["readback"]
     isa = _expected_isa()
     assert rb["quantization"] == {"method": "cpu_int4", "group_size": 128, "lm_head": "int8", "layerwise": True,
-                                  "source": "dense", "kernel": "edgectl", "isa": isa}
+                                  "source": "dense", "kernel": "edgectl", "isa": isa, "parts": "all"}
     assert rb["kernel"]["edgectl_isa"] == isa
     assert rb["formats"] == {"w4a8/b32": 8, "w8a8/b32": 1, "w8a8/b32-tied-embedding": 1}
     assert all(e["kernel"] == "edgectl" for e in rb["layers"])

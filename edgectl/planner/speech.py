@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from edgectl.contract.int4_layout import block_packed_bytes
+from edgectl.contract.int4_layout import BLOCK, block_packed_bytes
 from edgectl.contract.plan import (
     SPEECH_HEADS,
     BenchLevers,
@@ -119,9 +119,6 @@ def speech_sizes(speech: SpeechFacts, dtype: str) -> SpeechSizes:
             + speech.encoder_attention_heads * p * p * 4
             + speech.num_mel_bins * 2 * p * 4)
     return SpeechSizes(speech.max_target_positions, p, blocks, per_block, work)
-
-
-EDGECTL_BLOCK = 32  # the columns of edgectl's int4 and int8 blocks (docs/kernels.md)
 
 
 def _weight_format(request: Request, facts: HostFacts, model: ModelFacts) -> Decided[WeightFormat]:
@@ -259,7 +256,7 @@ def plan_speech(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         device_class=facts.device_class,
         profile=ProfileRef(profile.name, profile.file, profile.kind),
         weight_format=fmt,  # bf16: dense weights, their dtype the speech section's
-        group_size=EDGECTL_BLOCK if fmt.is_int4 else 0,
+        group_size=BLOCK if fmt.is_int4 else 0,  # the columns of edgectl's blocks
         quantize_lm_head=False,
         max_model_len=sizes.decoder_tokens,
         max_num_seqs=seqs,

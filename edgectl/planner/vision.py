@@ -141,9 +141,11 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     why = Reasons()
     profile = why.take(choose_profile(profiles, facts))
     fmt_reason = _weight_format(facts, model, request)
+    fmt = WeightFormat(fmt_reason.value)
+    quantized = fmt is not WeightFormat.BF16  # the language model's head in int8 blocks beside its layers
     check_request(replace(request, weight_format=None))  # the rest as for a text model
     topology = why.take(choose_topology(request.bench))
-    compilation = why.take(_compilation(request, WeightFormat(fmt_reason.value)))
+    compilation = why.take(_compilation(request, fmt))
     memory_levers = why.take(_memory_levers(request.bench, facts, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     limits = why.take(_image_limits(ImageLimits()))
@@ -158,16 +160,10 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     costs = replace(text_costs, runtime_bytes=text_costs.runtime_bytes + held,
                     transient_bytes=why.take(_encoder_work(vision, sizes)), transient_what="the tower's work on one image")
     levers = choose_levers(request.bench).value
-    fmt = WeightFormat(fmt_reason.value)
-    quantized = fmt is not WeightFormat.BF16  # the language model's head in int8 blocks beside its layers
     fit = why.take(fit_weights_and_context(
         facts.memory.budget_bytes, model, profile, request, [(fmt, fmt_reason)], 0,
         quantized, levers.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
-    if fit.max_model_len < prompt_min:
-        raise EdgectlError(
-            f"{model.name} fits a context of {fit.max_model_len} tokens in the budget {mib(facts.memory.budget_bytes)}"
-            f", and a prompt with {limits.max_images_per_request} image(s) needs {prompt_min}: free memory, raise the "
-            "cgroup limit" + (" or ask for fewer with --max-num-seqs" if request.max_num_seqs > 1 else ""))
+    _check_fits(model, request, fit.max_model_len, facts.memory.budget_bytes, limits, prompt_min)
     memory = replace(fit.memory, runtime_bytes=text_costs.runtime_bytes,
                      workspace_bytes=fit.memory.workspace_bytes + held)
     batched = why.take(choose_batched_tokens(fit.max_model_len))
@@ -207,6 +203,16 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         request=request,
         vision=VisionServe(images=limits),
     )
+
+
+def _check_fits(model: ModelFacts, request: Request, fits_len: int, budget: int, limits: ImageLimits,
+                prompt_min: int) -> None:
+    """Refuse, with one line, a budget whose context holds no prompt with the images a request may carry."""
+    if fits_len < prompt_min:
+        raise EdgectlError(
+            f"{model.name} fits a context of {fits_len} tokens in the budget {mib(budget)}, and a prompt with "
+            f"{limits.max_images_per_request} image(s) needs {prompt_min}: free memory, raise the cgroup limit"
+            + (" or ask for fewer with --max-num-seqs" if request.max_num_seqs > 1 else ""))
 
 
 def _weight_format(facts: HostFacts, model: ModelFacts, request: Request) -> Reason:

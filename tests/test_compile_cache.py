@@ -50,6 +50,21 @@ def test_the_isa_the_code_was_generated_for_is_in_the_key(name):
     assert _digest({}) != _digest({name: "avx2"})
 
 
+def test_the_graphs_wrapper_and_vllms_layer_names_are_in_the_key(monkeypatch):
+    """The cpp_wrapper lever sets TORCHINDUCTOR_CPP_WRAPPER and VLLM_USE_LAYERNAME, which neither vLLM's key
+    nor edgectl's settings hold: a graph with a Python wrapper is never loaded for a C++ one, nor the reverse."""
+    from torch._inductor import config
+    from vllm.utils import torch_utils
+
+    before = _digest({})
+    assert compile_cache.key_factors({})["graph_wrapper"] == ("cpp" if config.cpp_wrapper else "python")
+    with config.patch(cpp_wrapper=not config.cpp_wrapper):  # inductor's own way to change its config
+        with_wrapper = _digest({})
+    assert with_wrapper != before and _digest({}) == before
+    monkeypatch.setattr(torch_utils, "_USE_LAYERNAME", not torch_utils._USE_LAYERNAME)
+    assert _digest({}) not in (before, with_wrapper)
+
+
 def test_the_key_is_stable():
     env = {"EDGECTL_INT4_GROUP_SIZE": "64", "ATEN_CPU_CAPABILITY": "avx2"}
     assert _digest(env) == _digest(dict(env))

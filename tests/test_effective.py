@@ -73,12 +73,21 @@ def test_an_engine_that_followed_the_plan_matches(name):
     ("lm_head_format", "cpu_int4/g32", "the output head is cpu_int4/g32, the plan keeps it unquantized"),
     ("processes", 3, "3 processes serve, the plan's single-process topology has 1"),
     ("linear_in_features", None, "input widths could not be read back"),
+    ("compile", {"mode": "DYNAMO_TRACE_ONCE", "wrapper": "cpp"},
+     "the compiled graph's wrapper is 'cpp', the plan says 'python'"),
 ])
 def test_each_difference_is_named(field, value, says):
     p = plan()
     got = {**read_back(p), field: value}
     problems = mismatches(p, got)
     assert len(problems) == 1 and says in problems[0], problems
+
+
+def test_a_compiled_graph_with_the_wrapper_the_plan_asks_matches_and_eager_reports_none():
+    p = plan()
+    asked = dataclasses.replace(p, levers=dataclasses.replace(p.levers, cpp_wrapper=True))
+    assert mismatches(asked, {**read_back(asked), "compile": {"mode": "DYNAMO_TRACE_ONCE", "wrapper": "cpp"}}) == []
+    assert mismatches(p, {**read_back(p), "compile": {"mode": "NONE"}}) == []
 
 
 def test_a_layer_left_dense_is_named():

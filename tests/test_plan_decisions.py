@@ -356,6 +356,16 @@ def test_huge_pages_only_when_asked_set_pytorchs_allocator_variable(asked: bool 
 
 
 @pytest.mark.parametrize("asked", [None, False, True])
+def test_cpp_wrapper_only_when_asked_sets_inductors_and_vllms_variables(asked: bool | None):
+    p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2), cpp_wrapper=asked)
+    assert p.levers.cpp_wrapper is bool(asked)
+    assert p.env.get("TORCHINDUCTOR_CPP_WRAPPER") == ("1" if asked else None)
+    assert p.env.get("VLLM_USE_LAYERNAME") == ("0" if asked else None)  # the C++ wrapper cannot pass LayerName
+    why = reasons_by_decision(p)["cpp_wrapper"][0]
+    assert why["source"] == ("default" if asked is None else "flag")
+
+
+@pytest.mark.parametrize("asked", [None, False, True])
 def test_a_text_plan_takes_edgectls_decode_attention_only_when_asked(asked: bool | None):
     from edgectl.contract import environment
 

@@ -127,6 +127,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
             "read back from the worker)"),
     ArmSpec("edgectl-attention", "worker", {"decode_attention": True},
             "the plan with decode steps on edgectl's attention kernel over the bf16 KV (read back from the worker)"),
+    ArmSpec("cpp-wrapper", "worker", {"cpp_wrapper": True, "compilation": "default"},
+            "the plan compiled, with inductor's graph wrapper in C++ instead of Python (TORCHINDUCTOR_CPP_WRAPPER=1, "
+            "vLLM's layer names as strings; read back from the worker)"),
     ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
             "the plan with fp8_e4m3 KV (half the KV bytes at the same context; AVX-512 or AMX only)"),
     ArmSpec("llama.cpp", "llama.cpp", {}, "llama-server on the GGUF the model was converted from"),

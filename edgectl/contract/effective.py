@@ -257,6 +257,9 @@ def mismatches(plan: Plan, effective: Effective | Mapping[str, Any]) -> list[str
     if effective.decode_attention is not None:  # reported by workers since the lever exists
         differ("the decode attention's kernel", "edgectl" if plan.levers.decode_attention else "vllm",
                effective.decode_attention.get("kernel"))
+    if effective.compile and "wrapper" in effective.compile:  # a compiled graph, reported since the lever exists
+        differ("the compiled graph's wrapper", "cpp" if plan.levers.cpp_wrapper else "python",
+               effective.compile["wrapper"])
     out += _memory_levers(plan, effective)
     return out
 

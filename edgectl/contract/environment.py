@@ -139,6 +139,12 @@ _VARS = [
         "allocator aligns allocations of 2 MiB or more to 2 MiB and madvises them MADV_HUGEPAGE "
         "(c10/core/impl/alloc_cpu.cpp), so transparent huge pages back them where the kernel's THP mode is "
         "always or madvise"),
+    Var("TORCHINDUCTOR_CPP_WRAPPER", Role.SET, "plan env: 1 when the plan's levers.cpp_wrapper is on: in compiled "
+        "mode inductor writes the graph's wrapper (the code that calls each kernel and op of a step) in C++ and "
+        "compiles it, instead of running it as Python (torch/_inductor/config.py, cpp_wrapper)"),
+    Var("VLLM_USE_LAYERNAME", Role.SET, "plan env: 0 when the plan's levers.cpp_wrapper is on: vLLM passes a "
+        "layer's name to its attention ops as a str, not as torch's opaque LayerName object, which inductor's "
+        "C++ wrapper cannot pass (vllm/utils/torch_utils.py, LayerNameType)"),
     Var("VLLM_ENABLE_V1_MULTIPROCESSING", Role.SET, "plan env, single-process topology: 0 keeps vLLM's "
         "model worker in the engine's process (vllm/platforms/cpu.py:333-341)"),
     Var("VLLM_CPU_NUM_OF_RESERVED_CPU", Role.SET, "plan env, stock topology: CPUs vLLM keeps for its front "

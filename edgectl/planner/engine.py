@@ -175,6 +175,7 @@ class MemoryLevers:
     idle_trim: bool = True
     huge_pages: bool = False
     decode_attention: bool = False
+    cpp_wrapper: bool = False
 
     def levers(self, *, rope_cap: bool, layerwise_repack: bool, topology: Topology,
                reserve_frontend_core: bool, thread_wait: ThreadWait) -> Levers:
@@ -183,7 +184,8 @@ class MemoryLevers:
                       reserve_frontend_core=reserve_frontend_core, embedding_pack=self.embedding_pack,
                       optional_imports=self.optional_imports, python_optimize=self.python_optimize,
                       tokenizer=self.tokenizer, idle_trim=self.idle_trim, thread_wait=thread_wait,
-                      huge_pages=self.huge_pages, decode_attention=self.decode_attention)
+                      huge_pages=self.huge_pages, decode_attention=self.decode_attention,
+                      cpp_wrapper=self.cpp_wrapper)
 
 
 # Why the worker gives freed heap memory back when it goes quiet (measured, docs/memory.md "Freed but resident").
@@ -200,6 +202,13 @@ HUGE_PAGES_EVIDENCE = ("off: with the weights and the KV on transparent huge pag
                        "1B-class shape 41.2 against 42.8 (already at ~91% of the copy bandwidth), at the same PSS "
                        "(x86_64-avx512-bf16, 3 interleaved passes each, docs/kernels.md \"Huge pages\"); the bench's "
                        "huge-pages arm measures it on other boxes")
+
+
+# Why a compiled graph keeps inductor's Python wrapper by default (the bench's cpp-wrapper arm).
+CPP_WRAPPER_EVIDENCE = ("off: inductor's C++ wrapper (the code that calls a step's ~300 kernels and ops, written in "
+                        "C++ instead of Python) is not yet measured by the bench against the Python one; "
+                        "`edgectl bench --arms planned,cpp-wrapper` measures it (docs/kernels.md \"The graph's "
+                        "wrapper in C++\")")
 
 
 # Whether decode steps attend with edgectl's kernel (runtime/edgectl_runtime/vllm_plugin/decode_attention.py).
@@ -261,6 +270,7 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
         idle_trim=(topology is Topology.SINGLE_PROCESS) if asked.idle_trim is None else asked.idle_trim,
         huge_pages=bool(asked.huge_pages),
         decode_attention=decode_attention[0] if asked.decode_attention is None else asked.decode_attention,
+        cpp_wrapper=bool(asked.cpp_wrapper),
     )
 
     def source(value: object) -> Source:
@@ -287,6 +297,8 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
                "asked" if asked.huge_pages is not None else HUGE_PAGES_EVIDENCE),
         Reason("decode_attention", levers.decode_attention, source(asked.decode_attention),
                "asked" if asked.decode_attention is not None else decode_attention[1]),
+        Reason("cpp_wrapper", levers.cpp_wrapper, source(asked.cpp_wrapper),
+               "asked" if asked.cpp_wrapper is not None else CPP_WRAPPER_EVIDENCE),
     )
 
 

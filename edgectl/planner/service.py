@@ -160,6 +160,9 @@ def worker_environment(cpus: Cpus, levers: Levers) -> dict[str, str]:
         env["GOMP_SPINCOUNT"] = environment.SHORT_SPINCOUNT
     if levers.huge_pages:
         env["THP_MEM_ALLOC_ENABLE"] = "1"
+    if levers.cpp_wrapper:
+        env["TORCHINDUCTOR_CPP_WRAPPER"] = "1"
+        env["VLLM_USE_LAYERNAME"] = "0"
     if levers.topology is Topology.SINGLE_PROCESS:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if levers.topology is Topology.STOCK:

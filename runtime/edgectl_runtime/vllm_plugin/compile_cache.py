@@ -112,6 +112,26 @@ def _runtime_sources_digest() -> str:
     return h.hexdigest()
 
 
+def graph_wrapper() -> str:
+    """The language of this process's compiled graph's wrapper: ``cpp`` or ``python``.
+
+    Inductor reads ``TORCHINDUCTOR_CPP_WRAPPER`` into its config when it is imported
+    (torch/_inductor/config.py, ``cpp_wrapper``); the graph is compiled, or loaded under a key that
+    holds this answer (:func:`key_factors`), with that config.
+    """
+    from torch._inductor import config
+
+    return "cpp" if config.cpp_wrapper else "python"
+
+
+def _layer_names() -> str:
+    """How vLLM passes a layer's name to its attention ops: torch's opaque ``LayerName`` object or a str
+    (``VLLM_USE_LAYERNAME``, vllm/utils/torch_utils.py); a graph traced one way calls the ops that way."""
+    from vllm.utils import torch_utils
+
+    return "opaque" if getattr(torch_utils, "_USE_LAYERNAME", False) else "str"
+
+
 def key_factors(environ: Mapping[str, str]) -> dict[str, Any]:
     """Everything edgectl knows changes the compiled graph, beyond what vLLM's own key covers."""
     import torch
@@ -126,7 +146,7 @@ def key_factors(environ: Mapping[str, str]) -> dict[str, Any]:
     except Exception:  # not installed as a distribution (a checkout on PYTHONPATH)
         edgectl_version = None
     return {
-        "schema": "edgectl.compile-key/1",
+        "schema": "edgectl.compile-key/2",
         "edgectl": edgectl_version,
         "edgectl_runtime_sources": _runtime_sources_digest(),
         "torch": torch.__version__,
@@ -134,6 +154,9 @@ def key_factors(environ: Mapping[str, str]) -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "avx512": bool(torch.cpu._is_avx512_supported()),
         "isa_env": {k: environ.get(k, "") for k in _ISA_ENV},
+        # vLLM's key has neither (inductor's factors only with VLLM_USE_MEGA_AOT_ARTIFACT)
+        "graph_wrapper": graph_wrapper(),
+        "layer_names": _layer_names(),
         "settings": settings,
     }
 
@@ -373,4 +396,6 @@ def facts(vllm_config=None) -> dict[str, Any]:
         cc = vllm_config.compilation_config
         out["mode"] = str(getattr(cc.mode, "name", cc.mode))
         out["cache_dir"] = cc.local_cache_dir or None
+        if out["mode"] != "NONE":  # eager mode runs no graph, and need not import inductor to say so
+            out["wrapper"] = graph_wrapper()
     return out

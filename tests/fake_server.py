@@ -119,7 +119,15 @@ class State:
             lambda k: int4_layout.choose_group_size(k, p.group_size))
         layers = {name: (f"cpu_int4/g{group(k)}" if int4 else "bf16") for name, k in widths.items()}
         head = "cpu_int4/g64-tied-embedding" if p.quantize_lm_head else "bf16-tied-embedding"
-        return {"schema": EFFECTIVE_SCHEMA, "max_model_len": p.max_model_len,
+        readback: dict[str, Any] = {}
+        if p.vision is not None and int4:  # the language model in edgectl's blocks, the tower and connector bf16
+            blocks = "w8a8/b32" if p.weight_format == "w8a8" else "w4a8/b32"
+            layers = {name: blocks for name in layers} | {
+                "model.vision_model.encoder.layers.0.mlp.fc1": "bf16", "model.connector.modality_projection.proj": "bf16"}
+            head = "w8a8/b32-tied-embedding"
+            readback = {"quantization_readback": {"method": "cpu_int4", "parts": "language-model",
+                                                  "dense_parts": ["model.connector", "model.vision_model"]}}
+        return {**readback,"schema": EFFECTIVE_SCHEMA, "max_model_len": p.max_model_len,
                 "max_num_seqs": p.max_num_seqs, "kv_cache_bytes": kv, "threads": p.threads,
                 "rope_rows": {"model.layers.0.self_attn.rotary_emb": p.rope_rows},
                 "linear_formats": {**layers, "lm_head": head}, "lm_head_format": head,

@@ -59,7 +59,7 @@ def vision_plan(model, host: str = HOST, **asked) -> Plan:
 
 
 def test_it_is_planned_as_its_text_model_with_the_tower_in_the_weights(vlm):
-    p = vision_plan(vlm)
+    p = vision_plan(vlm, weight_format="bf16")
     text = plan(host_facts(HOST), inspect_model(SHAPES / "smollm2-135m"), frozen_profiles(),
                 Request(model="smollm2-135m", weight_format="bf16"))
     assert p.modality == "vision" and p.speech is None and p.dtype == "bfloat16"
@@ -72,7 +72,7 @@ def test_it_is_planned_as_its_text_model_with_the_tower_in_the_weights(vlm):
     assert (p.max_model_len, p.max_num_batched_tokens, p.threads, p.cpus) == \
         (text.max_model_len, text.max_num_batched_tokens, text.threads, text.cpus)
     assert p.memory.kv_cache_bytes == text.memory.kv_cache_bytes
-    # a processor beside the tokenizer: the tokenizer as vLLM holds it; eager unless asked
+    # a processor beside the tokenizer: the tokenizer as vLLM holds it; dense bf16 is eager unless asked
     assert p.levers.tokenizer == "vllm" and p.compilation == "eager"
     assert p.predicted.decode_tok_s is None  # nobody measured a vision model on this class
 
@@ -178,7 +178,7 @@ TABLE = 49280 * 576
 
 @pytest.mark.parametrize(("fmt", "bits"), [("w4a8", 4), ("w8a8", 8)])
 def test_asked_its_language_model_is_quantized_and_the_tower_stays_bf16(vlm, fmt, bits):
-    dense = vision_plan(vlm)
+    dense = vision_plan(vlm, weight_format="bf16")
     p = vision_plan(vlm, weight_format=fmt)
     assert p.weight_format == fmt and p.quantize_lm_head and p.lm_head_format == "int8" and p.group_size == 32
     # edgectl's tiles of 16 rows x 32 columns: 320 bytes at 4 bits, 544 at 8 (scales included); every dim divides
@@ -209,11 +209,20 @@ def test_a_host_without_edgectls_vector_kernels_refuses_the_quantized_formats(vl
         vision_plan(vlm, host="arm64-board", weight_format="w8a8")
 
 
-def test_the_dense_default_says_what_the_quantized_formats_measured_where_they_run(vlm):
-    (here,) = reasons_by_decision(vision_plan(vlm))["weight_format"]
-    assert here["source"] == "default" and "--format w8a8" in here["detail"] and "not the default until" in here["detail"]
-    (there,) = reasons_by_decision(vision_plan(vlm, host="arm64-board"))["weight_format"]
-    assert "--format w8a8" not in there["detail"]
+def test_the_default_is_w8a8_compiled_where_edgectls_kernels_run_and_dense_elsewhere(vlm):
+    p = vision_plan(vlm)
+    assert p.weight_format == "w8a8" and p.compilation == "default" and p.lm_head_format == "int8"
+    assert runtime_levers(p)["EDGECTL_INT4_PARTS"] == "language-model"
+    (here,) = reasons_by_decision(p)["weight_format"]
+    # the measured reason: the decode gain, the same answers, and the restart under systemd within the bound
+    assert here["source"] == "default" and "111.7 tok/s" in here["detail"] and "kill -9" in here["detail"]
+    elsewhere = vision_plan(vlm, host="arm64-board")
+    assert elsewhere.weight_format == "bf16" and elsewhere.compilation == "eager"
+    (there,) = reasons_by_decision(elsewhere)["weight_format"]
+    assert there["source"] == "default" and "do not run here" in there["detail"]
+    # asked for dense bf16 where the kernels run: served so, and said to be asked
+    asked = vision_plan(vlm, weight_format="bf16")
+    assert asked.weight_format == "bf16" and reasons_by_decision(asked)["weight_format"][0]["source"] == "flag"
 
 
 def test_a_quantized_checkpoint_is_refused(tmp_path):
@@ -247,7 +256,7 @@ def test_plan_cli_plans_a_vision_directory(vlm_dir, tmp_path):
     done = plan_cli([str(vlm_dir), "--facts", str(facts), "--json"], tmp_path)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["vision"]["images"]["max_images_per_request"] == 1 and data["weight_format"] == "bf16"
+    assert data["vision"]["images"]["max_images_per_request"] == 1 and data["weight_format"] == "w8a8"
     table = plan_cli([str(vlm_dir), "--facts", str(facts)], tmp_path)
     assert table.returncode == 0 and "Traceback" not in table.stderr, table.stderr
     bad = plan_cli([str(vlm_dir), "--facts", str(facts), "--format", "w4a16"], tmp_path)

@@ -2,7 +2,7 @@
 of synth-smolvlm-256m's spec (a 2-layer language model with the tests' stub of SmolLM2's tokenizer, a
 2-layer tower on 64x64 tiles, made by the maker as tests/test_models_synthetic_vision.py makes it). The
 worker says READY only after its warm-up answered the shipped image through the image guard (the plan as it
-comes, and with its language model in edgectl's 8-bit blocks); then one
+comes, its language model in edgectl's 8-bit blocks, and dense bf16); then one
 chat completion with that image is answered, a request whose image is not one is refused 400 by the
 guard, and the service goes on answering. Nothing here asserts timing or the answer's sense (random
 weights)."""
@@ -69,9 +69,10 @@ def _chat(port: int, url: str) -> tuple[int, dict]:
     return r.status, json.loads(r.read())
 
 
-@pytest.mark.parametrize("fmt", [None, "w8a8"])
+@pytest.mark.parametrize("fmt", [None, "bf16"])
 def test_a_vision_plan_is_served_answers_an_image_and_refuses_a_bad_one(tmp_path, tiny_vlm, fmt):
-    """The plan as it comes, and with its language model in edgectl's 8-bit blocks (the tower bf16)."""
+    """The plan as it comes (on x86, where edgectl's kernels run: the language model in their 8-bit blocks,
+    compiled, the tower bf16), and dense bf16 as asked."""
     port = _free_port()
     asked = ["--format", fmt] if fmt else []
     out = subprocess.run([sys.executable, "-m", "edgectl", "plan", str(tiny_vlm), "--max-model-len", "512", "--json",
@@ -79,6 +80,7 @@ def test_a_vision_plan_is_served_answers_an_image_and_refuses_a_bad_one(tmp_path
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert plan["vision"]["images"]["max_images_per_request"] == 1
+    assert plan["weight_format"] == (fmt or "w8a8"), plan["weight_format"]
     plan["serve"]["port"] = port
     plan["model"]["name"] = "tiny-vlm"
     path = tmp_path / "plan.json"
@@ -114,12 +116,14 @@ def test_a_vision_plan_is_served_answers_an_image_and_refuses_a_bad_one(tmp_path
         attention = effective["decode_attention"]
         assert attention["kernel"] == "edgectl" and attention["calls"]["edgectl"] > 0 < attention["calls"]["vllm"], \
             attention
-        if fmt == "w8a8":  # the language model's layers and head in 8-bit blocks, the tower's and connector's bf16
-            counts, quant = effective["linear_format_counts"], effective["quantization_readback"]
+        counts, quant = effective["linear_format_counts"], effective["quantization_readback"]
+        if fmt is None:  # the language model's layers and head in 8-bit blocks, the tower's and connector's bf16
             assert quant["parts"] == "language-model", quant
             assert quant["dense_parts"] == ["model.connector", "model.vision_model"], quant
             # 2 layers x (qkv, o, gate_up, down) and the head; 2 tower layers x (qkv, out, fc1, fc2) and the connector
             assert counts == {"w8a8/b32": 9, "w8a8/b32-tied-embedding": 1, "bf16": 9}, counts
+        else:  # every linear layer dense
+            assert set(counts) <= {"bf16", "bf16-tied-embedding"}, counts
     finally:
         proc.terminate()
         try:

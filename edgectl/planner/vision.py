@@ -216,9 +216,9 @@ def _check_fits(model: ModelFacts, request: Request, fits_len: int, budget: int,
 
 
 def _weight_format(facts: HostFacts, model: ModelFacts, request: Request) -> Reason:
-    """Dense bf16 unless asked; asked, the language model's linear layers in edgectl's blocks (w4a8 or
-    w8a8) with its output head in int8 blocks, the tower and the connector dense. Anything else is
-    refused with one line."""
+    """The language model's linear layers in edgectl's 8-bit blocks (w8a8) with its output head in int8 blocks,
+    the tower and the connector dense, where edgectl's kernels run; dense bf16 elsewhere or when asked; w4a8
+    when asked. Anything else is refused with one line."""
     checkpoint = checkpoint_format(model)
     if checkpoint != "bf16":
         raise EdgectlError(f"{model.name}'s checkpoint is {checkpoint} (config.json's quantization_config): edgectl "
@@ -228,27 +228,30 @@ def _weight_format(facts: HostFacts, model: ModelFacts, request: Request) -> Rea
         raise EdgectlError(f"--format {asked}: a vision-language model is served bf16, or its language model as w4a8 "
                            "or w8a8 (edgectl's kernels)")
     runs, why = host_runs(WeightFormat.W4A8, facts)  # w8a8: the same library, its 8-bit blocks
-    if asked in (WeightFormat.W4A8, WeightFormat.W8A8):
-        if not runs:
-            raise EdgectlError(f"--format {asked} runs edgectl's kernels: {why}; serve {model.name} dense (no --format)")
-        bits = 8 if asked is WeightFormat.W8A8 else 4
-        return Reason("weight_format", asked, Source.FLAG,
-                      f"asked: the language model's linear layers in edgectl's {bits}-bit blocks of 32 with int8 "
-                      "activations and its output head (the tied embedding) in 8-bit blocks; the vision tower and "
-                      f"the connector stay bf16, as checked against the reference ({why})")
+    if asked in (WeightFormat.W4A8, WeightFormat.W8A8) and not runs:
+        raise EdgectlError(f"--format {asked} runs edgectl's kernels: {why}; serve {model.name} dense (no --format)")
+    if asked in (WeightFormat.W4A8, WeightFormat.W8A8) or (asked is None and runs):
+        fmt = asked or WeightFormat.W8A8
+        bits = 8 if fmt is WeightFormat.W8A8 else 4
+        return Reason("weight_format", fmt, Source.FLAG if asked else Source.DEFAULT,
+                      f"{'asked' if asked else W8A8_DEFAULT}: the language model's linear layers in edgectl's "
+                      f"{bits}-bit blocks of 32 with int8 activations and its output head (the tied embedding) in "
+                      f"8-bit blocks; the vision tower and the connector stay bf16, as checked against the reference "
+                      f"({why})")
     _, dense = host_runs(WeightFormat.BF16, facts)
     return Reason("weight_format", WeightFormat.BF16, Source.FLAG if asked else Source.DEFAULT,
                   f"dense bf16, the vision tower and the language model alike ({dense})"
-                  + ("" if asked or not runs else "; " + QUANTIZED_NOT_DEFAULT))
+                  + ("" if asked else f"; edgectl's kernels, which the default w8a8 runs on, do not run here: {why}"))
 
 
-# Why the faster formats are not the default yet (docs/vision.md "The language model on edgectl's kernels").
-QUANTIZED_NOT_DEFAULT = (
-    "--format w8a8 (the language model in edgectl's 8-bit blocks, compiled; the tower bf16) decoded with an image "
-    "in context at 111.7 tok/s [106.5-116.9] against this plan's 53.7 [51.5-64.1] in a quiet run (1.67x in a "
-    "noisy one), its warm-up answers bf16's in every pass, 60 MB less (x86_64-avx512-bf16, 3 interleaved passes, "
-    "docs/vision.md \"The language model on edgectl's kernels\"); not the default until its start from the compile "
-    "cache after a kill under systemd is measured: its first start compiles (ready in 112-117 s against 42-50 s)")
+# Why the language model runs on edgectl's 8-bit blocks by default (docs/vision.md "The language model on
+# edgectl's kernels").
+W8A8_DEFAULT = (
+    "w8a8, the fastest measured that answers as bf16 does: decode with an image in context 111.7 tok/s "
+    "[106.5-116.9] against 53.7 [51.5-64.1] dense bf16 eager in a quiet run (1.67x in another), its warm-up "
+    "answers bf16's in every pass, 50-60 MB less; w4a8 decoded 2-9% faster but answered differently in 1 pass of "
+    "6; a start from the compile cache after kill -9 under systemd READY in 42.7-45.4 s (x86_64-avx512-bf16, 3 "
+    "interleaved passes, 3 kills)")
 
 
 def _compilation(request: Request, fmt: WeightFormat) -> Decided[Compilation]:

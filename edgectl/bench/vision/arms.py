@@ -6,10 +6,13 @@
   ``measure.CONCURRENT_IMAGES`` requests at once.
 - ``vllm-attention``: the plan with every attention call on vLLM's own CPU op (edgectl's decode
   attention off), the control of that lever; the worker reads back which kernel its calls took.
+- ``bf16``: the plan with the language model dense bf16 and eager, as the tower (the default before
+  edgectl's kernels were; where they do not run, the plan itself); ``compiled``: the same in vLLM's
+  torch.compile mode (it compiles the language model; the tower stays eager).
 - ``w4a8`` / ``w8a8``: the plan with its language model's linear layers and head in edgectl's 4- / 8-bit
-  blocks (``--format``), the tower and the connector bf16; the worker reads back each layer's format.
-- ``compiled``, ``w4a8-compiled``, ``w8a8-compiled``: the same in vLLM's torch.compile mode (it compiles
-  the language model; the tower stays eager).
+  blocks (``--format``), the tower and the connector bf16, compiled as the planner compiles them; the
+  worker reads back each layer's format. ``w4a8-compiled`` / ``w8a8-compiled`` say the mode outright;
+  ``w8a8-eager`` runs the 8-bit blocks without torch.compile.
 - ``stock``: vLLM as it ships for this model (``stock_vllm.StockVllmArm``: ``--model DIR`` and its
   defaults), if it starts; ``stock-kv`` (not run unless asked): the same given the plan's KV bytes
   and requests at once, so its memory compares with the planned arm's.
@@ -49,8 +52,12 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("w8a8", "worker", {"weight_format": "w8a8"},
             "edgectl's vision plan with its language model in edgectl's 8-bit blocks (int8 activations, int8 head), "
             "the tower and connector bf16"),
-    ArmSpec("compiled", "worker", {"compilation": "default"},
-            "edgectl's vision plan in vLLM's torch.compile mode (the language model compiled; the tower eager)"),
+    ArmSpec("bf16", "worker", {"weight_format": "bf16", "compilation": "eager"},
+            "edgectl's vision plan with the language model dense bf16, eager (the tower bf16 as always)"),
+    ArmSpec("compiled", "worker", {"weight_format": "bf16", "compilation": "default"},
+            "the bf16 arm in vLLM's torch.compile mode (the language model compiled; the tower eager)"),
+    ArmSpec("w8a8-eager", "worker", {"weight_format": "w8a8", "compilation": "eager"},
+            "the w8a8 arm without torch.compile"),
     ArmSpec("w4a8-compiled", "worker", {"weight_format": "w4a8", "compilation": "default"},
             "the w4a8 arm in vLLM's torch.compile mode"),
     ArmSpec("w8a8-compiled", "worker", {"weight_format": "w8a8", "compilation": "default"},

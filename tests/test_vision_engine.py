@@ -69,7 +69,8 @@ def _chat(port: int, url: str) -> tuple[int, dict]:
     return r.status, json.loads(r.read())
 
 
-@pytest.mark.parametrize("fmt", [None, "bf16"])
+# the plan as it comes runs edgectl's kernels in a compiled graph: the AVX2 tier runs it again, held to AVX2
+@pytest.mark.parametrize("fmt", [pytest.param(None, marks=pytest.mark.isa_avx2), "bf16"])
 def test_a_vision_plan_is_served_answers_an_image_and_refuses_a_bad_one(tmp_path, tiny_vlm, fmt):
     """The plan as it comes (on x86, where edgectl's kernels run: the language model in their 8-bit blocks,
     compiled, the tower bf16), and dense bf16 as asked."""

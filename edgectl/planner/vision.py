@@ -248,10 +248,10 @@ def _weight_format(facts: HostFacts, model: ModelFacts, request: Request) -> Rea
 # edgectl's kernels").
 W8A8_DEFAULT = (
     "w8a8, the fastest measured that answers as bf16 does: decode with an image in context 111.7 tok/s "
-    "[106.5-116.9] against 53.7 [51.5-64.1] dense bf16 eager in a quiet run (1.67x in another), its warm-up "
-    "answers bf16's in every pass, 50-60 MB less; w4a8 decoded 2-9% faster but answered differently in 1 pass of "
-    "6; a start from the compile cache after kill -9 under systemd READY in 42.7-45.4 s (x86_64-avx512-bf16, 3 "
-    "interleaved passes, 3 kills)")
+    "[106.5-116.9] and 109.7 [103.2-111.9] in two quiet runs against 53.7 and 61.5 for dense bf16 eager (1.06x "
+    "llama.cpp's on the same bf16 weights), its warm-up answers bf16's in every pass, 50-70 MB less; w4a8 decoded "
+    "2-9% faster but answered differently in 1 pass of 6; a start from the compile cache after kill -9 under "
+    "systemd READY in 42.5-45.4 s (x86_64-avx512-bf16, 3 interleaved passes a run, 4 kills)")
 
 
 def _compilation(request: Request, fmt: WeightFormat) -> Decided[Compilation]:

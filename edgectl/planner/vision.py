@@ -228,10 +228,11 @@ def _weight_format(facts: HostFacts, model: ModelFacts, request: Request) -> Rea
         raise EdgectlError(f"--format {asked}: a vision-language model is served bf16, or its language model as w4a8 "
                            "or w8a8 (edgectl's kernels)")
     runs, why = host_runs(WeightFormat.W4A8, facts)  # w8a8: the same library, its 8-bit blocks
-    if asked in (WeightFormat.W4A8, WeightFormat.W8A8) and not runs:
+    on_edgectl_kernels = asked in (WeightFormat.W4A8, WeightFormat.W8A8)
+    if on_edgectl_kernels and not runs:
         raise EdgectlError(f"--format {asked} runs edgectl's kernels: {why}; serve {model.name} dense (no --format)")
-    if asked in (WeightFormat.W4A8, WeightFormat.W8A8) or (asked is None and runs):
-        fmt = asked or WeightFormat.W8A8
+    if on_edgectl_kernels or (asked is None and runs):
+        fmt = WeightFormat(asked or WeightFormat.W8A8)
         bits = 8 if fmt is WeightFormat.W8A8 else 4
         return Reason("weight_format", fmt, Source.FLAG if asked else Source.DEFAULT,
                       f"{'asked' if asked else W8A8_DEFAULT}: the language model's linear layers in edgectl's "
@@ -249,9 +250,10 @@ def _weight_format(facts: HostFacts, model: ModelFacts, request: Request) -> Rea
 W8A8_DEFAULT = (
     "w8a8, the fastest measured that answers as bf16 does: decode with an image in context 111.7 tok/s "
     "[106.5-116.9] and 109.7 [103.2-111.9] in two quiet runs against 53.7 and 61.5 for dense bf16 eager (1.06x "
-    "llama.cpp's on the same bf16 weights), its warm-up answers bf16's in every pass, 50-70 MB less; w4a8 decoded "
-    "2-9% faster but answered differently in 1 pass of 6; a start from the compile cache after kill -9 under "
-    "systemd READY in 42.5-45.4 s (x86_64-avx512-bf16, 3 interleaved passes a run, 4 kills)")
+    "llama.cpp's with --mmproj on the same bf16 weights, not its fastest format), its warm-up answers bf16's in "
+    "every pass, 50-70 MB less; w4a8 decoded 2-9% faster but answered differently in 1 pass of 6; a start from "
+    "the compile cache after kill -9 under systemd READY in 42.5-45.4 s (x86_64-avx512-bf16, 3 interleaved "
+    "passes a run, 4 kills)")
 
 
 def _compilation(request: Request, fmt: WeightFormat) -> Decided[Compilation]:

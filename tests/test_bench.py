@@ -20,11 +20,19 @@ import pytest
 from bench_helpers import HOST, bench, environ, fake_launchers, tiny_model
 from models_helpers import REPO, run_cli
 
-from edgectl.bench import report
+from edgectl.bench import measure, report
 from edgectl.bench.arms import ARMS, DEFAULT_ARMS, cache_config_info, parse_arm_names
 from edgectl.bench.core import BenchOptions, run_bench
-from edgectl.bench.prompts import PREFILL_TOKENS, prefill_token_ids, prompt_set
+from edgectl.bench.prompts import (
+    DECODE_TOKENS,
+    LONG_CONTEXT_TOKENS,
+    PREFILL_TOKENS,
+    long_context_tokens,
+    prefill_token_ids,
+    prompt_set,
+)
 from edgectl.bench.runner import interleaved
+from edgectl.client import Stream
 from edgectl.errors import EdgectlError
 from edgectl.probe import probe
 
@@ -210,6 +218,51 @@ def test_prefill_prompts_never_repeat_across_passes_or_arms(tmp_path, model_dir,
     assert prefill_token_ids(0, 5, 49152) == prefill_token_ids(0, 5, 49152)  # reproducible
     assert prefill_token_ids(1, 5, 49152) != prefill_token_ids(0, 5, 49152)  # and seeded
     assert all(256 <= t < 4096 for t in prefill_token_ids(0, 1, 4096))
+
+
+def test_decode_at_a_long_context_has_its_own_fresh_prompt_in_every_pass(tmp_path, model_dir, facts) -> None:
+    a = bench(tmp_path, model_dir, facts, "stock,planned", passes=2).to_dict()
+    passes = [p for arm in a["arms"].values() for p in arm["passes"]]
+    # the helper's context is 1024 tokens: the long prompt leaves room for the decode's tokens
+    assert {p["decode_long"]["context_tokens"] for p in passes} == {1024 - DECODE_TOKENS - 1}
+    assert all(p["decode_long_tok_s"] > 0 and p["decode_long"]["tokens"] == DECODE_TOKENS for p in passes)
+    digests = [p["decode_long"]["digest"] for p in passes] + [p["prefill_prompt"]["digest"] for p in passes]
+    assert len(set(digests)) == len(digests) == 8
+    assert a["arms"]["planned"]["median"]["decode_long_tok_s"] > 0
+    assert a["ratios"]["planned"]["median"]["decode_long_tok_s"] > 0
+    assert "decode @895 tok/s" in report.render_text(a, None, [])
+    # the length: LONG_CONTEXT_TOKENS where the context has room, none where it is no longer than prefill's
+    assert long_context_tokens(4096) == LONG_CONTEXT_TOKENS
+    assert long_context_tokens(PREFILL_TOKENS + DECODE_TOKENS + 1) == 0
+    assert prefill_token_ids(0, 3, 49152, 600, purpose="long-context")[:PREFILL_TOKENS] != prefill_token_ids(0, 3, 49152)
+
+
+class _OneStream:
+    """A client whose one stream is ``chunks`` (test double of edgectl.client.Client.stream)."""
+
+    def __init__(self, chunks: list[dict]) -> None:
+        self.chunks = chunks
+
+    def stream(self, path: str, body: dict, timeout: float = 600.0) -> Stream:
+        return Stream(t_sent=0.0, chunks=[(0.5 + i * 0.01, c) for i, c in enumerate(self.chunks)])
+
+
+def _decode_chunks(prompt_tokens: int, **usage) -> list[dict]:
+    tokens = [{"choices": [{"text": "x"}]} for _ in range(DECODE_TOKENS)]
+    return [*tokens, {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": DECODE_TOKENS, **usage}}]
+
+
+def test_decode_after_token_ids_refuses_a_short_count_or_a_cached_prompt() -> None:
+    ids = list(range(300, 1300))
+    d = measure.decode(_OneStream(_decode_chunks(1000)), "m", ids)
+    assert d["decode_tok_s"] == pytest.approx((DECODE_TOKENS - 1) / ((DECODE_TOKENS - 1) * 0.01))
+    assert "after 1000 fresh random token ids" in d["method"]
+    with pytest.raises(measure.MeasurementFailed, match="counted 999 prompt tokens of the decode prompt, 1000"):
+        measure.decode(_OneStream(_decode_chunks(999)), "m", ids)
+    with pytest.raises(measure.MeasurementFailed, match="640 of the 1000 prompt tokens came from the prefix cache"):
+        measure.decode(_OneStream(_decode_chunks(1000, prompt_tokens_details={"cached_tokens": 640})), "m", ids)
+    # a text prompt is counted by the server's tokenizer: neither check applies
+    assert measure.decode(_OneStream(_decode_chunks(7)), "m", "Once upon a time")["decode_tok_s"] > 0
 
 
 def test_the_shipped_prompt_set_loads() -> None:

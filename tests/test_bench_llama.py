@@ -118,7 +118,8 @@ def test_the_best_median_decode_of_the_sweep_is_llama_cpp_at_its_best() -> None:
     assert report.versus_llama({"planned": ARMS_RUN["planned"]}) is None
     v = report.versus_llama(ARMS_RUN)
     assert v["against"] == {"arm": "llama.cpp-q4_0-t2", "gguf_type": "Q4_0", "threads": 2,
-                            "label": "llama.cpp Q4_0 at 2 threads", "decode_tok_s": 181.0, "prefill_tok_s": 1456.0}
+                            "label": "llama.cpp Q4_0 at 2 threads", "decode_tok_s": 181.0, "prefill_tok_s": 1456.0,
+                            "decode_long_tok_s": None}
     assert set(v["llama_cpp_arms"]) == {n for n in ARMS_RUN if n.startswith("llama.cpp")}
     assert set(v["arms"]) == {"planned", "planned-q4_0"}
     assert v["arms"]["planned"]["decode"] == pytest.approx(130 / 181)

@@ -3,6 +3,9 @@
 - decode: one streamed completion of ``DECODE_TOKENS`` tokens with ``ignore_eos``; the rate is
   (tokens − 1) / (time of the last token event − time of the first): prefill and the first
   token are excluded.
+- decode at a long context: the same, after a prompt of ``long_context_tokens`` fresh random token
+  ids (prompts.py); the prompt's prefill is outside the timed span, and a prompt the server found
+  in its prefix cache fails the pass, as for prefill.
 - prefill: ``PREFILL_TOKENS`` fresh random token ids (see prompts.py) with ``max_tokens=1``,
   streamed; the rate is prompt tokens / time to first token (TTFT, measured from sending the
   request: it includes the HTTP round trip and sampling one token). The total time is recorded
@@ -49,7 +52,9 @@ def warm_up(client: Client, model: str, timeout_s: float) -> str:
     return str(choices[0].get("text", ""))
 
 
-def decode(client: Client, model: str, prompt: str, timeout_s: float = 900) -> dict[str, Any]:
+def decode(client: Client, model: str, prompt: str | list[int], timeout_s: float = 900) -> dict[str, Any]:
+    """One stream of DECODE_TOKENS; ``prompt`` as text, or token ids (then the server must have
+    counted them all and computed none from its prefix cache)."""
     stream = client.stream("/v1/completions", {
         "model": model, "prompt": prompt, "max_tokens": DECODE_TOKENS, "temperature": 0, "ignore_eos": True,
         "stream_options": {"include_usage": True}}, timeout=timeout_s)
@@ -62,6 +67,9 @@ def decode(client: Client, model: str, prompt: str, timeout_s: float = 900) -> d
         raise MeasurementFailed(f"decode generated {tokens} tokens, not {DECODE_TOKENS} (ignore_eos not honoured?)")
     if len(events) < 2:
         raise MeasurementFailed(f"decode streamed {len(events)} token events: cannot time between tokens")
+    if isinstance(prompt, list):
+        _check_prompt_tokens(usage, len(prompt), "decode")
+        _refuse_cached(usage, events, stream, len(prompt))
     t_first, t_last = events[0][0], events[-1][0]
     # If a server packs several tokens per event, the tokens between the first and last
     # event are still tokens − (tokens in the first event); with one token per event that is
@@ -73,7 +81,9 @@ def decode(client: Client, model: str, prompt: str, timeout_s: float = 900) -> d
         "tokens": tokens, "events": len(events), "seconds_first_to_last": seconds,
         "ttft_s": t_first - stream.t_sent, "total_s": stream.chunks[-1][0] - stream.t_sent,
         "t_sent": stream.t_sent, "t_first": t_first, "t_last": t_last,
-        "method": f"streamed {DECODE_TOKENS} tokens with ignore_eos; (tokens − 1) / (last − first token event)",
+        "method": (f"streamed {DECODE_TOKENS} tokens with ignore_eos"
+                   + (f" after {len(prompt)} fresh random token ids" if isinstance(prompt, list) else "")
+                   + "; (tokens − 1) / (last − first token event)"),
     }
 
 
@@ -144,9 +154,7 @@ def prefill(client: Client, model: str, token_ids: list[int], timeout_s: float =
     if not events:
         raise MeasurementFailed("the prefill request streamed no token")
     usage = stream.usage() or {}
-    prompt_tokens = usage.get("prompt_tokens", len(token_ids))
-    if prompt_tokens != len(token_ids):
-        raise MeasurementFailed(f"the server counted {prompt_tokens} prompt tokens, {len(token_ids)} were sent")
+    prompt_tokens = _check_prompt_tokens(usage, len(token_ids), "prefill")
     ttft = events[0][0] - stream.t_sent
     total = stream.chunks[-1][0] - stream.t_sent
     out: dict[str, Any] = {
@@ -154,17 +162,29 @@ def prefill(client: Client, model: str, token_ids: list[int], timeout_s: float =
         "tokens": prompt_tokens, "ttft_s": ttft, "total_s": total,
         "method": f"{len(token_ids)} fresh random token ids, max_tokens=1, streamed; prompt tokens / TTFT",
     }
-    # A prompt served from a cache would be a measurement of the cache (docs/facts.md):
-    # where the server says how many prompt tokens it computed or found cached, check it.
+    out["cached_tokens"] = _refuse_cached(usage, events, stream, prompt_tokens)
+    return out
+
+
+def _check_prompt_tokens(usage: dict[str, Any], sent: int, what: str) -> int:
+    """The prompt tokens the server counted, which must be the ``sent`` token ids."""
+    counted = usage.get("prompt_tokens", sent)
+    if counted != sent:
+        raise MeasurementFailed(f"the server counted {counted} prompt tokens of the {what} prompt, {sent} were sent")
+    return int(counted)
+
+
+def _refuse_cached(usage: dict[str, Any], events: list[Any], stream: Any, prompt_tokens: int) -> Any:
+    """A prompt served from a cache would be a measurement of the cache (docs/facts.md): where the
+    server says how many prompt tokens it found cached, none may have been; what it said."""
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens")
-    timings = events[-1][1].get("timings") or stream.chunks[-1][1].get("timings") or {}
+    timings = (events[-1][1].get("timings") if events else None) or stream.chunks[-1][1].get("timings") or {}
     if timings.get("cache_n"):
         cached = timings["cache_n"]
     if cached:
         raise MeasurementFailed(f"{cached} of the {prompt_tokens} prompt tokens came from the prefix cache")
-    out["cached_tokens"] = cached
-    return out
+    return cached
 
 
 def _text(chunk: dict[str, Any]) -> bool:

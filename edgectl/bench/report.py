@@ -27,11 +27,11 @@ SCHEMA = "edgectl.bench/1"
 # A compiled arm's pass has a cold start (empty compile cache) and a warm one (the cache it left):
 # ready_s and the rest are the warm start's; ready_cold_s, decode_cold_tok_s and prefill_cold_tok_s
 # the cold one's (runner.py).
-METRICS = ("decode_tok_s", "prefill_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes", "load_peak_ratio",
+METRICS = ("decode_tok_s", "prefill_tok_s", "decode_long_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes", "load_peak_ratio",
            "processes", "ready_cold_s", "ready_warm_s", "decode_cold_tok_s", "prefill_cold_tok_s",
            "aggregate_decode_tok_s", "soak_pss_drift")
 FIDELITY_METRICS = ("top1_agreement", "mean_kl", "perplexity", "next_token_top1_agreement", "next_token_mean_kl")
-RATIO_METRICS = ("decode_tok_s", "prefill_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes")
+RATIO_METRICS = ("decode_tok_s", "prefill_tok_s", "decode_long_tok_s", "ready_s", "pss_steady_bytes", "pss_peak_bytes")
 
 
 def pass_value(rec: dict[str, Any], metric: str) -> float | None:
@@ -122,13 +122,16 @@ def versus_llama(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None
 def _against(name: str, arm: Mapping[str, Any]) -> dict[str, Any]:
     return {"arm": name, "gguf_type": arm.get("gguf_type"), "threads": arm.get("threads"),
             "label": llama_label(arm), "decode_tok_s": arm["median"]["decode_tok_s"],
-            "prefill_tok_s": arm["median"]["prefill_tok_s"]}
+            "prefill_tok_s": arm["median"]["prefill_tok_s"],
+            "decode_long_tok_s": arm["median"].get("decode_long_tok_s")}
 
 
 def _ratios_to(arm: Mapping[str, Any], llama: Mapping[str, Any]) -> dict[str, float | None]:
     mine, ref = arm["median"], llama["median"]
     out = {"decode": stats.ratio(mine["decode_tok_s"], ref["decode_tok_s"]),
            "prefill": stats.ratio(mine["prefill_tok_s"], ref["prefill_tok_s"])}
+    if ref.get("decode_long_tok_s") is not None:  # the context had room for the long-context decode
+        out["decode_long"] = stats.ratio(mine.get("decode_long_tok_s"), ref["decode_long_tok_s"])
     if ref.get("aggregate_decode_tok_s") is not None:  # --concurrency N: llama-server with -np N
         out["aggregate_decode"] = stats.ratio(mine.get("aggregate_decode_tok_s"), ref["aggregate_decode_tok_s"])
     return out
@@ -207,13 +210,13 @@ def _heading(a: dict[str, Any]) -> list[str]:
 
 def _arm_table(a: dict[str, Any]) -> list[str]:
     """One row per arm, what the rows mean, each compiled arm's two starts, the arms skipped."""
-    rows = [("arm", "passes", "decode tok/s", "prefill tok/s", "ready s", "PSS steady", "PSS peak", "procs",
+    rows = [("arm", "passes", "decode tok/s", "prefill tok/s", _long_heading(a), "ready s", "PSS steady", "PSS peak", "procs",
              "top-1", "KL", "ppl")]
     for name, arm in a["arms"].items():
         gb = " GB" if arm.get("median") else ""
         rows.append((name, f"{arm.get('passes_ok', 0)}/{arm.get('passes_run', len(arm['passes']))} ok",
                      _cell(arm, "decode_tok_s", "{:.1f}"), _cell(arm, "prefill_tok_s", "{:.1f}"),
-                     _ready_cell(arm), _cell(arm, "pss_steady_bytes", "{:.2f}", 1e9) + gb,
+                     _cell(arm, "decode_long_tok_s", "{:.1f}"), _ready_cell(arm), _cell(arm, "pss_steady_bytes", "{:.2f}", 1e9) + gb,
                      _cell(arm, "pss_peak_bytes", "{:.2f}", 1e9) + gb, _cell(arm, "processes", "{:.0f}"),
                      _cell(arm, "top1_agreement", "{:.3f}"), _cell(arm, "mean_kl", "{:.4f}"),
                      _cell(arm, "perplexity", "{:.2f}")))
@@ -232,6 +235,16 @@ def _arm_table(a: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _long_heading(a: dict[str, Any]) -> str:
+    """The long-context decode column's heading: its context, from the first pass that measured it."""
+    for arm in a["arms"].values():
+        for p in arm.get("passes") or []:
+            n = (p.get("decode_long") or {}).get("context_tokens")
+            if n:
+                return f"decode @{n} tok/s"
+    return "decode @long tok/s"
+
+
 def _noise_lines(a: dict[str, Any]) -> list[str]:
     """Per arm, the spread of its passes and whether the noise gate (bench/noise.py) passed it."""
     gate = a.get("noise") or {}
@@ -244,6 +257,8 @@ def _noise_lines(a: dict[str, Any]) -> list[str]:
         if v.get("aggregate_decode_tok_s") is not None:
             parts.append(f"aggregate decode {_spread(v['aggregate_decode_tok_s'])}")
         parts.append(f"prefill {_spread(v.get('prefill_tok_s'))}")
+        if v.get("decode_long_tok_s") is not None:
+            parts.append(f"long-context decode {_spread(v['decode_long_tok_s'])}")
         control = " (control)" if name == gate.get("control") else ""
         lines.append(f"  {name}{control}: {', '.join(parts)} — " + ("noisy, not quotable" if v["noisy"] else "quiet"))
     return lines
@@ -266,7 +281,8 @@ def _ratio_lines(a: dict[str, Any]) -> list[str]:
         if arm.get("launcher") == "llama.cpp":
             name = f"{name} ({llama_label(arm)})"
         lines.append(f"  {name:<16} decode {_x(m['decode_tok_s'])}  prefill {_x(m['prefill_tok_s'])}  "
-                     f"PSS {_x(m['pss_steady_bytes'])}  peak {_x(m['pss_peak_bytes'])}  ready {_x(m['ready_s'])}")
+                     + (f"long-context decode {_x(m['decode_long_tok_s'])}  " if m.get("decode_long_tok_s") else "")
+                     + f"PSS {_x(m['pss_steady_bytes'])}  peak {_x(m['pss_peak_bytes'])}  ready {_x(m['ready_s'])}")
     return lines
 
 
@@ -300,6 +316,7 @@ def _llama_lines(a: dict[str, Any], streams: int) -> list[str]:
 
         def ratios(r: dict[str, Any]) -> str:
             return (f"decode {_x(r['decode'])} prefill {_x(r['prefill'])}"
+                    + (f" long-context decode {_x(r['decode_long'])}" if r.get("decode_long") is not None else "")
                     + (f" {streams}-stream aggregate {_x(r['aggregate_decode'])}" if "aggregate_decode" in r else ""))
 
         if v["arms"]:

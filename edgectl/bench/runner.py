@@ -36,7 +36,7 @@ from typing import Any
 from edgectl.bench import fidelity as fid
 from edgectl.bench import measure, soak
 from edgectl.bench.arms import BenchContext, Crashed, PreparedArm, WorkerArm
-from edgectl.bench.prompts import ids_digest, prefill_token_ids
+from edgectl.bench.prompts import ids_digest, long_context_tokens, prefill_token_ids
 from edgectl.bench.server import ServerProcess, free_port
 from edgectl.client import Client, HttpFailed
 from edgectl.contract import fidelity as scoring
@@ -130,8 +130,8 @@ def run_pass(arm: PreparedArm, pass_index: int, order: int, ctx: BenchContext, p
 
 
 # Numbers a pass that did not complete as specified does not keep: nothing to quote.
-_MEASURED = ("decode_tok_s", "prefill_tok_s", "pss_steady_bytes", "load_peak_ratio", "aggregate_decode_tok_s",
-             "soak_pss_drift")
+_MEASURED = ("decode_tok_s", "prefill_tok_s", "decode_long_tok_s", "pss_steady_bytes", "load_peak_ratio",
+             "aggregate_decode_tok_s", "soak_pss_drift")
 # perf_counter() readings: meaningless outside the process that took them
 _CLOCK_READINGS = ("t_sent", "t_first", "t_last")
 
@@ -219,7 +219,8 @@ def _until_ready(arm: PreparedArm, client: Client, server: ServerProcess, ctx: B
 
 def _measure_speeds(client: Client, ctx: BenchContext, prompts: PromptSet, seed: int, order: int,
                     rec: dict[str, Any]) -> None:
-    """Decode, prefill on the pass's own prompt, and (concurrency > 1) decode of several streams."""
+    """Decode, prefill on the pass's own prompt, decode at a long context (its own prompt; where the
+    context has room), and (concurrency > 1) decode of several streams."""
     ids = prefill_token_ids(seed, order, ctx.vocab_size)
     rec["prefill_prompt"] = {"seed": seed, "order": order, "tokens": len(ids), "digest": ids_digest(ids),
                              "first_ids": ids[:8]}
@@ -229,6 +230,13 @@ def _measure_speeds(client: Client, ctx: BenchContext, prompts: PromptSet, seed:
     p = measure.prefill(client, ctx.model_name, ids)
     rec["prefill_tok_s"] = p.pop("prefill_tok_s")
     rec["prefill"] = p
+    n = long_context_tokens(ctx.planned.max_model_len)
+    if n:
+        long_ids = prefill_token_ids(seed, order, ctx.vocab_size, n, purpose="long-context")
+        d = measure.decode(client, ctx.model_name, long_ids)
+        rec["decode_long_tok_s"] = d.pop("decode_tok_s")
+        rec["decode_long"] = {"context_tokens": n, "digest": ids_digest(long_ids),
+                              **{k: v for k, v in d.items() if k not in _CLOCK_READINGS}}
     if ctx.concurrency > 1:
         c = measure.concurrent_decode(client, ctx.model_name, stream_prompts(prompts, ctx.concurrency))
         rec["aggregate_decode_tok_s"] = c.pop("aggregate_decode_tok_s")
@@ -309,8 +317,11 @@ def pass_line(rec: dict[str, Any]) -> str:
     parts = [ready, f"decode {_f(rec.get('decode_tok_s'))} tok/s"]
     if rec.get("aggregate_decode_tok_s") is not None:
         parts.append(f"{(rec.get('concurrent_decode') or {}).get('streams')} streams {_f(rec['aggregate_decode_tok_s'])} tok/s")
+    parts.append(f"prefill {_f(rec.get('prefill_tok_s'))} tok/s")
+    if rec.get("decode_long_tok_s") is not None:
+        parts.append(f"decode after {(rec.get('decode_long') or {}).get('context_tokens')} tokens "
+                     f"{_f(rec['decode_long_tok_s'])} tok/s")
     parts += [
-             f"prefill {_f(rec.get('prefill_tok_s'))} tok/s",
              f"PSS {_gb(rec.get('pss_steady_bytes'))} (peak {_gb(rec.get('pss_peak_bytes'))})",
              f"{rec.get('processes')} process(es)"]
     ppl = (rec.get("fidelity") or {}).get("perplexity")

@@ -366,15 +366,25 @@ def test_cpp_wrapper_only_when_asked_sets_inductors_and_vllms_variables(asked: b
 
 
 @pytest.mark.parametrize("asked", [None, False, True])
-def test_a_text_plan_takes_edgectls_decode_attention_only_when_asked(asked: bool | None):
+def test_a_text_plan_attends_with_edgectls_kernel_where_it_takes_the_calls(asked: bool | None):
     from edgectl.contract import environment
 
     p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2), decode_attention=asked)
-    assert p.levers.decode_attention is bool(asked)
-    assert environment.runtime_levers(p)["EDGECTL_DECODE_ATTENTION"] == ("1" if asked else "0")
+    assert p.levers.decode_attention is (asked is not False)
+    assert environment.runtime_levers(p)["EDGECTL_DECODE_ATTENTION"] == ("0" if asked is False else "1")
     why = reasons_by_decision(p)["decode_attention"][0]
     assert why["source"] == ("default" if asked is None else "flag")
-    assert asked is not None or "until measured" in why["detail"]
+    assert asked is not None or "2048-token context" in why["detail"]
+
+
+@pytest.mark.parametrize(("host", "because"), [("xeon-spr-amx-2s", "AMX attention"),
+                                               ("arm64-board", "no vector build for aarch64")])
+def test_a_text_plan_keeps_vllms_attention_where_edgectls_kernel_would_take_no_call(host: str, because: str):
+    p = make_plan(host_facts(host), shape(SMOLLM2))
+    assert p.levers.decode_attention is False
+    why = reasons_by_decision(p)["decode_attention"][0]
+    assert why["source"] == "default" and because in why["detail"]
+    assert make_plan(host_facts(host), shape(SMOLLM2), decode_attention=True).levers.decode_attention is True
 
 
 def test_threads_flag_within_the_usable_cpus():

@@ -43,13 +43,13 @@ from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Reasons
 from edgectl.planner.engine import (
-    DECODE_ATTENTION_NOT_MEASURED,
     choose_batched_tokens,
     choose_compilation,
     choose_levers,
     choose_lm_head,
     choose_memory_levers,
     choose_topology,
+    text_decode_attention,
 )
 from edgectl.planner.fit import fit_weights_and_context
 from edgectl.planner.formats import (
@@ -84,7 +84,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(choose_compilation(request, profile))
     memory_levers = why.take(choose_memory_levers(request.bench, facts, topology,
-                                                  decode_attention=(False, DECODE_ATTENTION_NOT_MEASURED)))
+                                                  decode_attention=text_decode_attention(facts)))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request, compilation))

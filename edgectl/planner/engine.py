@@ -24,6 +24,7 @@ from edgectl.contract.plan import (
     WeightFormat,
 )
 from edgectl.planner.decided import Decided
+from edgectl.planner.formats import host_runs
 from edgectl.planner.ledger import MAX_BATCHED_TOKENS, batched_tokens
 
 if TYPE_CHECKING:
@@ -221,9 +222,27 @@ DECODE_ATTENTION_VISION = (
     "the image 64.2 against 57.0 tok/s, 0.89x against 0.91x text-only (docs/vision.md \"An attention of "
     "edgectl's\"); `edgectl bench --arms planned,vllm-attention` measures it")
 DECODE_ATTENTION_NOT_MEASURED = (
-    "off until measured in this modality's engine: edgectl's decode attention is measured on the vision shape "
-    "model (docs/vision.md \"An attention of edgectl's\"); `edgectl bench --arms planned,edgectl-attention` "
-    "measures it here")
+    "off until measured in this modality's engine: edgectl's decode attention is measured on text and vision-"
+    "language models (docs/kernels.md \"Decode attention\", docs/vision.md \"An attention of edgectl's\"); "
+    "`edgectl bench --arms planned,edgectl-attention` measures it here")
+DECODE_ATTENTION_TEXT = (
+    "on: decode at a 2048-token context 124.5 [122.4-128.9] tok/s with edgectl's kernel against 100.9 "
+    "[100.4-109.4] with vLLM's op (SmolLM2-135M, both arms quiet, 3 interleaved passes, x86_64-avx512-bf16; "
+    "llama.cpp Q4_0 at its best 107.6), decode after a short prompt the same (167.4 against 165.4) "
+    "(docs/kernels.md \"Decode attention\"); `edgectl bench --arms planned,vllm-attention` measures it")
+
+
+def text_decode_attention(facts: HostFacts) -> tuple[bool, str]:
+    """A text plan's default for edgectl's decode attention and why: on where the kernel takes the
+    calls (x86 with AVX2 + FMA, the KV in vLLM's "vec" layout), off where it would take none."""
+    runs, why = host_runs(WeightFormat.W4A8, facts)  # the same library as edgectl's linear kernels
+    if not runs:
+        return False, f"off: {why}"
+    if facts.cpu.isa.amx_tile:
+        return False, ("off: vLLM packs the KV for its AMX attention on this host (vllm/v1/attention/backends/"
+                       "cpu_attn.py _get_attn_isa), and edgectl's kernel reads only the \"vec\" layout: it would "
+                       "take no call")
+    return True, DECODE_ATTENTION_TEXT
 
 
 def vllm_packs_embeddings(facts: HostFacts) -> bool | None:
@@ -261,7 +280,7 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
     default plan against the plan without it, 3 interleaved passes on x86_64-amx). The embedding
     lever's saving depends on the host: it says which (``vllm_packs_embeddings``).
     ``decode_attention``: the planner's default for that lever and its evidence (by modality:
-    ``DECODE_ATTENTION_VISION``, ``DECODE_ATTENTION_NOT_MEASURED``)."""
+    ``text_decode_attention``, ``DECODE_ATTENTION_VISION``, ``DECODE_ATTENTION_NOT_MEASURED``)."""
     levers = MemoryLevers(
         embedding_pack=EmbeddingPack(asked.embedding_pack or EmbeddingPack.LM_HEAD),
         optional_imports=OptionalImports(asked.optional_imports or OptionalImports.SKIP),

@@ -134,6 +134,29 @@ def test_the_best_median_decode_of_the_sweep_is_llama_cpp_at_its_best() -> None:
     assert report.best_llama(broken) == "llama.cpp-q4_k_m-t2"
 
 
+def test_each_figure_is_against_llama_cpp_at_its_best_for_that_figure() -> None:
+    # one thread decodes one stream fastest, two threads prefill and serve eight streams fastest
+    arms = {"planned": _arm("worker", 135.7, 2080.9, "Q4_1", aggregate_decode_tok_s=725.3),
+            "llama.cpp-q4_0-t1": _arm("llama.cpp", 222.4, 944.7, "Q4_0", 1, aggregate_decode_tok_s=301.9),
+            "llama.cpp-q4_0-t2": _arm("llama.cpp", 174.4, 1427.3, "Q4_0", 2, aggregate_decode_tok_s=539.0)}
+    for arm in arms.values():
+        arm["median"]["aggregate_decode_tok_s"] = arm.pop("aggregate_decode_tok_s")
+    v = report.versus_llama(arms)
+    assert v["against"]["arm"] == "llama.cpp-q4_0-t1"
+    r = v["arms"]["planned"]
+    assert r["decode"] == pytest.approx(135.7 / 222.4)
+    assert r["prefill"] == pytest.approx(2080.9 / 1427.3)  # not 2080.9 / 944.7, the decode-best arm's
+    assert r["aggregate_decode"] == pytest.approx(725.3 / 539.0)
+    assert r["against_by_figure"] == {"decode": "llama.cpp-q4_0-t1", "prefill": "llama.cpp-q4_0-t2",
+                                      "aggregate_decode": "llama.cpp-q4_0-t2"}
+    assert "decode_long" not in r  # no llama.cpp arm measured it
+    a = {"provenance": {"model": "m", "passes": 3, "max_model_len": 4096, "probe": {}}, "concurrency": 8,
+         "arms": arms, "complete": True, "quotable": True, "fidelity": {}, "incomplete_reasons": [], "ratios": None,
+         "versus_llama_cpp": v}
+    assert ("planned decode 0.61× prefill 1.46× (vs llama.cpp Q4_0 at 2 threads) 8-stream aggregate 1.35× "
+            "(vs llama.cpp Q4_0 at 2 threads)") in report.render_text(a, None, [])
+
+
 def test_every_ratio_the_report_prints_names_the_llama_cpp_format_and_threads() -> None:
     repack = llama_log.repack(_log("q4_0-lv4.log"))
     arms = {n: {**a, "passes": [{"status": "ok", "llama_cpp": {"gguf_type": a["gguf_type"], "threads": a["threads"],
@@ -147,8 +170,8 @@ def test_every_ratio_the_report_prints_names_the_llama_cpp_format_and_threads() 
     assert ("llama.cpp at its best: llama.cpp Q4_0 at 2 threads (llama.cpp-q4_0-t2), decode 181.0 tok/s — the best "
             "median decode of its arms") in text
     assert "Q4_1 at 1: 100; Q4_1 at 2: 162; Q4_0 at 1: 120; Q4_0 at 2: 181; Q4_K_M at 2: 170" in text
-    assert ("relative to llama.cpp Q4_0 at 2 threads (medians): planned decode 0.72× prefill 1.58×, "
-            "planned-q4_0 decode 0.81× prefill 1.60×") in text
+    assert ("relative to llama.cpp Q4_0 at 2 threads (medians; a figure where another llama.cpp arm was faster is "
+            "against that one, named): planned decode 0.72× prefill 1.58×, planned-q4_0 decode 0.81× prefill 1.60×") in text
     assert "planned on the same Q4_1 file, relative to llama.cpp Q4_1 at 2 threads: decode 0.80×" in text
     assert "planned-q4_0 on the same Q4_0 file, relative to llama.cpp Q4_0 at 2 threads: decode 0.81×" in text
     # the ratios to the control name a llama.cpp arm's format and threads too

@@ -87,18 +87,27 @@ def llama_label(arm: Mapping[str, Any]) -> str:
     return (f"llama.cpp {arm.get('gguf_type') or '(format unknown)'} at {threads} thread{'s' if threads != 1 else ''}")
 
 
-def best_llama(arms: Mapping[str, Mapping[str, Any]], gguf_type: str | None = None) -> str | None:
-    """The llama.cpp arm with the best median decode (of the format ``gguf_type``, if given): llama.cpp
-    at its best, its format and thread count chosen by the sweep."""
-    ran = [(a["median"]["decode_tok_s"], n) for n, a in arms.items()
-           if a.get("launcher") == "llama.cpp" and (a.get("median") or {}).get("decode_tok_s") is not None
+# Each figure compared with llama.cpp: its key in a ratio record, the per-pass metric (higher is better).
+LLAMA_FIGURES = (("decode", "decode_tok_s"), ("prefill", "prefill_tok_s"), ("decode_long", "decode_long_tok_s"),
+                 ("aggregate_decode", "aggregate_decode_tok_s"))
+
+
+def best_llama(arms: Mapping[str, Mapping[str, Any]], gguf_type: str | None = None,
+               metric: str = "decode_tok_s") -> str | None:
+    """The llama.cpp arm with the best median ``metric`` (of the format ``gguf_type``, if given):
+    llama.cpp at its best for that figure, its format and thread count chosen by the sweep."""
+    ran = [(a["median"][metric], n) for n, a in arms.items()
+           if a.get("launcher") == "llama.cpp" and (a.get("median") or {}).get(metric) is not None
            and (gguf_type is None or a.get("gguf_type") == gguf_type)]
     return max(ran)[1] if ran else None
 
 
 def versus_llama(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Every other arm against llama.cpp at its best (the best median decode of its arms: formats ×
-    thread counts), and each arm that reads a GGUF against llama.cpp's best on that same file."""
+    """Every other arm against llama.cpp at its best, and each arm that reads a GGUF against
+    llama.cpp's best on that same file. Its best is chosen per figure (decode, prefill, decode at a
+    long context, the N-stream aggregate: each against the llama.cpp arm, of formats × thread
+    counts, with the best median of that figure; the ratio record's ``against_by_figure`` names it);
+    ``against`` at the top is the best one-stream decode, the headline's anchor."""
     best = best_llama(arms)
     if best is None:
         return None
@@ -107,15 +116,16 @@ def versus_llama(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None
              for n, a in arms.items() if a.get("launcher") == "llama.cpp"}
     out: dict[str, Any] = {
         "against": _against(best, arms[best]),
-        "chosen_by": f"the best median decode of the {len(swept)} llama.cpp arm(s) (formats x thread counts)",
+        "chosen_by": (f"per figure, the best median of the {len(swept)} llama.cpp arm(s) (formats x thread counts); "
+                      "`against`: the best one-stream decode"),
         "llama_cpp_arms": swept, "arms": {}, "same_file": {}}
     for name, a in arms.items():
         if a.get("launcher") == "llama.cpp" or not a.get("median"):
             continue
-        out["arms"][name] = _ratios_to(a, arms[best])
+        out["arms"][name] = _ratios_to(a, arms)
         same = best_llama(arms, a["gguf_type"]) if a.get("gguf_type") else None
         if same is not None:
-            out["same_file"][name] = {"against": _against(same, arms[same]), **_ratios_to(a, arms[same])}
+            out["same_file"][name] = {"against": _against(same, arms[same]), **_ratios_to(a, arms, a["gguf_type"])}
     return out
 
 
@@ -126,14 +136,17 @@ def _against(name: str, arm: Mapping[str, Any]) -> dict[str, Any]:
             "decode_long_tok_s": arm["median"].get("decode_long_tok_s")}
 
 
-def _ratios_to(arm: Mapping[str, Any], llama: Mapping[str, Any]) -> dict[str, float | None]:
-    mine, ref = arm["median"], llama["median"]
-    out = {"decode": stats.ratio(mine["decode_tok_s"], ref["decode_tok_s"]),
-           "prefill": stats.ratio(mine["prefill_tok_s"], ref["prefill_tok_s"])}
-    if ref.get("decode_long_tok_s") is not None:  # the context had room for the long-context decode
-        out["decode_long"] = stats.ratio(mine.get("decode_long_tok_s"), ref["decode_long_tok_s"])
-    if ref.get("aggregate_decode_tok_s") is not None:  # --concurrency N: llama-server with -np N
-        out["aggregate_decode"] = stats.ratio(mine.get("aggregate_decode_tok_s"), ref["aggregate_decode_tok_s"])
+def _ratios_to(arm: Mapping[str, Any], arms: Mapping[str, Mapping[str, Any]],
+               gguf_type: str | None = None) -> dict[str, Any]:
+    """``arm``'s medians over llama.cpp's best for each figure its arms measured (of ``gguf_type``, if
+    given), and which arm that was (``against_by_figure``: figure -> arm name)."""
+    out: dict[str, Any] = {"against_by_figure": {}}
+    for key, metric in LLAMA_FIGURES:
+        best = best_llama(arms, gguf_type, metric)
+        if best is None:  # no llama.cpp arm measured it (a context too short; one stream only)
+            continue
+        out[key] = stats.ratio(arm["median"].get(metric), arms[best]["median"][metric])
+        out["against_by_figure"][key] = best
     return out
 
 
@@ -315,12 +328,23 @@ def _llama_lines(a: dict[str, Any], streams: int) -> list[str]:
                      f"— the best median decode of its arms (format at threads: tok/s — {swept})")
 
         def ratios(r: dict[str, Any]) -> str:
-            return (f"decode {_x(r['decode'])} prefill {_x(r['prefill'])}"
-                    + (f" long-context decode {_x(r['decode_long'])}" if r.get("decode_long") is not None else "")
-                    + (f" {streams}-stream aggregate {_x(r['aggregate_decode'])}" if "aggregate_decode" in r else ""))
+            names = {"decode": "decode", "prefill": "prefill", "decode_long": "long-context decode",
+                     "aggregate_decode": f"{streams}-stream aggregate"}
+            # artifacts before 2026-12-05: every figure against the one arm named
+            against = r.get("against_by_figure") or {}
+            anchor = (r.get("against") or best)["arm"]
+
+            def vs(key: str) -> str:
+                other = against.get(key)
+                if not other or other == anchor:
+                    return ""
+                return f" (vs {llama_label(a['arms'][other])})" if other in a["arms"] else f" (vs {other})"
+
+            return " ".join(f"{names[k]} {_x(r[k])}{vs(k)}" for k, _ in LLAMA_FIGURES if r.get(k) is not None)
 
         if v["arms"]:
-            lines.append(f"relative to {best['label']} (medians): "
+            lines.append(f"relative to {best['label']} (medians; a figure where another llama.cpp arm was faster "
+                         "is against that one, named): "
                          + ", ".join(f"{n} {ratios(r)}" for n, r in v["arms"].items()))
         for n, r in v["same_file"].items():
             lines.append(f"  {n} on the same {r['against']['gguf_type']} file, relative to {r['against']['label']}: "

@@ -189,6 +189,13 @@ def test_the_worker_reads_the_memory_levers_back_and_they_match_the_plan(server)
     assert eff["optional_imports"] == {"opentelemetry": "kept out", "cv2": "kept out", "accelerate": "kept out"}
     assert {n: e["state"] for n, e in eff["embedding_pack"].items()} == _packs_expected(plan)
     assert (eff["kv_cache_dtype"], eff["kv_tensor_dtypes"]) == (["auto"], ["bfloat16"])
+    # decode steps attend with edgectl's kernel where the plan says so (x86 with AVX2 + FMA, not AMX: in
+    # the AVX2 tier its AVX2 level), the warm-up's and the tests' decode steps among them
+    attention = eff["decode_attention"]
+    if plan["levers"]["decode_attention"]:
+        assert attention["kernel"] == "edgectl" and attention["calls"]["edgectl"] > 0, attention
+    else:
+        assert attention["kernel"] == "vllm", attention
     # the lean tokenizer: read again after the warm-up, whose chat render is where vLLM would load
     # the tokenizer a second time looking for a processor
     assert plan["levers"]["tokenizer"] == "lean"

@@ -237,6 +237,26 @@ def test_decode_at_a_long_context_has_its_own_fresh_prompt_in_every_pass(tmp_pat
     assert prefill_token_ids(0, 3, 49152, 600, purpose="long-context")[:PREFILL_TOKENS] != prefill_token_ids(0, 3, 49152)
 
 
+def test_the_int4_head_arm_is_skipped_where_the_plan_already_quantizes_its_head(tmp_path, model_dir, facts) -> None:
+    from types import SimpleNamespace
+
+    from edgectl.bench.arms import _unavailable
+
+    # the stand-in's plan is an int4-family one (w4a16): there the arm holds the head in int4
+    a = bench(tmp_path, model_dir, facts, "planned,lm-head-int4", passes=1).to_dict()
+    assert (a["arms"]["planned"]["plan"]["weight_format"], a["arms"]["planned"]["plan"]["quantize_lm_head"]) == (
+        "w4a16", False)
+    assert a["arms"]["lm-head-int4"]["plan"]["quantize_lm_head"] is True and not a.get("skipped")
+    # beside edgectl's layers the quantized head is their 8-bit blocks, the plan's own: the arm would repeat it
+    for fmt, head in (("w4a8", "int8"), ("w8a8", "int8")):
+        ctx = SimpleNamespace(planned=SimpleNamespace(weight_format=fmt, lm_head_format=head), variants={},
+                              launchers={})
+        assert "already holds its output head in edgectl's 8-bit blocks" in _unavailable(ARMS["lm-head-int4"], ctx)
+    ctx = SimpleNamespace(planned=SimpleNamespace(weight_format="w4a16", lm_head_format="dense"), variants={},
+                          launchers={})
+    assert _unavailable(ARMS["lm-head-int4"], ctx) is None
+
+
 class _OneStream:
     """A client whose one stream is ``chunks`` (test double of edgectl.client.Client.stream)."""
 

@@ -88,7 +88,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("wait-spin-short", "worker", {"thread_wait": "spin-short"},
             "the plan with its OpenMP threads spinning briefly, then sleeping (GOMP_SPINCOUNT=10000)"),
     ArmSpec("threads-1", "worker", {"threads": 1}, "the plan on one OpenMP thread"),
-    ArmSpec("lm-head-int4", "worker", {"quantize_lm_head": True}, "the plan with the output head in int4"),
+    ArmSpec("lm-head-int4", "worker", {"quantize_lm_head": True},
+            "the plan with the output head in int4 (an int4-family plan's; beside edgectl's w4a8 / w8a8 layers "
+            "the quantized head is their 8-bit blocks, the plan's own: skipped there)"),
     ArmSpec("bf16", "worker", {"weight_format": "bf16"}, "the plan with bf16 weights (the fidelity reference)"),
     ArmSpec("w4a16", "worker", {"weight_format": "w4a16"}, "the plan with int4 weights on PyTorch's kernel"),
     # Larger int4 groups (edgectl/contract/int4_layout.py: a layer whose K the group does not divide
@@ -668,6 +670,10 @@ def _unavailable(spec: ArmSpec, ctx: BenchContext) -> str | None:
     wanted = spec.overrides.get(GGUF_TYPE)
     if wanted and wanted not in ctx.variants:
         return f"no {wanted} file: {ctx.variants_unavailable or 'not made'}"
+    if spec.name == "lm-head-int4" and ctx.planned.lm_head_format == "int8":
+        # quantize_lm_head beside edgectl's layers means its 8-bit head (Plan.lm_head_format): the plan itself
+        return (f"the plan ({ctx.planned.weight_format}) already holds its output head in edgectl's 8-bit blocks, "
+                "and a 4-bit head beside edgectl's layers is not a plan setting: this arm would run the plan again")
     if spec.launcher == "llama.cpp" and "llama.cpp" not in ctx.launchers:
         if not ctx.llama_server:
             return ctx.llama_unavailable or "llama-server not found"

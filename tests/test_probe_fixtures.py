@@ -22,6 +22,8 @@ def test_kvm_xeon_avx512_capture():
     # proc/cpuinfo flags: avx512f avx512dq avx512bw avx512vl present, no avx512_bf16, no amx_*
     assert f.device_class is DeviceClass.X86_64_AVX512
     assert f.cpu.vendor == "GenuineIntel"
+    # the guest's model name says no generation; cpu family 6, model 207, stepping 2 do
+    assert (f.cpu.model_name, f.cpu.signature) == ("Intel(R) Xeon(R) Processor", "family 6 model 207 stepping 2")
     assert f.cpu.isa.avx512_vnni and not f.cpu.isa.avx512_bf16 and not f.cpu.isa.amx_tile
     # cpuid-flags (captured from the real cpuid) lists the same AVX-512 set: no disagreement
     assert f.cpu.isa_disagreements == ()
@@ -111,6 +113,7 @@ def test_arm64_board():
     # CPU implementer 0x41 part 0xd0b; the board line "Model : Raspberry Pi 5 Model B Rev 1.0"
     assert f.cpu.vendor == "ARM"
     assert f.cpu.model_name == "Cortex-A76 (Raspberry Pi 5 Model B Rev 1.0)"
+    assert f.cpu.signature is None  # an Arm CPU's part is in its name; x86's family/model/stepping only
     assert f.cpu.amx_permission is AmxPermission.UNSUPPORTED
     assert (f.topology.logical_cpus, f.topology.physical_cores, f.topology.sockets) == (4, 4, 1)
     assert f.topology.usable_cpus == (0, 1, 2, 3)

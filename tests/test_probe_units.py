@@ -180,7 +180,7 @@ def test_json_keys_are_the_published_schema():
                        "software", "unknown", "notes"]
     assert d["schema"] == "edgectl.probe/1"
     assert list(d["cpu"]) == ["arch", "vendor", "model_name", "flags", "isa", "isa_disagreements",
-                              "amx_permission"]
+                              "amx_permission", "signature"]
     assert list(d["cpu"]["isa"]) == ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq",
                                      "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16",
                                      "asimd", "sve"]
@@ -235,3 +235,12 @@ def test_bandwidth_copy_reports_what_it_measured():
     assert 1 <= result.repetitions <= 3
     assert result.gbps > 0
     assert "read + write" in result.describe()
+
+
+def test_x86_signature_needs_all_three_numbers():
+    from edgectl.probe.cpu import _x86_signature, parse_cpuinfo
+    whole = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nstepping\t: 8\n"
+    assert _x86_signature(parse_cpuinfo(whole)) == "family 6 model 143 stepping 8"
+    # a hypervisor that hides the stepping (or writes something else) gives no signature, not a guess
+    assert _x86_signature(parse_cpuinfo(whole.replace("stepping\t: 8", "stepping\t: unknown"))) is None
+    assert _x86_signature(parse_cpuinfo(whole.replace("stepping\t: 8\n", ""))) is None

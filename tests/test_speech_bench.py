@@ -81,6 +81,9 @@ def rec(arm: str, i: int, wer: float, rtf30: float, agg: float, pss: int, status
 
 def artifact_of(records: dict[str, list[dict]], passes: int) -> dict:
     a = {"provenance": {"model": "whisper-base", "passes": passes, "device_class": "x86_64-amx",
+                        "probe": {"device_class": "x86_64-amx", "topology": {"usable_cpus": [0, 1]},
+                                  "cpu": {"model_name": "Intel(R) Xeon(R) Processor",
+                                          "signature": "family 6 model 207 stepping 2"}},
                         "clips": {"dir": "/c", "count": 24, "audio_s": 120.0, "short": "rtf-5s", "window": "rtf-30s",
                                   "longest": "rtf-30s", "together": ["rtf-30s#1"]}},
          "arms": {n: {"launcher": "anchor" if n.startswith("faster") else "worker", "passes": [], "plan": None}
@@ -121,6 +124,9 @@ def test_a_complete_quiet_grid_is_summarised_and_compared_with_faster_whispers_b
 
     text = speech_report.render_text(a, None, [])
     assert "on x86_64-amx — complete" in text
+    # one class spans several CPUs: the silicon is named beside it
+    assert ("machine: x86_64-amx (Intel(R) Xeon(R) Processor, family 6 model 207 stepping 2; 2 usable CPUs)"
+            in text)
     assert "4.1 [4.0–4.2]" not in text and "0.041 [0.040–0.042]" in text  # RTF median [min–max]
     assert "5.0" in text  # planned's WER 5.0 %
     assert "30.5 [30.0–31.0] (requests)" in text and "12.2 [12.0–12.5] (batched)" in text

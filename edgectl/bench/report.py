@@ -195,6 +195,18 @@ def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> st
     return "\n".join(lines)
 
 
+def machine_line(prov: Mapping[str, Any]) -> str:
+    """The machine a run measured: its class, and the silicon (one class spans several CPUs)."""
+    probe = prov.get("probe") or {}
+    cpu, topology = probe.get("cpu") or {}, probe.get("topology") or {}
+    silicon = cpu.get("model_name") or "CPU unnamed"
+    if cpu.get("signature"):
+        silicon += f", {cpu['signature']}"
+    usable = topology.get("usable_cpus")
+    cpus = f"{len(usable)} usable CPUs" if usable else "usable CPUs unknown"
+    return f"machine: {probe.get('device_class') or prov.get('device_class')} ({silicon}; {cpus})"
+
+
 def _heading(a: dict[str, Any]) -> list[str]:
     """What ran and whether it is complete; whether the servers' ISA was held down."""
     prov = a["provenance"]
@@ -205,7 +217,7 @@ def _heading(a: dict[str, Any]) -> list[str]:
         noisy = [n for n, v in ((a.get("noise") or {}).get("arms") or {}).items() if v["noisy"]]
         head += (f" (noisy: {', '.join(noisy)}: not a figure to quote, see the noise gate below)" if noisy else
                  " (fewer than 3 passes per arm: indicative only, not a figure to quote)")
-    lines = [head]
+    lines = [head, machine_line(prov)]
     isa = prov.get("runtime_isa") or {}
     if isa.get("ATEN_CPU_CAPABILITY") or isa.get("ONEDNN_MAX_CPU_ISA"):
         lines.append(f"ISA held down: the servers' PyTorch ran at {isa.get('torch_cpu_capability')} "

@@ -161,9 +161,11 @@ def probe_cpu(fs: HostFS, unknown: Unknowns, notes: list[str]) -> tuple[CpuFacts
     if not common:
         unknown.add("cpu.flags", f"{fs.describe('/proc/cpuinfo')} lists no flags/Features")
 
+    signature = None
     if arch is not None and arch.startswith("x86"):
         vendor = info.first("vendor_id")
         model_name = info.first("model name")
+        signature = _x86_signature(info)
     elif arch is not None and (arch.startswith("aarch64") or arch.startswith("arm")):
         vendor, model_name = _arm_names(info)
     else:
@@ -185,8 +187,18 @@ def probe_cpu(fs: HostFS, unknown: Unknowns, notes: list[str]) -> tuple[CpuFacts
         isa=Isa(**{f: f in usable for f in ISA_FEATURES}),
         isa_disagreements=disagreements,
         amx_permission=permission,
+        signature=signature,
     )
     return facts, info
+
+
+def _x86_signature(info: CpuInfo) -> str | None:
+    """``family F model M stepping S`` of the first CPU, as /proc/cpuinfo gives them (decimal)."""
+    parts = [(label, info.first(key)) for label, key in (("family", "cpu family"), ("model", "model"),
+                                                          ("stepping", "stepping"))]
+    if any(value is None or not value.strip().isdigit() for _, value in parts):
+        return None
+    return " ".join(f"{label} {int(value)}" for label, value in parts if value is not None)
 
 
 def _cpuid_view(fs: HostFS, is_x86: bool, request_amx: bool, unknown: Unknowns,

@@ -101,6 +101,10 @@ class CpuFacts:
     isa: Isa
     isa_disagreements: tuple[IsaDisagreement, ...]
     amx_permission: AmxPermission
+    # x86: "family F model M stepping S" from /proc/cpuinfo. Two boxes of one device class may be
+    # different silicon (a KVM guest's model name is often only "Intel(R) Xeon(R) Processor"), so
+    # a figure names it. None where the CPU does not say (Arm: its part is in model_name).
+    signature: str | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,7 @@ class HostFacts:
                     for d in c.isa_disagreements
                 ],
                 "amx_permission": str(c.amx_permission),
+                "signature": c.signature,
             },
             "topology": {
                 "logical_cpus": t.logical_cpus,

@@ -36,7 +36,8 @@ def render_text(f: HostFacts) -> str:
     add(f"edgectl probe of {f.root}")
     usable = " ".join(c.isa.usable()) or "none of the tracked features"
     add(f"device class  {f.device_class}   (usable: {usable})")
-    add(f"cpu           {_opt(c.model_name)}  [{_opt(c.vendor)}, {_opt(c.arch)}]")
+    add(f"cpu           {_opt(c.model_name)}  [{_opt(c.vendor)}, {_opt(c.arch)}"
+        + (f", {c.signature}]" if c.signature else "]"))
     add(f"              AMX permission: {c.amx_permission}")
     for d in c.isa_disagreements:
         add(f"              ! {d.feature}: kernel {'yes' if d.kernel else 'no'}, "

@@ -30,6 +30,7 @@ from edgectl.bench.grid_report import (
     table,
     times,
 )
+from edgectl.bench.report import machine_line
 
 SCHEMA = "edgectl.bench.speech/1"
 METRICS = ("wer", "rtf_5s", "rtf_30s", "transcript_s", "aggregate_audio_s_per_s", "ready_s", "pss_steady_bytes",
@@ -104,7 +105,7 @@ def _heading(a: dict[str, Any]) -> list[str]:
             f"interleaved, arm order rotated each pass, on {prov['device_class']} — "
             + ("complete" if a["complete"] else "INCOMPLETE") + not_quotable_note(a))
     clips = prov.get("clips") or {}
-    return [head, f"clips: {clips.get('count')} ({clips.get('audio_s', 0):.0f} s of audio) from {clips.get('dir')}; "
+    return [head, machine_line(prov), f"clips: {clips.get('count')} ({clips.get('audio_s', 0):.0f} s of audio) from {clips.get('dir')}; "
                   f"RTF on {clips.get('short')} and {clips.get('window')}, whole transcript of {clips.get('longest')}, "
                   f"four at once: {', '.join(clips.get('together') or [])}"]
 

@@ -32,6 +32,7 @@ from edgectl.bench.grid_report import (
     table,
     times,
 )
+from edgectl.bench.report import machine_line
 
 SCHEMA = "edgectl.bench.vision/1"
 METRICS = ("ttft_image_s", "decode_image_tok_s", "decode_text_tok_s", "image_text_decode_ratio", "aggregate_tok_s",
@@ -117,7 +118,7 @@ def _heading(a: dict[str, Any]) -> list[str]:
             f"interleaved, arm order rotated each pass, on {prov['device_class']} — "
             + ("complete" if a["complete"] else "INCOMPLETE") + not_quotable_note(a))
     req = prov.get("requests") or {}
-    return [head, f"requests: {req.get('image_px')} px seeded PNGs as data: URIs, {req.get('question')!r}, "
+    return [head, machine_line(prov), f"requests: {req.get('image_px')} px seeded PNGs as data: URIs, {req.get('question')!r}, "
                   f"{req.get('decode_tokens')} tokens each (ignore_eos, greedy), four at once: "
                   f"{req.get('concurrent_images')} images"]
 

@@ -7,13 +7,18 @@ With the lever on, :func:`install` wraps that method: a call that is a pure deco
 (:func:`handles`: one query token per sequence, bf16 query and KV, a decoder layer with no
 sliding window, soft cap, ALiBi or sinks, a head size and grouping the kernel takes, and a layer
 whose KV vLLM writes in its "vec" layout: keys column-major in a block, values row-major,
-``csrc/cpu/cpu_attn_vec.hpp`` ``reshape_and_cache``; on AMX hosts vLLM packs the KV for its AMX
-kernel instead and keeps every call) runs
+``csrc/cpu/cpu_attn_vec.hpp`` ``reshape_and_cache``) runs
 ``torch.ops.edgectl.decode_attention`` on the same cache views vLLM would pass
 (``runtime/edgectl_runtime/kernels/ops/csrc``; tested against ops/reference.py); every other call
 (prefill, the vision tower's encoder attention, cross-attention, fp8 KV) goes to vLLM's method as
 it is. Why: vLLM's op reads a long context's KV at ~14 GB/s here, edgectl's at about twice that
 (docs/vision.md "An attention of edgectl's").
+
+On AMX hosts vLLM would pack a bf16 KV for its AMX kernel instead (``_get_attn_isa`` returns
+"amx" for bf16 with blocks of a multiple of 32), which edgectl's kernel does not read: with the
+lever on, :func:`install` has vLLM choose the "vec" layout there too (:func:`_vec_not_amx`), so
+decode steps take edgectl's kernel and prefill runs vLLM's "vec" kernel instead of its AMX one
+(what that costs a prompt: docs/vision.md "Decode attention on AMX hosts").
 
 The lever is off unless set: the plugin is loaded by every vLLM process in the venv, including
 a benchmark's unmodified "stock" arm. :func:`counts` says how many calls each side took in this
@@ -33,6 +38,7 @@ logger = logging.getLogger("edgectl.decode_attention")
 
 MAX_GROUP, MAX_BLOCK, MAX_HEAD = 16, 512, 256  # csrc/kernels.h kAttnMaxGroup, kAttnMaxBlock, kAttnMaxDim
 _ORIGINAL: list = []  # vLLM's forward, once installed
+_ORIGINAL_ISA: list = []  # vLLM's _get_attn_isa, once installed
 _DECODER: list = []  # vLLM's AttentionType.DECODER, looked up once
 _COUNTS = {"edgectl": 0, "vllm": 0}
 _FITS = "_edgectl_decode_attention_fits"  # layer_fits' answer, kept on the vLLM attention impl
@@ -111,15 +117,27 @@ def install(environ: Mapping[str, str]) -> bool:
         return False
     ops.load(environ)
     from vllm.v1.attention.backend import AttentionType
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+    from vllm.v1.attention.backends import cpu_attn
 
     _DECODER.append(AttentionType.DECODER)
-    _ORIGINAL.append(CPUAttentionBackendImpl.forward)
-    CPUAttentionBackendImpl.forward = _forward
+    _ORIGINAL.append(cpu_attn.CPUAttentionBackendImpl.forward)
+    cpu_attn.CPUAttentionBackendImpl.forward = _forward
+    # Looked up by name at each use (the metadata builder, vllm/platforms/cpu.py), so replacing the
+    # module's attribute before the engine builds its attention metadata is enough.
+    _ORIGINAL_ISA.append(cpu_attn._get_attn_isa)
+    cpu_attn._get_attn_isa = _vec_not_amx
     return True
+
+
+def _vec_not_amx(dtype: torch.dtype, block_size: int, head_size: int | None = None,
+                 kv_cache_dtype: str | None = None) -> str:
+    """vLLM's choice of KV layout and kernel, with "vec" where it would choose "amx" (the other
+    choices, fp8 KV's refusals among them, as vLLM makes them)."""
+    isa = _ORIGINAL_ISA[0](dtype, block_size, head_size, kv_cache_dtype)
+    return "vec" if isa == "amx" else isa
 
 
 def counts() -> dict[str, object]:
     """Which kernel this process's attention calls took since it started (``kernel``: edgectl when
-    installed, else vllm)."""
+    installed, else vllm). The layout each layer got is the worker's ``attention_isa`` read-back."""
     return {"kernel": "edgectl" if _ORIGINAL else "vllm", "calls": dict(_COUNTS)}

@@ -83,12 +83,24 @@ def test_decode_steps_take_edgectls_attention_unless_asked_otherwise(vlm, asked)
     the measurement in its reason; the runtime's variable follows the lever."""
     from edgectl.contract import environment
 
-    p = vision_plan(vlm, bench=BenchLevers(decode_attention=asked))
+    p = vision_plan(vlm, "kvm-xeon-avx512-2c", bench=BenchLevers(decode_attention=asked))  # no AMX: on by default
     assert p.levers.decode_attention is (asked is not False)
     assert environment.runtime_levers(p)["EDGECTL_DECODE_ATTENTION"] == ("0" if asked is False else "1")
     why = [r for r in p.reasons if r.decision == "decode_attention"][0]
     assert (str(why.source) == "default") == (asked is None)
     assert asked is not None or "interleaved" in why.detail
+
+
+@pytest.mark.parametrize(("host", "on", "because"), [
+    ("xeon-spr-amx-2s", False, "vLLM's AMX attention"),  # as fast there, measured
+    ("kvm-xeon-avx512-2c", True, "interleaved"),
+    ("arm64-board", False, "no vector build for aarch64"),  # edgectl's kernels do not run there
+])
+def test_decode_attention_by_host(vlm, host: str, on: bool, because: str):
+    p = vision_plan(vlm, host)
+    assert p.levers.decode_attention is on
+    why = [r for r in p.reasons if r.decision == "decode_attention"][0]
+    assert str(why.source) == "default" and because in why.detail
 
 
 def test_image_tokens_come_from_the_processors_tiling_of_the_largest_image(vlm):

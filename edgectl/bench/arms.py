@@ -128,7 +128,8 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
             "the plan with every attention call on vLLM's CPU op (edgectl's decode-attention kernel off; "
             "read back from the worker)"),
     ArmSpec("edgectl-attention", "worker", {"decode_attention": True},
-            "the plan with decode steps on edgectl's attention kernel over the bf16 KV (read back from the worker)"),
+            "the plan with decode steps on edgectl's attention kernel over the bf16 KV (on AMX hosts vLLM then writes "
+            "its KV in the \"vec\" layout, its prefill on vLLM's vec kernel; read back from the worker)"),
     ArmSpec("cpp-wrapper", "worker", {"cpp_wrapper": True, "compilation": "default"},
             "the plan compiled, with inductor's graph wrapper in C++ instead of Python (TORCHINDUCTOR_CPP_WRAPPER=1, "
             "vLLM's layer names as strings; read back from the worker)"),

@@ -221,6 +221,13 @@ DECODE_ATTENTION_VISION = (
     "against vLLM's op on caches vLLM wrote); in the engine one run so far, within the host's noise: decode with "
     "the image 64.2 against 57.0 tok/s, 0.89x against 0.91x text-only (docs/vision.md \"An attention of "
     "edgectl's\"); `edgectl bench --arms planned,vllm-attention` measures it")
+DECODE_ATTENTION_VISION_AMX = (
+    "off on AMX hosts: vLLM's AMX attention read the image's KV about as fast as edgectl's kernel does (with "
+    "the lever on, vLLM writes the KV in its \"vec\" layout for it): decode with the image 81.5 [67.4-92.4] "
+    "tok/s on edgectl's against 87.5 [84.2-88.3] on vLLM's AMX attention, 0.74x against 0.79x text-only "
+    "(synth-smolvlm-256m, w8a8 compiled, x86_64-amx, 3 interleaved passes, both arms noisy by the gate; "
+    "docs/vision.md \"Decode attention on AMX hosts\"); `edgectl bench --arms planned,edgectl-attention` "
+    "measures it")
 DECODE_ATTENTION_NOT_MEASURED = (
     "off until measured in this modality's engine: edgectl's decode attention is measured on text and vision-"
     "language models (docs/kernels.md \"Decode attention\", docs/vision.md \"An attention of edgectl's\"); "
@@ -234,16 +241,31 @@ DECODE_ATTENTION_TEXT = (
 
 
 def text_decode_attention(facts: HostFacts) -> tuple[bool, str]:
-    """A text plan's default for edgectl's decode attention and why: on where the kernel takes the
-    calls (x86 with AVX2 + FMA, the KV in vLLM's "vec" layout), off where it would take none."""
+    """A text plan's default for edgectl's decode attention and why: on where edgectl's kernels run
+    (x86 with AVX2 + FMA), but not on AMX hosts, where the lever also moves vLLM's KV out of its AMX
+    layout (not measured for a text model there)."""
     runs, why = host_runs(WeightFormat.W4A8, facts)  # the same library as edgectl's linear kernels
     if not runs:
         return False, f"off: {why}"
     if facts.cpu.isa.amx_tile:
-        return False, ("off: vLLM packs the KV for its AMX attention on this host (vllm/v1/attention/backends/"
-                       "cpu_attn.py _get_attn_isa), and edgectl's kernel reads only the \"vec\" layout: it would "
-                       "take no call")
+        return False, ("off on AMX hosts until measured there for a text model: vLLM packs the KV for its AMX "
+                       "attention on this host (vllm/v1/attention/backends/cpu_attn.py _get_attn_isa), and edgectl's "
+                       "kernel reads only the \"vec\" layout, so the lever has vLLM write that layout instead and "
+                       "prefill runs vLLM's vec kernel (for a vision-language model it did not pay: docs/vision.md "
+                       "\"Decode attention on AMX hosts\"); `edgectl bench --arms planned,edgectl-attention` "
+                       "measures it")
     return True, DECODE_ATTENTION_TEXT
+
+
+def vision_decode_attention(facts: HostFacts) -> tuple[bool, str]:
+    """A vision-language plan's default for edgectl's decode attention and why: on where edgectl's
+    kernels run, but not on AMX hosts, where vLLM's AMX attention was as fast."""
+    runs, why = host_runs(WeightFormat.W4A8, facts)
+    if not runs:
+        return False, f"off: {why}"
+    if facts.cpu.isa.amx_tile:
+        return False, DECODE_ATTENTION_VISION_AMX
+    return True, DECODE_ATTENTION_VISION
 
 
 def vllm_packs_embeddings(facts: HostFacts) -> bool | None:
@@ -281,7 +303,7 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
     default plan against the plan without it, 3 interleaved passes on x86_64-amx). The embedding
     lever's saving depends on the host: it says which (``vllm_packs_embeddings``).
     ``decode_attention``: the planner's default for that lever and its evidence (by modality:
-    ``text_decode_attention``, ``DECODE_ATTENTION_VISION``, ``DECODE_ATTENTION_NOT_MEASURED``)."""
+    ``text_decode_attention``, ``vision_decode_attention``, ``DECODE_ATTENTION_NOT_MEASURED``)."""
     levers = MemoryLevers(
         embedding_pack=EmbeddingPack(asked.embedding_pack or EmbeddingPack.LM_HEAD),
         optional_imports=OptionalImports(asked.optional_imports or OptionalImports.SKIP),

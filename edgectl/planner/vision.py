@@ -51,12 +51,12 @@ from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Decided, Reasons
 from edgectl.planner.engine import (
-    DECODE_ATTENTION_VISION,
     MemoryLevers,
     choose_batched_tokens,
     choose_levers,
     choose_memory_levers,
     choose_topology,
+    vision_decode_attention,
 )
 from edgectl.planner.fit import DEFAULT_CONTEXT_CAP, fit_weights_and_context
 from edgectl.planner.formats import checkpoint_format, host_runs
@@ -278,7 +278,7 @@ def _compilation(request: Request, fmt: WeightFormat) -> Decided[Compilation]:
 def _memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:
     """The text planner's memory levers, but the tokenizer as vLLM keeps it (a vision model has a processor
     beside its tokenizer, which the lean lever does not handle) and no python -OO (not tried with it)."""
-    levers = choose_memory_levers(asked, facts, topology, decode_attention=(True, DECODE_ATTENTION_VISION))
+    levers = choose_memory_levers(asked, facts, topology, decode_attention=vision_decode_attention(facts))
     kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
     optimize = 0 if asked.python_optimize is None else asked.python_optimize
     value = replace(levers.value, tokenizer=TokenizerLever.VLLM, python_optimize=optimize)

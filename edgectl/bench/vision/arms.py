@@ -46,6 +46,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("planned", "worker", {}, "edgectl's worker on edgectl's vision plan for the model, as deploy serves it"),
     ArmSpec("vllm-attention", "worker", {"decode_attention": False},
             "edgectl's vision plan with every attention call on vLLM's CPU op (edgectl's decode attention off)"),
+    ArmSpec("edgectl-attention", "worker", {"decode_attention": True},
+            "edgectl's vision plan with decode steps on edgectl's attention kernel (on AMX hosts vLLM then writes its "
+            "KV in the \"vec\" layout, its prefill on vLLM's vec kernel; read back from the worker)"),
     ArmSpec("w4a8", "worker", {"weight_format": "w4a8"},
             "edgectl's vision plan with its language model in edgectl's 4-bit blocks (int8 activations, int8 head), "
             "the tower and connector bf16"),

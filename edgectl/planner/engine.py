@@ -228,6 +228,14 @@ DECODE_ATTENTION_VISION_AMX = (
     "(synth-smolvlm-256m, w8a8 compiled, x86_64-amx, 3 interleaved passes, both arms noisy by the gate; "
     "docs/vision.md \"Decode attention on AMX hosts\"); `edgectl bench --arms planned,edgectl-attention` "
     "measures it")
+DECODE_ATTENTION_TEXT_AMX = (
+    "off on AMX hosts: vLLM packs the KV for its AMX attention here (vllm/v1/attention/backends/"
+    "cpu_attn.py _get_attn_isa) and edgectl's kernel reads only the \"vec\" layout, so with the "
+    "lever vLLM writes that layout and prefills on its vec kernel; measured, it did not pay: "
+    "SmolLM2-135M decode at a 2048-token context 88.0 [75.0-110.0] tok/s against 101.1 "
+    "[82.2-101.7] on vLLM's AMX attention, prefill 2896 against 3404 (x86_64-amx, 3 interleaved "
+    "passes, the lever's arm noisy by the gate; docs/kernels.md \"Decode attention\"); "
+    "`edgectl bench --arms planned,edgectl-attention` measures it")
 DECODE_ATTENTION_NOT_MEASURED = (
     "off until measured in this modality's engine: edgectl's decode attention is measured on text and vision-"
     "language models (docs/kernels.md \"Decode attention\", docs/vision.md \"An attention of edgectl's\"); "
@@ -241,31 +249,25 @@ DECODE_ATTENTION_TEXT = (
 
 
 def text_decode_attention(facts: HostFacts) -> tuple[bool, str]:
-    """A text plan's default for edgectl's decode attention and why: on where edgectl's kernels run
-    (x86 with AVX2 + FMA), but not on AMX hosts, where vLLM's AMX attention was faster."""
+    """A text plan's default for edgectl's decode attention and why (:func:`_decode_attention_default`)."""
+    return _decode_attention_default(facts, DECODE_ATTENTION_TEXT, DECODE_ATTENTION_TEXT_AMX)
+
+
+def vision_decode_attention(facts: HostFacts) -> tuple[bool, str]:
+    """A vision-language plan's default for edgectl's decode attention and why."""
+    return _decode_attention_default(facts, DECODE_ATTENTION_VISION, DECODE_ATTENTION_VISION_AMX)
+
+
+def _decode_attention_default(facts: HostFacts, on: str, amx: str) -> tuple[bool, str]:
+    """On where edgectl's kernels run (x86 with AVX2 + FMA), with the modality's evidence ``on``; off
+    where they do not, and off on AMX hosts, where vLLM's AMX attention was measured as fast or faster
+    (``amx``)."""
     runs, why = host_runs(WeightFormat.W4A8, facts)  # the same library as edgectl's linear kernels
     if not runs:
         return False, f"off: {why}"
     if facts.cpu.isa.amx_tile:
-        return False, ("off on AMX hosts: vLLM packs the KV for its AMX attention here (vllm/v1/attention/backends/"
-                       "cpu_attn.py _get_attn_isa) and edgectl's kernel reads only the \"vec\" layout, so with the "
-                       "lever vLLM writes that layout and prefills on its vec kernel; measured, it did not pay: "
-                       "SmolLM2-135M decode at a 2048-token context 88.0 [75.0-110.0] tok/s against 101.1 "
-                       "[82.2-101.7] on vLLM's AMX attention, prefill 2896 against 3404 (x86_64-amx, 3 interleaved "
-                       "passes, the lever's arm noisy by the gate; docs/kernels.md \"Decode attention\"); "
-                       "`edgectl bench --arms planned,edgectl-attention` measures it")
-    return True, DECODE_ATTENTION_TEXT
-
-
-def vision_decode_attention(facts: HostFacts) -> tuple[bool, str]:
-    """A vision-language plan's default for edgectl's decode attention and why: on where edgectl's
-    kernels run, but not on AMX hosts, where vLLM's AMX attention was as fast."""
-    runs, why = host_runs(WeightFormat.W4A8, facts)
-    if not runs:
-        return False, f"off: {why}"
-    if facts.cpu.isa.amx_tile:
-        return False, DECODE_ATTENTION_VISION_AMX
-    return True, DECODE_ATTENTION_VISION
+        return False, amx
+    return True, on
 
 
 def vllm_packs_embeddings(facts: HostFacts) -> bool | None:

@@ -13,6 +13,8 @@
   blocks (``--format``), the tower and the connector bf16, compiled as the planner compiles them; the
   worker reads back each layer's format. ``w4a8-compiled`` / ``w8a8-compiled`` say the mode outright;
   ``w8a8-eager`` runs the 8-bit blocks without torch.compile.
+- ``kv-fp8``: the plan with fp8_e4m3 KV (vLLM's own attention reads it), half the bytes of the image's KV
+  a decoded token reads.
 - ``stock``: vLLM as it ships for this model (``stock_vllm.StockVllmArm``: ``--model DIR`` and its
   defaults), if it starts; ``stock-kv`` (not run unless asked): the same given the plan's KV bytes
   and requests at once, so its memory compares with the planned arm's.
@@ -65,6 +67,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
             "the w4a8 arm in vLLM's torch.compile mode"),
     ArmSpec("w8a8-compiled", "worker", {"weight_format": "w8a8", "compilation": "default"},
             "the w8a8 arm in vLLM's torch.compile mode"),
+    ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
+            "the plan with fp8_e4m3 KV: the image's KV read in half the bytes a decoded token (vLLM's own "
+            "attention reads it; AVX-512 or AMX only)"),
     ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
                                        "with its defaults (the served name, host and port only; edgectl's plugin "
                                        "left out)"),

@@ -421,7 +421,19 @@ class WorkerArm(PreparedArm):
                             "the plan's single-process topology has 1")
         if effective.phase not in (None, worker.SERVING):
             problems.append(f"the worker is in phase {effective.phase!r}, not serving")
+        problems += decode_attention_idle(self.plan, effective)
         return problems
+
+
+def decode_attention_idle(plan: Plan, effective: Effective) -> list[str]:
+    """After the warm-up's answer: a lever of edgectl's decode attention that took none of the decode
+    calls is on in name only (a layout its kernel does not read, a shape it does not take); the arm
+    would measure vLLM's attention under edgectl's name."""
+    calls = (effective.decode_attention or {}).get("calls") or {}
+    if plan.levers.decode_attention and calls.get("edgectl") == 0 and calls.get("vllm", 0) > 0:
+        return [f"the plan has edgectl's decode attention on, and its kernel took none of the warm-up's "
+                f"{calls['vllm']} attention calls (vLLM's KV layouts {list(effective.attention_isa or [])})"]
+    return []
 
 
 # -- unmodified vLLM -----------------------------------------------------------------------------

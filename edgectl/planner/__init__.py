@@ -84,7 +84,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(choose_compilation(request, profile))
     memory_levers = why.take(choose_memory_levers(request.bench, facts, topology,
-                                                  decode_attention=text_decode_attention(facts)))
+                                                  decode_attention=text_decode_attention(facts, model)))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request, compilation))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from edgectl.contract.decode_attention import shape_refused
 from edgectl.contract.plan import (
     BenchLevers,
     Compilation,
@@ -23,11 +24,13 @@ from edgectl.contract.plan import (
     Topology,
     WeightFormat,
 )
+from edgectl.models.facts import SLIDING_ATTENTION
 from edgectl.planner.decided import Decided
 from edgectl.planner.formats import host_runs
 from edgectl.planner.ledger import MAX_BATCHED_TOKENS, batched_tokens
 
 if TYPE_CHECKING:
+    from edgectl.models.facts import ModelFacts
     from edgectl.probe.facts import HostFacts
     from edgectl.profiles import Profile
 
@@ -248,26 +251,44 @@ DECODE_ATTENTION_TEXT = (
     "\"Decode attention\"); `edgectl bench --arms planned,vllm-attention` measures it")
 
 
-def text_decode_attention(facts: HostFacts) -> tuple[bool, str]:
+def text_decode_attention(facts: HostFacts, model: ModelFacts) -> tuple[bool, str]:
     """A text plan's default for edgectl's decode attention and why (:func:`_decode_attention_default`)."""
-    return _decode_attention_default(facts, DECODE_ATTENTION_TEXT, DECODE_ATTENTION_TEXT_AMX)
+    return _decode_attention_default(facts, model, DECODE_ATTENTION_TEXT, DECODE_ATTENTION_TEXT_AMX)
 
 
-def vision_decode_attention(facts: HostFacts) -> tuple[bool, str]:
+def vision_decode_attention(facts: HostFacts, model: ModelFacts) -> tuple[bool, str]:
     """A vision-language plan's default for edgectl's decode attention and why."""
-    return _decode_attention_default(facts, DECODE_ATTENTION_VISION, DECODE_ATTENTION_VISION_AMX)
+    return _decode_attention_default(facts, model, DECODE_ATTENTION_VISION, DECODE_ATTENTION_VISION_AMX)
 
 
-def _decode_attention_default(facts: HostFacts, on: str, amx: str) -> tuple[bool, str]:
-    """On where edgectl's kernels run (x86 with AVX2 + FMA), with the modality's evidence ``on``; off
-    where they do not, and off on AMX hosts, where vLLM's AMX attention was measured as fast or faster
-    (``amx``)."""
+def _decode_attention_default(facts: HostFacts, model: ModelFacts, on: str, amx: str) -> tuple[bool, str]:
+    """On where edgectl's kernels run (x86 with AVX2 + FMA) and take the model's decoder layers, with the
+    modality's evidence ``on``; off where they do not run, off for a model none of whose layers the kernel
+    takes (its calls would all stay on vLLM's op: the lever would be on in name only), and off on AMX
+    hosts, where vLLM's AMX attention was measured as fast or faster (``amx``)."""
     runs, why = host_runs(WeightFormat.W4A8, facts)  # the same library as edgectl's linear kernels
     if not runs:
         return False, f"off: {why}"
+    refused = decode_attention_refused(model)
+    if refused:
+        return False, f"off: {refused}"
     if facts.cpu.isa.amx_tile:
         return False, amx
     return True, on
+
+
+def decode_attention_refused(model: ModelFacts) -> str | None:
+    """Why edgectl's decode attention would take none of the model's decode calls, None when it takes some:
+    the kernel's shapes (``contract/decode_attention.py``, what the worker's plugin checks per layer), and
+    a window on every layer (the kernel reads the whole context; a model with some full-attention layers
+    has those taken)."""
+    refused = shape_refused(model.num_attention_heads, model.num_kv_heads, model.head_dim)
+    if refused:
+        return f"{model.name}: {refused}"
+    if model.layer_types and all(t == SLIDING_ATTENTION for t in model.layer_types):
+        return (f"every layer of {model.name} attends over a sliding window of {model.sliding_window} tokens, "
+                "which edgectl's decode attention does not take")
+    return None
 
 
 def vllm_packs_embeddings(facts: HostFacts) -> bool | None:

@@ -146,7 +146,7 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     check_request(replace(request, weight_format=None))  # the rest as for a text model
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(_compilation(request, fmt))
-    memory_levers = why.take(_memory_levers(request.bench, facts, topology))
+    memory_levers = why.take(_memory_levers(request.bench, facts, model, topology))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     limits = why.take(_image_limits(ImageLimits()))
     sizes = image_sizes(vision, limits, model.hidden_size, ledger.MAX_BATCHED_TOKENS)
@@ -275,10 +275,11 @@ def _compilation(request: Request, fmt: WeightFormat) -> Decided[Compilation]:
         "first start"))
 
 
-def _memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:
+def _memory_levers(asked: BenchLevers, facts: HostFacts, model: ModelFacts,
+                   topology: Topology) -> Decided[MemoryLevers]:
     """The text planner's memory levers, but the tokenizer as vLLM keeps it (a vision model has a processor
     beside its tokenizer, which the lean lever does not handle) and no python -OO (not tried with it)."""
-    levers = choose_memory_levers(asked, facts, topology, decode_attention=vision_decode_attention(facts))
+    levers = choose_memory_levers(asked, facts, topology, decode_attention=vision_decode_attention(facts, model))
     kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
     optimize = 0 if asked.python_optimize is None else asked.python_optimize
     value = replace(levers.value, tokenizer=TokenizerLever.VLLM, python_optimize=optimize)

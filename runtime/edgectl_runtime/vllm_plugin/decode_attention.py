@@ -33,10 +33,10 @@ from collections.abc import Mapping
 import torch
 
 from edgectl.contract import environment as runtime_env
+from edgectl.contract.decode_attention import MAX_BLOCK, shape_refused
 
 logger = logging.getLogger("edgectl.decode_attention")
 
-MAX_GROUP, MAX_BLOCK, MAX_HEAD = 16, 512, 256  # csrc/kernels.h kAttnMaxGroup, kAttnMaxBlock, kAttnMaxDim
 _ORIGINAL: list = []  # vLLM's forward, once installed
 _ORIGINAL_ISA: list = []  # vLLM's _get_attn_isa, once installed
 _DECODER: list = []  # vLLM's AttentionType.DECODER, looked up once
@@ -54,8 +54,7 @@ def layer_fits(impl, layer) -> bool:
         return False
     if impl.sliding_window != -1 or impl.logits_soft_cap or impl.sinks is not None:
         return False
-    heads, kv_heads, head = impl.num_heads, impl.num_kv_heads, impl.head_size
-    return not (heads % kv_heads or heads // kv_heads > MAX_GROUP or head % 16 or head > MAX_HEAD)
+    return shape_refused(impl.num_heads, impl.num_kv_heads, impl.head_size) is None
 
 
 def handles(impl, layer, query: torch.Tensor, kv_cache: torch.Tensor, meta, output_scale, output_block_scale) -> bool:

@@ -6,6 +6,9 @@ tensor, 1.0) loses an image prompt's KV to its range or to its three bits of man
     VLLM_ENABLE_V1_MULTIPROCESSING=0 [KV_DTYPE=fp8_e4m3] /opt/edgectl/venv/bin/python scripts/study/kv_range.py [MODEL_DIR]
 
 (``KV_DTYPE``: the engine's KV dtype, bf16 by default; the answer printed shows what the KV dtype does to it.)
+``ROUND=int8`` rounds every key and value the layers write (in place, before vLLM stores them in its bf16 KV)
+as an int8 KV with a scale per token and KV head would hold them; ``ROUND=fp8`` as fp8_e4m3 would (the
+control: it must lose the answer as ``KV_DTYPE=fp8_e4m3`` does).
 """
 import base64
 import os
@@ -18,6 +21,18 @@ from edgectl.bench.vision import images, measure  # noqa: E402
 
 FP8_E4M3_MAX = 448.0
 STATS: dict[str, list[float]] = {}
+ROUND = os.environ.get("ROUND", "")
+
+
+def rounded(x, head_size: int):
+    """``x`` [tokens, heads * head_size] as the KV dtype under study would hold it, back in its own dtype."""
+    import torch
+
+    if ROUND == "fp8":
+        return x.to(torch.float8_e4m3fn).to(x.dtype)
+    rows = x.float().unflatten(-1, (-1, head_size))  # one row a token and KV head
+    scale = rows.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 127
+    return (torch.round(rows / scale).clamp(-127, 127) * scale).flatten(-2).to(x.dtype)
 
 
 def hook(worker) -> int:
@@ -26,12 +41,15 @@ def hook(worker) -> int:
 
     layers = [(n, m) for n, m in worker.model_runner.model.named_modules() if isinstance(m, Attention)]
     for name, module in layers:
-        def pre(mod, args, kwargs, n=name):
+        def pre(mod, args, kwargs, n=name, head_size=module.head_size):
             _, k, v = args[:3]
             s = STATS.setdefault(n, [0.0, 0.0, 0, 0])
             s[0], s[1] = max(s[0], float(k.abs().max())), max(s[1], float(v.abs().max()))
             s[2] += int((k.abs() > FP8_E4M3_MAX).sum())
             s[3] += k.numel()
+            if ROUND:
+                k.copy_(rounded(k, head_size))
+                v.copy_(rounded(v, head_size))
         module.register_forward_pre_hook(pre, with_kwargs=True)
     return len(layers)
 

@@ -8,7 +8,8 @@ tensor, 1.0) loses an image prompt's KV to its range or to its three bits of man
 (``KV_DTYPE``: the engine's KV dtype, bf16 by default; the answer printed shows what the KV dtype does to it.)
 ``ROUND=int8`` rounds every key and value the layers write (in place, before vLLM stores them in its bf16 KV)
 as an int8 KV with a scale per token and KV head would hold them; ``ROUND=fp8`` as fp8_e4m3 would (the
-control: it must lose the answer as ``KV_DTYPE=fp8_e4m3`` does).
+control of the format alone). ``ISA=vec`` has vLLM write and read its "vec" KV layout where it would choose
+"amx" (an AMX host; as edgectl's decode-attention lever does), to tell its two kernels apart.
 """
 import base64
 import os
@@ -58,8 +59,17 @@ def read(worker) -> dict[str, list[float]]:
     return STATS
 
 
+def isa(worker) -> list[str]:
+    return sorted({str(m.isa) for m in worker.model_runner.model.modules() if hasattr(m, "isa")})
+
+
 if __name__ == "__main__":
     model = sys.argv[1] if len(sys.argv) > 1 else "/var/lib/edgectl/models/synth-smolvlm-256m"
+    if os.environ.get("ISA") == "vec":
+        from vllm.v1.attention.backends import cpu_attn
+
+        chosen = cpu_attn._get_attn_isa
+        cpu_attn._get_attn_isa = lambda *a, **k: "vec" if chosen(*a, **k) == "amx" else chosen(*a, **k)
     llm = LLM(model=model, enforce_eager=True, dtype="bfloat16", max_model_len=4096, max_num_seqs=1,
               kv_cache_memory_bytes=200_000_000, seed=0, distributed_executor_backend="uni",
               limit_mm_per_prompt={"image": 1}, kv_cache_dtype=os.environ.get("KV_DTYPE", "auto"))
@@ -69,7 +79,8 @@ if __name__ == "__main__":
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                              {"type": "text", "text": measure.QUESTION}]}]
     out = llm.chat(messages, SamplingParams(max_tokens=8, temperature=0))[0]
-    print(f"answer {out.outputs[0].text!r}, {len(out.prompt_token_ids)} prompt tokens")
+    print(f"answer {out.outputs[0].text!r}, {len(out.prompt_token_ids)} prompt tokens, KV layouts",
+          llm.collective_rpc(isa)[0])
     for name, (k, v, over, total) in llm.collective_rpc(read)[0].items():
         print(f"{name}: max |k| {k:.1f}, max |v| {v:.1f}, keys over {FP8_E4M3_MAX:.0f}: {over} of {total}")
     os._exit(0)

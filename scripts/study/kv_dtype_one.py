@@ -1,4 +1,5 @@
-"""One process: load the default-plan engine with a KV dtype, measure, dump JSON (fp8 study)."""
+"""One process: load the default-plan engine with a KV dtype, measure, dump JSON (fp8 study).
+``ROUND=int8|fp8``: the keys and values rounded as that KV would hold them, in the bf16 KV (kv_range.py)."""
 import json
 import os
 import random
@@ -19,6 +20,11 @@ from vllm.inputs import TokensPrompt
 llm = LLM(model=model, quantization=os.environ.get("QUANT", "cpu_int4") or None, enforce_eager=True, dtype="bfloat16",
           max_model_len=mml, max_num_seqs=1, max_num_batched_tokens=512, kv_cache_memory_bytes=kv_bytes,
           block_size=128, seed=0, kv_cache_dtype=kv_dtype, distributed_executor_backend="uni")
+if os.environ.get("ROUND"):  # every key and value rounded as another KV dtype would hold them (kv_range.py)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import kv_range
+    llm.collective_rpc(kv_range.hook)
+    kv_dtype = f"{kv_dtype}+round-{os.environ['ROUND']}"
 eng = llm.llm_engine
 rb = {"cache_dtype_config": eng.vllm_config.cache_config.cache_dtype}
 def facts(worker):

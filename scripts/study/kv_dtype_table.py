@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
-from edgectl.bench.fidelity import compare, perplexity  # noqa: E402
+from edgectl.contract.fidelity import compare, perplexity  # noqa: E402
 
 d = Path(sys.argv[1])  # the study's output directory, or the combined artifact under results/
 loaded = json.loads(d.read_text())["runs"] if d.is_file() else [json.loads(f.read_text()) for f in sorted(d.glob("*-p*.json"))]

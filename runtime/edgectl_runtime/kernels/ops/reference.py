@@ -120,3 +120,80 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
         p = torch.softmax(torch.einsum("hgd,hnd->hgn", q, k) * scale, dim=-1)
         out[s] = torch.einsum("hgn,hnd->hgd", p, v).reshape(heads, dim).to(query.dtype)
     return out
+
+
+# -- edgectl's int8 KV (csrc/kernels.h): vLLM's cache tensor with int8 elements, values row-major within
+# a block, keys in groups of four dimensions (key ``(t, d)`` at ``(d // 4) * 4 * block_size + 4 * t + d % 4``),
+# and a float32 scale per token, KV head and half in ``scales [blocks, kv_heads, 2, block_size]``.
+
+
+def quantize_kv_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [..., dim]`` -> int8 ``q`` and float32 ``scale [...]``: ``scale = max|x| / 127``,
+    ``q = round_half_even(x * (127 / max|x|))`` in -127..127 (0 and scale 0 for an all-zero row)."""
+    xf = x.float()
+    top = xf.abs().amax(dim=-1)
+    # torch.full_like(top, 127) / top, not 127.0 / top: the latter is reciprocal(top) * 127, another rounding
+    inv = torch.where(top > 0, torch.full_like(top, 127.0) / torch.where(top > 0, top, torch.ones_like(top)),
+                      torch.zeros_like(top))
+    q = torch.round(xf * inv.unsqueeze(-1)).clamp(-127, 127)
+    return q.to(torch.int8), top / 127.0
+
+
+def kv_write_int8(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                  scales: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Token ``i``'s ``key``/``value [tokens, kv_heads, dim]`` quantized (:func:`quantize_kv_rows`) into
+    slot ``slot_mapping[i]`` (``block * block_size + t``; negative: skipped) of the int8 halves
+    ``[blocks, kv_heads, block_size, dim]`` (keys in groups of four dimensions) and of ``scales``."""
+    block_size, dim = key_cache.shape[2], key_cache.shape[3]
+    kv_heads = key_cache.shape[1]
+    kq, ks = quantize_kv_rows(key)
+    vq, vs = quantize_kv_rows(value)
+    for i in range(key.shape[0]):
+        slot = int(slot_mapping[i])
+        if slot < 0:
+            continue
+        b, t = divmod(slot, block_size)
+        key_cache[b].view(kv_heads, dim * block_size).view(kv_heads, dim // 4, block_size, 4)[:, :, t] = \
+            kq[i].view(kv_heads, dim // 4, 4)
+        value_cache[b][:, t] = vq[i]
+        scales[b, :, 0, t] = ks[i]
+        scales[b, :, 1, t] = vs[i]
+
+
+def dequantize_kv_int8(key_cache: torch.Tensor, value_cache: torch.Tensor, scales: torch.Tensor,
+                       block_ids: torch.Tensor, n: int, dtype: torch.dtype = torch.float32
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` keys and values of a sequence whose blocks are ``block_ids``, as
+    ``[kv_heads, n, dim]`` each in ``dtype`` (element times its token's scale)."""
+    kv_heads, block_size, dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
+    ids = block_ids.long()
+    blocks = len(ids)
+    k = key_cache[ids].reshape(blocks, kv_heads, dim // 4, block_size, 4).permute(1, 0, 3, 2, 4)
+    k = k.reshape(kv_heads, -1, dim)
+    v = value_cache[ids].transpose(0, 1).reshape(kv_heads, -1, dim)
+    s = scales[ids].permute(1, 2, 0, 3).reshape(kv_heads, 2, blocks * block_size)  # [kv_heads, 2, tokens]
+    k = (k[:, :n].float() * s[:, 0, :n, None]).to(dtype)
+    v = (v[:, :n].float() * s[:, 1, :n, None]).to(dtype)
+    return k, v
+
+
+def decode_attention_int8(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                          scales: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+    """:func:`decode_attention` over an int8 KV: each query row quantized as a key row is
+    (:func:`quantize_kv_rows`), ``s_t = scale * qd * key_scale_t * (q8 . k8_t)``, the values
+    dequantized (:func:`dequantize_kv_int8`); in float64."""
+    tokens, heads, dim = query.shape
+    kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
+    q8, qd = quantize_kv_rows(query)  # [tokens, heads, dim], [tokens, heads]
+    out = torch.zeros_like(query)
+    for s in range(tokens):
+        n = int(seq_lens[s])
+        if n == 0:
+            continue
+        k, v = dequantize_kv_int8(key_cache, value_cache, scales, block_table[s, : -(-n // block_size)], n,
+                                  torch.float64)
+        q = (q8[s].double() * qd[s].double()[:, None]).reshape(kv_heads, heads // kv_heads, dim)
+        p = torch.softmax(torch.einsum("hgd,hnd->hgn", q, k) * scale, dim=-1)
+        out[s] = torch.einsum("hgn,hnd->hgd", p, v).reshape(heads, dim).to(query.dtype)
+    return out

@@ -168,20 +168,33 @@ inline void quantize_block_scalar(const float* v, int8_t* q, float* d, float* s)
 inline int64_t attn_group(const DecodeAttention& a) { return a.heads / a.kv_heads; }
 inline int64_t attn_width(const DecodeAttention& a) { return a.dim + 2; }  // acc[dim], max, sum
 
+// A block's keys and values for KV head h start this many elements into either cache; an int8
+// KV's key scales of that block and head this many floats into its scales, the value scales
+// block_size further (kernels.h).
+inline int64_t kv_offset(const DecodeAttention& a, int64_t block, int64_t h) {
+  return block * a.block_stride + h * a.head_stride;
+}
+inline int64_t kv_scale_offset(const DecodeAttention& a, int64_t block, int64_t h) {
+  return (block * a.kv_heads + h) * 2 * a.block_size;
+}
+
 // The next item's bytes (decode_attention_by_blocks takes items in memory order: past a block's
 // keys and values for one KV head come the next KV head's) are asked for while this item computes,
 // a cache line for each one read, at the same offset one item ahead: a single core's hardware
 // prefetchers alone left the loads stalled (docs/kernels.md "Decode attention"). Never faults.
-inline void prefetch_next_item(const uint16_t* p, int64_t item_elements) {
+template <class T>
+inline void prefetch_next_item(const T* p, int64_t item_elements) {
   __builtin_prefetch((const char*)(p + item_elements), 0, 3);
 }
 
 // One block in plain C++: the scalar level's, and any level's for a block or head size its vectors do
-// not divide. q: the group's first query head; k, v: the block's keys and values for this KV head
-// (kernels.h: keys column-major, key (t, d) at k[d * block_size + t]; values row-major); n tokens.
-inline void attend_block_scalar(const DecodeAttention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                int64_t n, float* part) {
+// not divide. q: the group's first query head; block: the cache block, h: the KV head (kernels.h:
+// keys column-major, key (t, d) at k[d * block_size + t]; values row-major); n tokens.
+inline void attend_block_scalar(const DecodeAttention& a, const uint16_t* q, int64_t block, int64_t h, int64_t n,
+                                float* part) {
   const int64_t dim = a.dim, width = attn_width(a);
+  const uint16_t* k = a.k + kv_offset(a, block, h);
+  const uint16_t* v = a.v + kv_offset(a, block, h);
   float s[kAttnMaxBlock];
   for (int64_t g = 0; g < attn_group(a); ++g) {
     const uint16_t* qg = q + g * a.q_head_stride;
@@ -202,6 +215,115 @@ inline void attend_block_scalar(const DecodeAttention& a, const uint16_t* q, con
     }
     acc[dim] = m;
     acc[dim + 1] = l;
+  }
+}
+
+// An int8 KV's rows (kernels.h): max|x| of a bf16 row (no NaN handling: a plain comparison, which
+// the compiler vectorizes, where fmaxf is a library call), and x * inv rounded half to even into
+// -127..127 (nearbyintf is one instruction on the vector levels).
+inline float max_abs_bf16(const uint16_t* x, int64_t n) {
+  float top = 0.f;
+  for (int64_t d = 0; d < n; ++d) {
+    const float v = fabsf(bf16_to_float(x[d]));
+    top = v > top ? v : top;
+  }
+  return top;
+}
+
+inline int8_t round_to_int8(float x) {
+  const float r = nearbyintf(x);
+  return (int8_t)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
+}
+
+// kernels.h KvWrite: each level's kv_write_int8 (plain C++, compiled with the level's flags).
+inline void kv_write_int8_rows(const KvWrite& w) {
+  for (int64_t i = 0; i < w.tokens; ++i) {
+    if (w.slots[i] < 0) continue;
+    const int64_t block = w.slots[i] / w.block_size, t = w.slots[i] % w.block_size;
+    for (int64_t h = 0; h < w.kv_heads; ++h) {
+      const int64_t off = block * w.block_stride + h * w.head_stride;
+      float* scale = w.scales + (block * w.kv_heads + h) * 2 * w.block_size;
+      const uint16_t* key = w.key + i * w.key_stride + h * w.dim;
+      const uint16_t* value = w.value + i * w.value_stride + h * w.dim;
+      const float ktop = max_abs_bf16(key, w.dim), vtop = max_abs_bf16(value, w.dim);
+      const float kinv = ktop > 0.f ? 127.f / ktop : 0.f, vinv = vtop > 0.f ? 127.f / vtop : 0.f;
+      scale[t] = ktop / 127.f;
+      scale[w.block_size + t] = vtop / 127.f;
+      int8_t* k8 = w.k8 + off + 4 * t;  // key (t, d) at (d / 4) * 4 * block_size + 4 * t + d % 4
+      int8_t* v8 = w.v8 + off + t * w.dim;  // values row-major
+      for (int64_t d = 0; d < w.dim; ++d) {
+        k8[(d / 4) * 4 * w.block_size + d % 4] = round_to_int8(bf16_to_float(key[d]) * kinv);
+        v8[d] = round_to_int8(bf16_to_float(value[d]) * vinv);
+      }
+    }
+  }
+}
+
+// An int8 KV (kernels.h): every query row quantized as a key row is (kernels.h), once per call: its four consecutive int8 packed into one int32 (the keys' groups of four
+// dimensions), qd times the attention's scale, and the sum of its int8 (what an offset of the keys by
+// 128, VNNI's unsigned operand, adds to a dot product, over 128).
+inline void quantize_queries(const DecodeAttention& a) {
+  for (int64_t s = 0; s < a.seqs; ++s)
+    for (int64_t i = 0; i < a.heads; ++i) {
+      const uint16_t* row = a.q + s * a.q_seq_stride + i * a.q_head_stride;
+      const float top = max_abs_bf16(row, a.dim), qd = top / 127.f, inv = top > 0.f ? 127.f / top : 0.f;
+      int8_t q8[kAttnMaxDim];
+      int32_t sum = 0;
+      for (int64_t d = 0; d < a.dim; ++d) {
+        q8[d] = round_to_int8(bf16_to_float(row[d]) * inv);
+        sum += q8[d];
+      }
+      const int64_t at = s * a.heads + i;
+      memcpy(a.q_packed + at * (a.dim / 4), q8, (size_t)a.dim);
+      a.q_scale[at] = qd * a.scale;
+      a.q_sum[at] = sum;
+    }
+}
+
+// Where the quantized query of the group's first head is, for a block's query pointer q (the
+// drivers pass the query row, decode_attention_by_blocks).
+inline int64_t query_index(const DecodeAttention& a, const uint16_t* q) {
+  const int64_t off = q - a.q, s = off / a.q_seq_stride;
+  return s * a.heads + (off - s * a.q_seq_stride) / a.q_head_stride;
+}
+
+// Softmax weights of n scores in place (the scalar loop of attend_block_scalar): the maximum and
+// the sum into out[0], out[1].
+inline void softmax_in_place_scalar(float* s, int64_t n, float* out) {
+  float m = -INFINITY, l = 0.f;
+  for (int64_t t = 0; t < n; ++t) m = fmaxf(m, s[t]);
+  for (int64_t t = 0; t < n; ++t) {
+    s[t] = expf(s[t] - m);
+    l += s[t];
+  }
+  out[0] = m;
+  out[1] = l;
+}
+
+// One block of an int8 KV in plain C++ (the scalar level's, and the fallback of the others).
+inline void attend_block_int8_scalar(const DecodeAttention& a, const uint16_t* q, int64_t block, int64_t h,
+                                     int64_t n, float* part) {
+  const int64_t dim = a.dim, width = attn_width(a), bs = a.block_size;
+  const int8_t* k = a.k8 + kv_offset(a, block, h);
+  const int8_t* v = a.v8 + kv_offset(a, block, h);
+  const float* key_scale = a.scales + kv_scale_offset(a, block, h);
+  const float* value_scale = key_scale + bs;
+  const int64_t first = query_index(a, q);
+  float s[kAttnMaxBlock];
+  for (int64_t g = 0; g < attn_group(a); ++g) {
+    const int8_t* q8 = (const int8_t*)(a.q_packed + (first + g) * (dim / 4));
+    for (int64_t t = 0; t < n; ++t) {
+      int32_t dot = 0;
+      for (int64_t d = 0; d < dim; ++d) dot += (int32_t)q8[d] * k[(d / 4) * 4 * bs + 4 * t + d % 4];
+      s[t] = (float)dot * a.q_scale[first + g] * key_scale[t];
+    }
+    float* acc = part + g * width;
+    softmax_in_place_scalar(s, n, acc + dim);
+    for (int64_t d = 0; d < dim; ++d) acc[d] = 0.f;
+    for (int64_t t = 0; t < n; ++t) {
+      const float pv = s[t] * value_scale[t];
+      for (int64_t d = 0; d < dim; ++d) acc[d] += pv * (float)v[t * dim + d];
+    }
   }
 }
 
@@ -235,7 +357,7 @@ void decode_attention_by_blocks(const DecodeAttention& a, AttendBlock attend_blo
   const int64_t items = a.seqs * a.kv_heads * a.max_blocks;
   int64_t tokens = 0;
   for (int64_t s = 0; s < a.seqs; ++s) tokens += a.seq_lens[s];
-  const int64_t kv_bytes = tokens * a.kv_heads * a.dim * 2 * 2;
+  const int64_t kv_bytes = tokens * a.kv_heads * a.dim * 2 * (a.k8 ? 1 : 2);
 #pragma omp parallel num_threads(threads_for(kv_bytes))
   {
 #pragma omp for schedule(static)
@@ -243,10 +365,10 @@ void decode_attention_by_blocks(const DecodeAttention& a, AttendBlock attend_blo
       const int64_t s = it / (a.kv_heads * a.max_blocks), j = it / a.kv_heads % a.max_blocks, h = it % a.kv_heads;
       const int64_t first = j * a.block_size, len = a.seq_lens[s];
       if (first >= len) continue;
-      const int64_t off = a.block_table[s * a.table_stride + j] * a.block_stride + h * a.head_stride;
+      const int64_t block = a.block_table[s * a.table_stride + j];
       const int64_t n = len - first < a.block_size ? len - first : a.block_size;
       float* part = a.partials + ((s * a.kv_heads + h) * a.max_blocks + j) * group * width;  // merge_partials' order
-      attend_block(a, a.q + s * a.q_seq_stride + h * group * a.q_head_stride, a.k + off, a.v + off, n, part);
+      attend_block(a, a.q + s * a.q_seq_stride + h * group * a.q_head_stride, block, h, n, part);
     }
 #pragma omp for schedule(static)
     for (int64_t sh = 0; sh < a.seqs * a.kv_heads; ++sh) merge_partials(a, sh / a.kv_heads, sh % a.kv_heads);

@@ -377,13 +377,18 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 // vLLM's CPU_ATTN cache: [blocks, kv_heads, 2 * block_size, dim] viewed as key and value halves of
 // [blocks, kv_heads, block_size, dim] (vllm/v1/attention/backends/cpu_attn.py, forward): rows of
-// dim contiguous, the two halves with the same strides.
-void decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                      at::Tensor& out, const at::Tensor& seq_lens, const at::Tensor& block_table, double scale) {
-  const char* op = "edgectl::decode_attention";
-  for (const at::Tensor* t : {&query, &key_cache, &value_cache, static_cast<const at::Tensor*>(&out)})
+// dim contiguous, the two halves with the same strides. `element`: bf16, or int8 for edgectl's
+// int8 KV (kernels.h), whose float32 scales [blocks, kv_heads, 2, block_size] come in `scales`.
+void decode_attention_into(const char* op, const at::Tensor& query, const at::Tensor& key_cache,
+                           const at::Tensor& value_cache, const at::Tensor* scales, at::Tensor& out,
+                           const at::Tensor& seq_lens, const at::Tensor& block_table, double scale) {
+  const at::ScalarType element = scales ? at::kChar : at::kBFloat16;
+  for (const at::Tensor* t : {&query, static_cast<const at::Tensor*>(&out)})
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kBFloat16, op,
-                ": query, caches and out must be bfloat16 CPU tensors, got ", t->scalar_type());
+                ": query and out must be bfloat16 CPU tensors, got ", t->scalar_type());
+  for (const at::Tensor* t : {&key_cache, &value_cache})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == element, op, ": the caches must be ", element,
+                " CPU tensors, got ", t->scalar_type());
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), op, ": query and out must be [tokens, heads, dim] "
               "of one shape, got ", query.sizes(), " and ", out.sizes());
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
@@ -391,7 +396,7 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key_cache, cons
               "[blocks, kv_heads, block_size, dim] with the same strides, got ", key_cache.sizes(), " and ",
               value_cache.sizes());
   const int64_t seqs = query.size(0), heads = query.size(1), dim = query.size(2);
-  const int64_t kv_heads = key_cache.size(1), block_size = key_cache.size(2);
+  const int64_t blocks = key_cache.size(0), kv_heads = key_cache.size(1), block_size = key_cache.size(2);
   TORCH_CHECK(key_cache.size(3) == dim && kv_heads > 0 && heads % kv_heads == 0 &&
               heads / kv_heads <= kAttnMaxGroup, op, ": query heads must be a multiple (at most ", kAttnMaxGroup,
               ") of the caches' KV heads and the head sizes equal, got query ", query.sizes(), " and caches ",
@@ -401,6 +406,11 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key_cache, cons
               " tokens, got ", dim, " and ", block_size);
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1 && key_cache.stride(3) == 1 && key_cache.stride(2) == dim,
               op, ": rows of dim must be contiguous (query ", query.strides(), ", caches ", key_cache.strides(), ")");
+  if (scales)
+    TORCH_CHECK(scales->scalar_type() == at::kFloat && scales->is_contiguous() &&
+                scales->sizes() == at::IntArrayRef({blocks, kv_heads, 2, block_size}), op,
+                ": scales must be contiguous float32 [blocks, kv_heads, 2, block_size] = [", blocks, ", ", kv_heads,
+                ", 2, ", block_size, "], got ", scales->sizes(), " ", scales->scalar_type());
   TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.dim() == 1 && seq_lens.size(0) == seqs &&
               seq_lens.is_contiguous(), op, ": seq_lens must be int32 [tokens], got ", seq_lens.sizes(), " ",
               seq_lens.scalar_type());
@@ -420,13 +430,75 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key_cache, cons
   at::Tensor partials = at::empty({seqs * kv_heads * std::max<int64_t>(max_blocks, 1) * group * (dim + 2)},
                                   query.options().dtype(at::kFloat));
   const auto* q = reinterpret_cast<const uint16_t*>(query.data_ptr());
+  const bool int8 = scales != nullptr;
   DecodeAttention a{q, query.stride(0), query.stride(1),
-                    reinterpret_cast<const uint16_t*>(key_cache.data_ptr()),
-                    reinterpret_cast<const uint16_t*>(value_cache.data_ptr()), key_cache.stride(0), key_cache.stride(1),
+                    int8 ? nullptr : reinterpret_cast<const uint16_t*>(key_cache.data_ptr()),
+                    int8 ? nullptr : reinterpret_cast<const uint16_t*>(value_cache.data_ptr()),
+                    key_cache.stride(0), key_cache.stride(1),
                     lens, block_table.data_ptr<int32_t>(), block_table.stride(0),
                     reinterpret_cast<uint16_t*>(out.data_ptr()), out.stride(0), out.stride(1),
-                    seqs, heads, kv_heads, dim, block_size, max_blocks, (float)scale, partials.data_ptr<float>()};
-  active().decode_attention(a);
+                    seqs, heads, kv_heads, dim, block_size, max_blocks, (float)scale, partials.data_ptr<float>(),
+                    int8 ? reinterpret_cast<const int8_t*>(key_cache.data_ptr()) : nullptr,
+                    int8 ? reinterpret_cast<const int8_t*>(value_cache.data_ptr()) : nullptr,
+                    int8 ? scales->data_ptr<float>() : nullptr};
+  if (int8) {
+    at::Tensor quantized = at::empty({seqs * heads * (dim / 4 + 2)}, query.options().dtype(at::kInt));
+    a.q_packed = quantized.data_ptr<int32_t>();
+    a.q_sum = a.q_packed + seqs * heads * (dim / 4);
+    a.q_scale = reinterpret_cast<float*>(a.q_sum + seqs * heads);
+    active().decode_attention_int8(a);
+  }
+  else
+    active().decode_attention(a);
+}
+
+void decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                      at::Tensor& out, const at::Tensor& seq_lens, const at::Tensor& block_table, double scale) {
+  decode_attention_into("edgectl::decode_attention", query, key_cache, value_cache, nullptr, out, seq_lens,
+                        block_table, scale);
+}
+
+void decode_attention_int8(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                           const at::Tensor& scales, at::Tensor& out, const at::Tensor& seq_lens,
+                           const at::Tensor& block_table, double scale) {
+  decode_attention_into("edgectl::decode_attention_int8", query, key_cache, value_cache, &scales, out, seq_lens,
+                        block_table, scale);
+}
+
+// An int8 KV's write (kernels.h): key and value [tokens, kv_heads, dim] bf16 (rows of kv_heads * dim
+// contiguous) into the int8 halves and the scales at slot_mapping (int64 [>= tokens]; -1 skips).
+void kv_write_int8_op(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache, at::Tensor& value_cache,
+                      at::Tensor& scales, const at::Tensor& slot_mapping) {
+  const char* op = "edgectl::kv_write_int8";
+  TORCH_CHECK(key.scalar_type() == at::kBFloat16 && value.scalar_type() == at::kBFloat16 && key.dim() == 3 &&
+              value.sizes() == key.sizes(), op, ": key and value must be bfloat16 [tokens, kv_heads, dim] of one "
+              "shape, got ", key.sizes(), " ", key.scalar_type(), " and ", value.sizes(), " ", value.scalar_type());
+  TORCH_CHECK(key_cache.scalar_type() == at::kChar && value_cache.scalar_type() == at::kChar &&
+              key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
+              value_cache.strides() == key_cache.strides(), op, ": the caches must be int8 [blocks, kv_heads, "
+              "block_size, dim] with the same strides, got ", key_cache.sizes(), " ", key_cache.scalar_type());
+  const int64_t tokens = key.size(0), kv_heads = key.size(1), dim = key.size(2);
+  const int64_t blocks = key_cache.size(0), block_size = key_cache.size(2);
+  TORCH_CHECK(key_cache.size(1) == kv_heads && key_cache.size(3) == dim && key_cache.stride(3) == 1 &&
+              key_cache.stride(2) == dim, op, ": caches ", key_cache.sizes(), " for keys ", key.sizes());
+  for (const at::Tensor* t : {&key, &value})
+    TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == dim, op, ": a token's rows must be contiguous, got strides ",
+                t->strides());
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
+              scales.sizes() == at::IntArrayRef({blocks, kv_heads, 2, block_size}), op,
+              ": scales must be contiguous float32 [", blocks, ", ", kv_heads, ", 2, ", block_size, "], got ",
+              scales.sizes());
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1 && slot_mapping.is_contiguous() &&
+              slot_mapping.size(0) >= tokens, op, ": slot_mapping must be int64 [>= tokens], got ",
+              slot_mapping.sizes(), " ", slot_mapping.scalar_type());
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t i = 0; i < tokens; ++i)
+    TORCH_CHECK(slots[i] < blocks * block_size, op, ": slot ", slots[i], " past the cache's ", blocks * block_size);
+  active().kv_write_int8({reinterpret_cast<const uint16_t*>(key.data_ptr()), key.stride(0),
+                          reinterpret_cast<const uint16_t*>(value.data_ptr()), value.stride(0), slots, tokens,
+                          reinterpret_cast<int8_t*>(key_cache.data_ptr()),
+                          reinterpret_cast<int8_t*>(value_cache.data_ptr()), scales.data_ptr<float>(),
+                          key_cache.stride(0), key_cache.stride(1), kv_heads, dim, block_size});
 }
 
 std::vector<std::string> supported_isas() { return supported_names(); }
@@ -434,7 +506,7 @@ std::vector<std::string> supported_isas() { return supported_names(); }
 }  // namespace
 }  // namespace edgectl
 
-// Schemas: every op but decode_attention is functional (returns new tensors), so torch.compile can treat each call as
+// Schemas: every op but the attention's (decode_attention, decode_attention_int8, kv_write_int8) is functional (returns new tensors), so torch.compile can treat each call as
 // one opaque node once the fake implementations (ops/_library.py) are registered.
 TORCH_LIBRARY(edgectl, m) {
   m.def("kernel_isa() -> str");
@@ -450,9 +522,13 @@ TORCH_LIBRARY(edgectl, m) {
   m.def("dequantize(Tensor w, int n, int k, int bits, ScalarType dtype) -> Tensor");
   m.def("set_dense_from_m(int m) -> int");
   m.def("dense_rows(int m) -> int");
-  // The one op that writes into its argument: vLLM's attention hands the output buffer in.
+  // The ops that write into their arguments: vLLM's attention hands the output buffer and the KV cache in.
   m.def("decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor(a!) out, Tensor seq_lens, "
         "Tensor block_table, float scale) -> ()");
+  m.def("decode_attention_int8(Tensor query, Tensor key_cache, Tensor value_cache, Tensor scales, Tensor(a!) out, "
+        "Tensor seq_lens, Tensor block_table, float scale) -> ()");
+  m.def("kv_write_int8(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor(c!) scales, "
+        "Tensor slot_mapping) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(edgectl, CPU, m) {
@@ -465,6 +541,8 @@ TORCH_LIBRARY_IMPL(edgectl, CPU, m) {
   m.impl("rms_norm", edgectl::rms_norm);
   m.impl("dequantize", edgectl::dequantize);
   m.impl("decode_attention", edgectl::decode_attention);
+  m.impl("decode_attention_int8", edgectl::decode_attention_int8);
+  m.impl("kv_write_int8", edgectl::kv_write_int8_op);
 }
 
 // Ops without tensor arguments have no dispatch key: registered as CompositeExplicitAutograd

@@ -406,8 +406,9 @@ inline void softmax_in_place(float* scores, int64_t n, float* out) {
 // One block (common_inl.h decode_attention_by_blocks) for a head size of 16 * C and a block of a
 // multiple of 16 tokens.
 template <int C>
-void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n,
-                  float* part) {
+void attend_block(const DecodeAttention& a, const uint16_t* q, int64_t block, int64_t h, int64_t n, float* part) {
+  const uint16_t* k = a.k + kv_offset(a, block, h);
+  const uint16_t* v = a.v + kv_offset(a, block, h);
   constexpr int64_t dim = 16 * C;
   const int64_t group = attn_group(a), width = attn_width(a), bs = a.block_size, item = a.head_stride;
   alignas(32) float qs[kAttnMaxGroup][dim];  // the query, times the scale
@@ -458,6 +459,73 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
     for (int c = 0; c < C; ++c) interleave_even_odd(acc_e[g][c], acc_o[g][c], part + g * width + 16 * c);
 }
 
+// One block of an int8 KV (kernels.h), as isa_avx512vnni.cpp's attend_block_int8 with 256-bit
+// vectors and no VNNI: a 32-byte load is 8 tokens x 4 dimensions; vpmaddubsw multiplies |key| by the
+// query byte carrying the key's sign (both within 127, so a pair's sum cannot saturate int16) and
+// vpmaddwd with ones adds each token's four products.
+template <int C>
+void attend_block_int8(const DecodeAttention& a, const uint16_t* q, int64_t block, int64_t h, int64_t n,
+                       float* part) {
+  constexpr int64_t dim = 16 * C;
+  const int64_t group = attn_group(a), width = attn_width(a), bs = a.block_size, item = a.head_stride;
+  const int8_t* k = a.k8 + kv_offset(a, block, h);
+  const int8_t* v = a.v8 + kv_offset(a, block, h);
+  const float* key_scale = a.scales + kv_scale_offset(a, block, h);
+  const float* value_scale = key_scale + bs;
+  const int64_t first = query_index(a, q);
+  const int32_t* q_packed = a.q_packed + first * (dim / 4);
+  const __m256i ones = _mm256_set1_epi16(1);
+  alignas(32) float scores[kAttnMaxGroup][kAttnMaxBlock];
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    if (t0 % 16 == 0)
+      for (int64_t d4 = 0; d4 < dim / 4; ++d4) prefetch_next_item(k + d4 * 4 * bs + 4 * t0, item);
+    const __m256 ks = _mm256_loadu_ps(key_scale + t0);
+    for (int64_t g = 0; g < group; ++g) {
+      __m256i acc = _mm256_setzero_si256();
+      for (int64_t d4 = 0; d4 < dim / 4; ++d4) {
+        const __m256i x = _mm256_loadu_si256((const __m256i*)(k + d4 * 4 * bs + 4 * t0));
+        const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(q_packed[g * (dim / 4) + d4]), x);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x), qs), ones));
+      }
+      const __m256 dot = _mm256_cvtepi32_ps(acc);
+      _mm256_storeu_ps(&scores[g][t0], _mm256_mul_ps(_mm256_mul_ps(dot, _mm256_set1_ps(a.q_scale[first + g])), ks));
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) softmax_in_place(scores[g], n, part + g * width + dim);
+  __m256 acc[kAttnMaxGroup][2 * C];
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < 2 * C; ++c) acc[g][c] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    const int8_t* row = v + t * dim;
+    if (t * dim % 64 == 0) prefetch_next_item(row, item);
+    __m256 x[2 * C];
+    for (int c = 0; c < 2 * C; ++c)
+      x[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(row + 8 * c))));
+    for (int64_t g = 0; g < group; ++g) {
+      const __m256 p = _mm256_set1_ps(scores[g][t] * value_scale[t]);
+      for (int c = 0; c < 2 * C; ++c) acc[g][c] = _mm256_fmadd_ps(p, x[c], acc[g][c]);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < 2 * C; ++c) _mm256_storeu_ps(part + g * width + 8 * c, acc[g][c]);
+}
+
+void decode_attention_int8(const DecodeAttention& a) {
+  quantize_queries(a);
+  if (a.block_size % 8) return decode_attention_by_blocks(a, attend_block_int8_scalar);
+  switch (a.dim) {
+    case 32: return decode_attention_by_blocks(a, attend_block_int8<2>);
+    case 64: return decode_attention_by_blocks(a, attend_block_int8<4>);
+    case 96: return decode_attention_by_blocks(a, attend_block_int8<6>);
+    case 128: return decode_attention_by_blocks(a, attend_block_int8<8>);
+    case 160: return decode_attention_by_blocks(a, attend_block_int8<10>);
+    case 192: return decode_attention_by_blocks(a, attend_block_int8<12>);
+    case 224: return decode_attention_by_blocks(a, attend_block_int8<14>);
+    case 256: return decode_attention_by_blocks(a, attend_block_int8<16>);
+    default: return decode_attention_by_blocks(a, attend_block_int8_scalar);
+  }
+}
+
 void decode_attention(const DecodeAttention& a) {
   if (a.block_size % 16) return decode_attention_by_blocks(a, attend_block_scalar);
   switch (a.dim) {
@@ -480,7 +548,8 @@ void decode_attention(const DecodeAttention& a) {
 const KernelTable& kernel_table_avx2() {
   static const KernelTable table = {"avx2",        quantize_activations, linear_w4, linear_w8,
                                     dequantize_w4, dequantize_w8,        add_rms_norm,
-                                    decode_attention};
+                                    decode_attention,    decode_attention_int8,
+                                    kv_write_int8_rows};
   return table;
 }
 

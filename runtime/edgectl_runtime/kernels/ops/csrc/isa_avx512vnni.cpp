@@ -375,8 +375,9 @@ inline void softmax_in_place(float* scores, int64_t n, float* out) {
 // One block (common_inl.h decode_attention_by_blocks) for a head size of 32 * C and a block of a
 // multiple of 32 tokens.
 template <int C>
-void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n,
-                  float* part) {
+void attend_block(const DecodeAttention& a, const uint16_t* q, int64_t block, int64_t h, int64_t n, float* part) {
+  const uint16_t* k = a.k + kv_offset(a, block, h);
+  const uint16_t* v = a.v + kv_offset(a, block, h);
   constexpr int64_t dim = 32 * C;
   const int64_t group = attn_group(a), width = attn_width(a), bs = a.block_size, item = a.head_stride;
   alignas(64) float qs[kAttnMaxGroup][dim];  // the query, times the scale
@@ -425,6 +426,71 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, const uint16_t* k
     for (int c = 0; c < C; ++c) interleave_even_odd(acc_e[g][c], acc_o[g][c], part + g * width + 32 * c);
 }
 
+// One block of an int8 KV (kernels.h) for a head size of 16 * C and a block of a multiple of 16
+// tokens. Keys: a 64-byte load is 16 tokens x 4 dimensions, one vpdpbusd per query head adds their
+// four products into each token's lane (the keys offset by 128 to be its unsigned operand, the
+// query's sum x 128 taken off after). Values: each row widened to fp32 once, as for bf16.
+template <int C>
+void attend_block_int8(const DecodeAttention& a, const uint16_t* q, int64_t block, int64_t h, int64_t n,
+                       float* part) {
+  constexpr int64_t dim = 16 * C;
+  const int64_t group = attn_group(a), width = attn_width(a), bs = a.block_size, item = a.head_stride;
+  const int8_t* k = a.k8 + kv_offset(a, block, h);
+  const int8_t* v = a.v8 + kv_offset(a, block, h);
+  const float* key_scale = a.scales + kv_scale_offset(a, block, h);
+  const float* value_scale = key_scale + bs;
+  const int64_t first = query_index(a, q);
+  const int32_t* q_packed = a.q_packed + first * (dim / 4);
+  const __m512i offset = _mm512_set1_epi8((char)0x80);
+  alignas(64) float scores[kAttnMaxGroup][kAttnMaxBlock];
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    for (int64_t d4 = 0; d4 < dim / 4; ++d4) prefetch_next_item(k + d4 * 4 * bs + 4 * t0, item);
+    const __m512 ks = _mm512_loadu_ps(key_scale + t0);
+    for (int64_t g = 0; g < group; ++g) {
+      __m512i acc = _mm512_setzero_si512();
+      for (int64_t d4 = 0; d4 < dim / 4; ++d4) {
+        const __m512i x = _mm512_xor_si512(_mm512_loadu_si512(k + d4 * 4 * bs + 4 * t0), offset);
+        acc = _mm512_dpbusd_epi32(acc, x, _mm512_set1_epi32(q_packed[g * (dim / 4) + d4]));
+      }
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(128 * a.q_sum[first + g])));
+      _mm512_storeu_ps(&scores[g][t0], _mm512_mul_ps(_mm512_mul_ps(dot, _mm512_set1_ps(a.q_scale[first + g])), ks));
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) softmax_in_place(scores[g], n, part + g * width + dim);
+  __m512 acc[kAttnMaxGroup][C];
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    const int8_t* row = v + t * dim;
+    if (t * dim % 64 == 0) prefetch_next_item(row, item);
+    __m512 x[C];
+    for (int c = 0; c < C; ++c)
+      x[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(row + 16 * c))));
+    for (int64_t g = 0; g < group; ++g) {
+      const __m512 p = _mm512_set1_ps(scores[g][t] * value_scale[t]);
+      for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(p, x[c], acc[g][c]);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(part + g * width + 16 * c, acc[g][c]);
+}
+
+void decode_attention_int8(const DecodeAttention& a) {
+  quantize_queries(a);
+  if (a.block_size % 16) return decode_attention_by_blocks(a, attend_block_int8_scalar);
+  switch (a.dim) {
+    case 32: return decode_attention_by_blocks(a, attend_block_int8<2>);
+    case 64: return decode_attention_by_blocks(a, attend_block_int8<4>);
+    case 96: return decode_attention_by_blocks(a, attend_block_int8<6>);
+    case 128: return decode_attention_by_blocks(a, attend_block_int8<8>);
+    case 160: return decode_attention_by_blocks(a, attend_block_int8<10>);
+    case 192: return decode_attention_by_blocks(a, attend_block_int8<12>);
+    case 224: return decode_attention_by_blocks(a, attend_block_int8<14>);
+    case 256: return decode_attention_by_blocks(a, attend_block_int8<16>);
+    default: return decode_attention_by_blocks(a, attend_block_int8_scalar);
+  }
+}
+
 void decode_attention(const DecodeAttention& a) {
   if (a.block_size % 32) return decode_attention_by_blocks(a, attend_block_scalar);
   switch (a.dim) {
@@ -445,7 +511,8 @@ void decode_attention(const DecodeAttention& a) {
 const KernelTable& kernel_table_avx512vnni() {
   static const KernelTable table = {"avx512vnni",  quantize_activations, linear_w4, linear_w8,
                                     dequantize_w4, dequantize_w8,        add_rms_norm,
-                                    decode_attention};
+                                    decode_attention,    decode_attention_int8,
+                                    kv_write_int8_rows};
   return table;
 }
 

@@ -173,6 +173,10 @@ void dequantize_w8(const uint8_t* w, int64_t kblocks, int64_t rows, int64_t k, v
 }
 
 void decode_attention(const DecodeAttention& a) { decode_attention_by_blocks(a, attend_block_scalar); }
+void decode_attention_int8(const DecodeAttention& a) {
+  quantize_queries(a);
+  decode_attention_by_blocks(a, attend_block_int8_scalar);
+}
 
 }  // namespace
 
@@ -189,7 +193,8 @@ void gather_rows_w8(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64
 const KernelTable& kernel_table_scalar() {
   static const KernelTable table = {"scalar",      quantize_activations, linear_w4, linear_w8,
                                     dequantize_w4, dequantize_w8,        add_rms_norm,
-                                    decode_attention};
+                                    decode_attention,    decode_attention_int8,
+                                    kv_write_int8_rows};
   return table;
 }
 

@@ -92,6 +92,21 @@ using AddRmsNormFn = void (*)(const void* x, void* residual, const void* weight,
 // out = sum_j exp(m_j - M) acc_j / sum_j exp(m_j - M) l_j. Every query row is read once per
 // block it meets, every key and value once: the KV streams from memory front to back.
 // ops/reference.py decode_attention is the same in plain PyTorch.
+//
+// An int8 KV (edgectl's, EDGECTL_KV_INT8; `k8`/`v8` set, `k`/`v` null): the same cache tensor with
+// int8 elements (vLLM allocates it as its one-byte fp8 KV; edgectl writes it, kv_write_int8) and a
+// float32 scale per token, KV head and half: scales [blocks][kv_heads][2][block_size], the key's at
+// [b][h][0][t], the value's at [b][h][1][t]. A token's K (and its V) for one KV head: scale =
+// max|x| / 127, q = round_half_even(x * (127 / max|x|)) in -127..127 (all 0 and scale 0 for an
+// all-zero row; the activations' arithmetic above):
+// llama.cpp's q8_0 KV arithmetic, one scale per head row instead of per 32 values. Within a block
+// the VALUES ROW-MAJOR as for bf16, the KEYS IN GROUPS OF FOUR DIMENSIONS: key (t, d) at
+// (d / 4) * 4 * block_size + 4 * t + d % 4, so one 32-bit lane holds four dimensions of one token
+// and the query . key products are integer dot products (VNNI's vpdpbusd, AVX2's vpmaddubsw): the
+// query row is quantized the same way per head (qd, q8) and s_t = scale * qd * key_scale_t * (q8 . k8_t),
+// exact in int32; out = sum_t p_t * value_scale_t * v8_t in fp32 (as llama.cpp's CPU flash attention:
+// the query converted to the keys' type for the dot product, the values widened to fp32).
+// ops/reference.py kv_write_int8 and decode_attention_int8 are the same in plain PyTorch.
 struct DecodeAttention {
   const uint16_t* q;
   int64_t q_seq_stride, q_head_stride;
@@ -106,11 +121,38 @@ struct DecodeAttention {
   int64_t seqs, heads, kv_heads, dim, block_size, max_blocks;  // max_blocks: of the longest sequence
   float scale;
   float* partials;  // [seqs][kv_heads][max_blocks][group][dim + 2], scratch
+  const int8_t* k8 = nullptr;  // an int8 KV: its caches (same strides) and scales, else null
+  const int8_t* v8 = nullptr;
+  const float* scales = nullptr;  // [blocks][kv_heads][2][block_size]
+  // The query quantized once per call (each level's decode_attention_int8, common_inl.h
+  // quantize_queries): per sequence and query head, its int8 four to an int32 [seqs][heads][dim / 4],
+  // qd * scale and the sum of its int8 [seqs][heads].
+  int32_t* q_packed = nullptr;
+  float* q_scale = nullptr;
+  int32_t* q_sum = nullptr;
 };
+
 constexpr int64_t kAttnMaxGroup = 16;     // query heads per KV head
 constexpr int64_t kAttnMaxBlock = 512;    // tokens per KV block
 constexpr int64_t kAttnMaxDim = 256;      // a multiple of 16
 using DecodeAttentionFn = void (*)(const DecodeAttention& a);
+
+// An int8 KV's write (DecodeAttention above): token i's key and value rows [kv_heads][dim] (bf16, at
+// key + i * key_stride, value + i * value_stride) quantized into slot slots[i] = block * block_size + t
+// (a negative slot is padding: skipped), keys in groups of four dimensions, values row-major.
+struct KvWrite {
+  const uint16_t* key;
+  int64_t key_stride;
+  const uint16_t* value;
+  int64_t value_stride;
+  const int64_t* slots;
+  int64_t tokens;
+  int8_t* k8;
+  int8_t* v8;
+  float* scales;
+  int64_t block_stride, head_stride, kv_heads, dim, block_size;
+};
+using KvWriteFn = void (*)(const KvWrite& w);
 
 struct KernelTable {
   const char* name;  // "scalar", "avx2", "avx512vnni"
@@ -121,6 +163,8 @@ struct KernelTable {
   DequantizeFn dequantize_w8;
   AddRmsNormFn add_rms_norm;
   DecodeAttentionFn decode_attention;
+  DecodeAttentionFn decode_attention_int8;
+  KvWriteFn kv_write_int8;
 };
 
 // One per ISA file. The dispatcher calls only those the CPU and the OS support.

@@ -135,6 +135,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
             "vLLM's layer names as strings; read back from the worker)"),
     ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
             "the plan with fp8_e4m3 KV (half the KV bytes at the same context; AVX-512 or AMX only)"),
+    ArmSpec("kv-int8", "worker", {"kv_cache_dtype": "int8"},
+            "the plan with edgectl's int8 KV (a scale per token and KV head; half the KV bytes at the same context, "
+            "written and read by edgectl's kernels, its decode attention on; read back from the worker)"),
     ArmSpec("llama.cpp", "llama.cpp", {}, "llama-server on the GGUF the model was converted from"),
     # llama.cpp's fastest formats on x86 (its CPU backend repacks them: bench/requantize.py)
     ArmSpec("llama.cpp-q4_0", "llama.cpp", {"gguf_type": "Q4_0"},

@@ -24,7 +24,7 @@ _FORMATS = ", ".join(_TEXT[:-1]) + f" or {_TEXT[-1]}"
 Format = Annotated[Optional[str], typer.Option("--format", help=f"Weight format: {_FORMATS} (default: the fastest measured that runs here); a speech model: float16, bfloat16, float32, w4a8 or w8a8; a vision-language model: bf16, or its language model as w4a8 or w8a8.")]
 GroupSize = Annotated[Optional[int], typer.Option("--group-size", help="Preferred int4 group size (32, 64, 128, 256; default: what suits the model, else 128); chosen per layer where K is not a multiple.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="OpenMP threads (default: one per usable physical core).")]
-KvDtype = Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache dtype: auto (bf16) or fp8_e4m3 (half the bytes per token, AVX-512/AMX only; top-1 0.930 against bf16 KV, docs/memory.md). Default: bf16, fp8_e4m3 where the context fits only with it.")]
+KvDtype = Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache dtype: auto (bf16), fp8_e4m3 (vLLM's: half the bytes per token, AVX-512/AMX only; top-1 0.930 against bf16 KV) or int8 (edgectl's: half the bytes plus a scale per token and KV head, read by edgectl's decode attention; top-1 0.953; docs/memory.md). Default: bf16, fp8_e4m3 where the context fits only with it.")]
 Compilation = Annotated[Optional[str], typer.Option("--compilation", help="eager, or default (vLLM's torch.compile mode: faster decode, more memory, a slower start); default: the profile's.")]
 
 # bench: the same flag, one context for every arm (each arm's plan is made with it)

@@ -359,7 +359,7 @@ def _processes(plan: Plan, effective: Effective) -> list[str]:
 
 
 # The KV tensors' element type per KV cache dtype (vLLM's CPU backend keeps fp8 KV as uint8).
-KV_TENSOR_DTYPE = {"auto": "bfloat16", "fp8_e4m3": "uint8"}
+KV_TENSOR_DTYPE = {"auto": "bfloat16", "fp8_e4m3": "uint8", "int8": "uint8"}  # int8: vLLM's one-byte allocation
 
 
 def _kv_dtype(plan: Plan, effective: Effective) -> list[str]:

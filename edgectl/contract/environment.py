@@ -82,6 +82,10 @@ _VARS = [
         "window, soft cap, ALiBi or sinks) attend with edgectl's kernel (torch.ops.edgectl.decode_attention) instead "
         "of vLLM's CPU attention op; any other call stays on vLLM's (runtime/edgectl_runtime/vllm_plugin/"
         "decode_attention.py); 0: vLLM's for every call", "0", _BOOL),
+    Var("EDGECTL_KV_INT8", Role.OWN, "1 (with EDGECTL_DECODE_ATTENTION=1 and vLLM's --kv-cache-dtype fp8_e4m3, "
+        "which allocates one byte per value): every decoder layer's KV is edgectl's int8, a scale per token and "
+        "KV head, written and read by edgectl (runtime/edgectl_runtime/vllm_plugin/kv_int8.py); 0: vLLM's KV",
+        "0", _BOOL),
     Var("EDGECTL_LAYERWISE_REPACK", Role.OWN, "1: cpu_int4 quantizes and packs each layer as soon as its last "
         "checkpoint shard arrives, and the embedding / LM head straight from the checkpoint tensor (no dense "
         "copy of the model is ever resident); 0: the naive path, the whole model is loaded in the model dtype "
@@ -259,7 +263,8 @@ def runtime_python(environ: Mapping[str, str]) -> str:
 
 # -- the plan's side of the runtime's variables -----------------------------------------------------
 
-_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_DECODE_ATTENTION", "EDGECTL_LAYERWISE_REPACK", "EDGECTL_LM_HEAD",
+_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_DECODE_ATTENTION", "EDGECTL_KV_INT8", "EDGECTL_LAYERWISE_REPACK",
+                   "EDGECTL_LM_HEAD",
                    "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_LINEAR_BITS", "EDGECTL_INT4_PARTS",
                    "EDGECTL_KERNEL_ISA", "EDGECTL_COMPILE_CACHE", "EDGECTL_EMBEDDING_PACK")
 # weight format → the cpu_int4 plugin's kernel (EDGECTL_INT4_KERNEL) and its linear layers' bits (EDGECTL_LINEAR_BITS)
@@ -276,6 +281,7 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
     env = {
         "EDGECTL_ROPE_CAP": "1" if plan.levers.rope_cap else "0",
         "EDGECTL_DECODE_ATTENTION": "1" if plan.levers.decode_attention else "0",
+        "EDGECTL_KV_INT8": "1" if str(plan.kv_cache_dtype) == "int8" else "0",
         "EDGECTL_LAYERWISE_REPACK": "1" if plan.levers.layerwise_repack else "0",
         "EDGECTL_LM_HEAD": plan.lm_head_format,
         # edgectl's worker always loads what an earlier start compiled (a no-op in eager mode);

@@ -127,10 +127,18 @@ class KvCacheDtype(StrEnum):
 
     AUTO = "auto"  # the model's dtype (bf16)
     FP8_E4M3 = "fp8_e4m3"  # one byte per value; vLLM's CPU attention needs AVX-512 or AMX
+    # edgectl's: one byte per value and a float32 scale per token, KV head and half, written and read by
+    # edgectl's kernels (runtime/edgectl_runtime/vllm_plugin/kv_int8.py); vLLM allocates it as fp8_e4m3
+    INT8 = "int8"
 
     @property
     def bytes_per_value(self) -> int:
         return 2 if self is KvCacheDtype.AUTO else 1
+
+    @property
+    def vllm_name(self) -> str:
+        """vLLM's --kv-cache-dtype for this KV: its one-byte fp8 allocation holds edgectl's int8."""
+        return KvCacheDtype.FP8_E4M3.value if self is KvCacheDtype.INT8 else self.value
 
 
 class Source(StrEnum):
@@ -227,7 +235,7 @@ class Request:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     compilation: str | None = None
-    kv_cache_dtype: str | None = None  # auto | fp8_e4m3; None: bf16, fp8 only where bf16 cannot fit
+    kv_cache_dtype: str | None = None  # auto | fp8_e4m3 | int8; None: bf16, fp8 only where bf16 cannot fit
     watchdog_s: int | None = None  # WatchdogSec; default: from the predicted longest engine step
     bench: BenchLevers = field(default_factory=BenchLevers, metadata=flat())
 
@@ -319,6 +327,7 @@ class Memory:
     total_bytes: int
     high_bytes: int = field(metadata=check(_at_least(1)))
     limit_bytes: int = field(metadata=check(_at_least(1)))
+    kv_scales_bytes: int = field(default=0, kw_only=True)  # an int8 KV's scales, beside vLLM's KV tensors
 
     @classmethod
     def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:

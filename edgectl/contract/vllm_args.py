@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from edgectl.contract.plan import Compilation, Topology, WeightFormat
+from edgectl.contract.plan import Compilation, KvCacheDtype, Topology, WeightFormat
 from edgectl.contract.whisper_names import ARCHITECTURE, ENGLISH_ONLY_ARCHITECTURE
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def server_args(plan: Plan, *, stock: bool = False) -> list[str]:
         "--max-num-batched-tokens", str(plan.max_num_batched_tokens),
         "--kv-cache-memory-bytes", str(plan.kv_cache_bytes),
         "--block-size", str(plan.block_size),
-        "--kv-cache-dtype", str(plan.kv_cache_dtype),
+        "--kv-cache-dtype", KvCacheDtype(plan.kv_cache_dtype).vllm_name,
         "--seed", "0",
     ]
     if plan.compilation is Compilation.EAGER:

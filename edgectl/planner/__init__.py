@@ -57,7 +57,7 @@ from edgectl.planner.formats import (
     choose_group_size,
     runnable_formats,
 )
-from edgectl.planner.kv_dtype import kv_dtype_candidates
+from edgectl.planner.kv_dtype import decode_attention_for, kv_dtype_candidates
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request
 from edgectl.planner.service import choose_timeouts, predict, worker_environment
@@ -84,7 +84,8 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(choose_compilation(request, profile))
     memory_levers = why.take(choose_memory_levers(request.bench, facts, topology,
-                                                  decode_attention=text_decode_attention(facts, model)))
+                                                  decode_attention=decode_attention_for(
+                                                      request, text_decode_attention(facts, model))))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request, compilation))

@@ -23,7 +23,7 @@ from edgectl.errors import EdgectlError
 from edgectl.output import mib
 from edgectl.planner.decided import Decided
 from edgectl.planner.engine import lm_head_quantized
-from edgectl.planner.kv_dtype import FP8_COST
+from edgectl.planner.kv_dtype import FP8_COST, kv_cost
 from edgectl.planner.ledger import Costs, Ledger, weights_bytes_for
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def _context_reason(request: Request, max_len: int, memory: Memory, budget: int,
 def _kv_reason(kv_dtype: KvCacheDtype, tried: list[tuple[KvCacheDtype, list[_Sized]]], request: Request,
                budget: int, target: int, cap: int, best: _Sized, kv_dtypes: list[KvCacheDtype]) -> Reason:
     if request.kv_cache_dtype is not None:
-        detail = "asked with --kv-cache-dtype" + (f"; {FP8_COST}" if kv_dtype is not KvCacheDtype.AUTO else "")
+        detail = "asked with --kv-cache-dtype" + (f"; {kv_cost(kv_dtype)}" if kv_dtype is not KvCacheDtype.AUTO else "")
         return Reason("kv_cache_dtype", kv_dtype, Source.FLAG, detail)
     if kv_dtype is not KvCacheDtype.AUTO:
         first = tried[0][1]

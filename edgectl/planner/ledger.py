@@ -31,7 +31,7 @@ from edgectl.contract.plan import (
     WeightFormat,
 )
 from edgectl.models.facts import ParamBytes
-from edgectl.output import MiB
+from edgectl.output import MiB, mib
 from edgectl.planner.decided import Decided
 
 if TYPE_CHECKING:
@@ -76,6 +76,12 @@ def kv_bytes_per_token_per_layer(model: ModelFacts, kv_dtype: KvCacheDtype = KvC
 def kv_bytes_per_token(model: ModelFacts, kv_dtype: KvCacheDtype = KvCacheDtype.AUTO) -> int:
     """KV bytes one token occupies in a full-attention layer stack."""
     return kv_bytes_per_token_per_layer(model, kv_dtype) * model.num_layers
+
+
+def kv_scales_bytes(model: ModelFacts, kv_cache_bytes: int, kv_dtype: KvCacheDtype = KvCacheDtype.AUTO) -> int:
+    """An int8 KV's scales beside vLLM's KV tensors of ``kv_cache_bytes``: a float32 per token, KV head
+    and half for every ``head_dim`` one-byte values (csrc/kernels.h), so 4 / head_dim of the KV."""
+    return kv_cache_bytes * 4 // model.head_dim if kv_dtype is KvCacheDtype.INT8 else 0
 
 
 def kv_cache_bytes_for(model: ModelFacts, max_model_len: int, max_num_seqs: int,
@@ -292,11 +298,13 @@ class Ledger:
                                       kv_dtype=self.kv_dtype))
         rope = rope_bytes_for(self.model, rope_rows(self.model, max_len, self.rope_capped))
         workspace = int(self.costs.workspace_bytes_per_token * batched)
-        total = self.costs.runtime_bytes + self.weights_bytes + kv + rope + workspace
+        scales = kv_scales_bytes(self.model, kv, self.kv_dtype)
+        total = self.costs.runtime_bytes + self.weights_bytes + kv + scales + rope + workspace
         peak = total * self.costs.peak_ratio + self.costs.transient_bytes
         high = round_mib(peak * HIGH_HEADROOM)
         limit = round_mib(peak * MAX_HEADROOM)
-        return Memory(self.weights_bytes, kv, rope, self.costs.runtime_bytes, workspace, total, high, limit)
+        return Memory(self.weights_bytes, kv, rope, self.costs.runtime_bytes, workspace, total, high, limit,
+                      kv_scales_bytes=scales)
 
     def largest_fitting(self, budget: int, low: int, cap: int) -> int | None:
         """The largest context ≤ cap (a multiple of 256 from ``low`` up, or cap itself) whose limit fits."""
@@ -325,6 +333,8 @@ def kv_cache(model: ModelFacts, request: Request, memory: Memory, max_model_len:
     detail = (f"{request.max_num_seqs} × {max_model_len} tokens in {BLOCK_SIZE_TOKENS}-token blocks, "
               f"{kv_bytes_per_token_per_layer(model, kv_dtype)} B per token per layer"
               + (f" ({kv_dtype}: one byte per value)" if kv_dtype is not KvCacheDtype.AUTO else "")
+              + (f", and {mib(memory.kv_scales_bytes)} of int8 scales beside it (a float32 per token, KV head "
+                 "and half)" if memory.kv_scales_bytes else "")
               + (f", sliding-window layers hold their window ({model.sliding_window}) plus one batch"
                  if "sliding_attention" in (model.layer_types or []) else ""))
     return Decided(kv, Reason("kv_cache_bytes", kv, Source.MODEL_CONFIG, detail))

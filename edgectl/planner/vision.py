@@ -60,7 +60,7 @@ from edgectl.planner.engine import (
 )
 from edgectl.planner.fit import DEFAULT_CONTEXT_CAP, fit_weights_and_context
 from edgectl.planner.formats import checkpoint_format, host_runs
-from edgectl.planner.kv_dtype import kv_dtype_candidates
+from edgectl.planner.kv_dtype import decode_attention_for, kv_dtype_candidates
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request
 from edgectl.planner.service import (
@@ -146,7 +146,7 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     check_request(replace(request, weight_format=None))  # the rest as for a text model
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(_compilation(request, fmt))
-    memory_levers = why.take(_memory_levers(request.bench, facts, model, topology))
+    memory_levers = why.take(_memory_levers(request.bench, facts, model, topology, request))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     limits = why.take(_image_limits(ImageLimits()))
     sizes = image_sizes(vision, limits, model.hidden_size, ledger.MAX_BATCHED_TOKENS)
@@ -276,10 +276,11 @@ def _compilation(request: Request, fmt: WeightFormat) -> Decided[Compilation]:
 
 
 def _memory_levers(asked: BenchLevers, facts: HostFacts, model: ModelFacts,
-                   topology: Topology) -> Decided[MemoryLevers]:
+                   topology: Topology, request: Request) -> Decided[MemoryLevers]:
     """The text planner's memory levers, but the tokenizer as vLLM keeps it (a vision model has a processor
     beside its tokenizer, which the lean lever does not handle) and no python -OO (not tried with it)."""
-    levers = choose_memory_levers(asked, facts, topology, decode_attention=vision_decode_attention(facts, model))
+    levers = choose_memory_levers(asked, facts, topology,
+                                  decode_attention=decode_attention_for(request, vision_decode_attention(facts, model)))
     kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
     optimize = 0 if asked.python_optimize is None else asked.python_optimize
     value = replace(levers.value, tokenizer=TokenizerLever.VLLM, python_optimize=optimize)

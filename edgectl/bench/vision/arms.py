@@ -15,6 +15,8 @@
   ``w8a8-eager`` runs the 8-bit blocks without torch.compile.
 - ``kv-fp8``: the plan with fp8_e4m3 KV (vLLM's own attention reads it), half the bytes of the image's KV
   a decoded token reads.
+- ``kv-int8``: the plan with edgectl's int8 KV (a scale per token and KV head, written and read by
+  edgectl's kernels, runtime/edgectl_runtime/vllm_plugin/kv_int8.py), the same half of the bytes.
 - ``stock``: vLLM as it ships for this model (``stock_vllm.StockVllmArm``: ``--model DIR`` and its
   defaults), if it starts; ``stock-kv`` (not run unless asked): the same given the plan's KV bytes
   and requests at once, so its memory compares with the planned arm's.
@@ -70,6 +72,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
             "the plan with fp8_e4m3 KV: the image's KV read in half the bytes a decoded token (vLLM's own "
             "attention reads it; AVX-512 or AMX only)"),
+    ArmSpec("kv-int8", "worker", {"kv_cache_dtype": "int8"},
+            "the plan with edgectl's int8 KV (a scale per token and KV head): the image's KV read in half the bytes "
+            "a decoded token, by edgectl's decode attention (on with it)"),
     ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
                                        "with its defaults (the served name, host and port only; edgectl's plugin "
                                        "left out)"),

@@ -276,7 +276,7 @@ def collect_worker_facts(worker) -> dict[str, Any]:
     server's own process; otherwise vLLM's worker process, through :class:`ReadbackExtension`), so
     what it reports is what the forward pass really uses, not what a config object says.
     """
-    from edgectl_runtime.vllm_plugin import compile_cache, decode_attention
+    from edgectl_runtime.vllm_plugin import compile_cache, decode_attention, kv_int8
 
     runner = worker.model_runner
     kv = getattr(runner, "kv_caches", None)
@@ -299,7 +299,8 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         "worker_pid": os.getpid(),
         "kv_cache_bytes": _unique_storage_bytes(kv) if kv is not None else None,
         # what the attention kernels were built for, and what the KV tensors hold
-        "kv_cache_dtype": sorted({str(impl.kv_cache_dtype) for impl in attention}),
+        # (an attention layer whose KV is edgectl's int8 says int8: vLLM's own says fp8_e4m3, its allocation)
+        "kv_cache_dtype": sorted({"int8" if kv_int8.owns(impl) else str(impl.kv_cache_dtype) for impl in attention}),
         "kv_tensor_dtypes": sorted(_tensor_dtypes(kv)) if kv is not None else [],
         # the CPU attention kernel each layer runs ("amx", "vec", "vec16", ...): vLLM picks it from
         # torch.cpu's ISA answers (vllm/v1/attention/backends/cpu_attn.py _get_attn_isa, set on the

@@ -11,7 +11,8 @@ whose KV vLLM writes in its "vec" layout: keys column-major in a block, values r
 ``torch.ops.edgectl.decode_attention`` on the same cache views vLLM would pass
 (``runtime/edgectl_runtime/kernels/ops/csrc``; tested against ops/reference.py); every other call
 (prefill, the vision tower's encoder attention, cross-attention, fp8 KV) goes to vLLM's method as
-it is. Why: vLLM's op reads a long context's KV at ~14 GB/s here, edgectl's at about twice that
+it is. With ``EDGECTL_KV_INT8=1`` too, every call of a decoder layer whose KV is edgectl's int8
+goes to :mod:`kv_int8` (decode steps on ``torch.ops.edgectl.decode_attention_int8``). Why: vLLM's op reads a long context's KV at ~14 GB/s here, edgectl's at about twice that
 (docs/vision.md "An attention of edgectl's").
 
 On AMX hosts vLLM would pack a bf16 KV for its AMX kernel instead (``_get_attn_isa`` returns
@@ -34,13 +35,14 @@ import torch
 
 from edgectl.contract import environment as runtime_env
 from edgectl.contract.decode_attention import MAX_BLOCK, shape_refused
+from edgectl_runtime.vllm_plugin import kv_int8
 
 logger = logging.getLogger("edgectl.decode_attention")
 
 _ORIGINAL: list = []  # vLLM's forward, once installed
 _ORIGINAL_ISA: list = []  # vLLM's _get_attn_isa, once installed
 _DECODER: list = []  # vLLM's AttentionType.DECODER, looked up once
-_COUNTS = {"edgectl": 0, "vllm": 0}
+_COUNTS = {"edgectl": 0, "vllm": 0, "edgectl_prefill": 0}  # edgectl_prefill: an int8 KV's other calls
 _FITS = "_edgectl_decode_attention_fits"  # layer_fits' answer, kept on the vLLM attention impl
 _HALVES = "_edgectl_decode_attention_halves"  # (the layer's KV cache, its key and value views), kept likewise
 
@@ -77,6 +79,11 @@ def handles(impl, layer, query: torch.Tensor, kv_cache: torch.Tensor, meta, outp
 
 def _forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
              output_block_scale=None):
+    if kv_int8.owns(self):  # every call of the layer: vLLM cannot read edgectl's int8 KV
+        kv_int8.forward(self, query, kv_cache, attn_metadata, output)
+        if attn_metadata is not None:
+            _COUNTS["edgectl" if attn_metadata.max_query_len == 1 else "edgectl_prefill"] += 1
+        return output
     if not handles(self, layer, query, kv_cache, attn_metadata, output_scale, output_block_scale):
         if attn_metadata is not None:
             _COUNTS["vllm"] += 1
@@ -125,13 +132,17 @@ def install(environ: Mapping[str, str]) -> bool:
     # module's attribute before the engine builds its attention metadata is enough.
     _ORIGINAL_ISA.append(cpu_attn._get_attn_isa)
     cpu_attn._get_attn_isa = _vec_not_amx
+    kv_int8.install(environ)
     return True
 
 
 def _vec_not_amx(dtype: torch.dtype, block_size: int, head_size: int | None = None,
                  kv_cache_dtype: str | None = None) -> str:
     """vLLM's choice of KV layout and kernel, with "vec" where it would choose "amx" (the other
-    choices, fp8 KV's refusals among them, as vLLM makes them)."""
+    choices, fp8 KV's refusals among them, as vLLM makes them); "vec" for the one-byte KV that is
+    edgectl's int8 (kv_int8.py: vLLM's fp8 refusals are about its own fp8 kernels, which never run)."""
+    if kv_int8.enabled() and kv_cache_dtype not in (None, "auto"):
+        return "vec"
     isa = _ORIGINAL_ISA[0](dtype, block_size, head_size, kv_cache_dtype)
     return "vec" if isa == "amx" else isa
 

@@ -83,7 +83,7 @@ def test_each_lever_can_be_switched_back_to_unmodified_vllm():
             for r in reasons_by_decision(p)[d]} == {"flag"}
     with pytest.raises(EdgectlError, match="^embedding pack 'none': use one of vllm, lm-head$"):
         make_plan(host_facts(AMX), shape(SMOLLM2), embedding_pack="none")
-    with pytest.raises(EdgectlError, match="^--kv-cache-dtype 'fp8_e5m2': use one of auto, fp8_e4m3$"):
+    with pytest.raises(EdgectlError, match="^--kv-cache-dtype 'fp8_e5m2': use one of auto, fp8_e4m3, int8$"):
         make_plan(host_facts(AMX), shape(SMOLLM2), kv_cache_dtype="fp8_e5m2")
 
 

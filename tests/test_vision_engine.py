@@ -70,12 +70,14 @@ def _chat(port: int, url: str) -> tuple[int, dict]:
 
 
 # the plan as it comes runs edgectl's kernels in a compiled graph: the AVX2 tier runs it again, held to AVX2
-@pytest.mark.parametrize("fmt", [pytest.param(None, marks=pytest.mark.isa_avx2), "bf16"])
-def test_a_vision_plan_is_served_answers_an_image_and_refuses_a_bad_one(tmp_path, tiny_vlm, fmt):
+# edgectl's int8 KV too (its kernels at the AVX2 level there): written and read by edgectl alone
+@pytest.mark.parametrize("fmt,kv", [pytest.param(None, None, marks=pytest.mark.isa_avx2), ("bf16", None),
+                                    pytest.param("bf16", "int8", marks=pytest.mark.isa_avx2)])
+def test_a_vision_plan_is_served_answers_an_image_and_refuses_a_bad_one(tmp_path, tiny_vlm, fmt, kv):
     """The plan as it comes (on x86, where edgectl's kernels run: the language model in their 8-bit blocks,
-    compiled, the tower bf16), and dense bf16 as asked."""
+    compiled, the tower bf16), dense bf16 as asked, and that with edgectl's int8 KV."""
     port = _free_port()
-    asked = ["--format", fmt] if fmt else []
+    asked = (["--format", fmt] if fmt else []) + (["--kv-cache-dtype", kv] if kv else [])
     out = subprocess.run([sys.executable, "-m", "edgectl", "plan", str(tiny_vlm), "--max-model-len", "512", "--json",
                           *asked], capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
     assert out.returncode == 0, out.stderr
@@ -118,7 +120,12 @@ def test_a_vision_plan_is_served_answers_an_image_and_refuses_a_bad_one(tmp_path
         # decode steps took edgectl's attention where the plan says so (prefill and the tower: vLLM's), over
         # vLLM's KV in its "vec" layout, on AMX hosts too (asked there: the dense plan below asks on every host)
         attention = effective["decode_attention"]
-        if plan["levers"]["decode_attention"]:
+        if kv == "int8":  # every decoder call on edgectl's: decode steps on its int8 kernel, prompts on the dequantized KV
+            assert plan["levers"]["decode_attention"] is True and plan["kv_cache_dtype"] == "int8", plan["levers"]
+            assert effective["kv_cache_dtype"] == ["int8"] and effective["kv_tensor_dtypes"] == ["uint8"], effective
+            calls = attention["calls"]
+            assert calls["edgectl"] > 0 and calls["edgectl_prefill"] > 0 and calls["vllm"] == 0, attention
+        elif plan["levers"]["decode_attention"]:
             assert attention["kernel"] == "edgectl" and attention["calls"]["edgectl"] > 0 < attention["calls"]["vllm"], \
                 attention
             assert effective["attention_isa"] == ["vec"], effective["attention_isa"]

@@ -7,7 +7,8 @@ FLUSH_EVERY tokens; 1, the default, is what the engine sees: the KV comes from m
 The two ops take turns token by token (interleaved), on the same caches. Prints the median and
 min ms per token (30 layers) over 36 timed tokens of each. docs/vision.md "Where the image costs
 decode time". Environment: SPLIT=0 turns vLLM's KV split across threads off; KVD=fp8_e4m3 for
-vLLM with fp8 KV (edgectl's op is bf16 only: not run then); BS the KV block size (vLLM's CPU
+vLLM with fp8 KV (edgectl's bf16 op not run then); edgectl's int8 KV (``decode_attention_int8``, its
+own caches written by ``kv_write_int8``) runs in every case; BS the KV block size (vLLM's CPU
 default, 128, unless set); OMP_NUM_THREADS (2 unless set); EDGECTL_KERNEL_ISA as for the engine.
 
     /opt/edgectl/venv/bin/python scripts/study/decode_attention.py
@@ -54,7 +55,20 @@ def per_token_ms(seq: int) -> dict[str, tuple[float, float]]:
         for k, v in halves:
             torch.ops.edgectl.decode_attention(q, k, v, out, lens, table, D ** -0.5)
 
+    # edgectl's int8 KV: the same shape, written by its own op from random keys and values (real scales)
+    int8 = [torch.zeros(blocks, HKV, 2 * BS, D, dtype=torch.int8).chunk(2, dim=2) for _ in range(LAYERS)]
+    scales = [torch.zeros(blocks, HKV, 2, BS) for _ in range(LAYERS)]
+    slots = torch.arange(seq, dtype=torch.int64)
+    for (k8, v8), sc in zip(int8, scales):
+        kv = torch.randn(2, seq, HKV, D, dtype=torch.bfloat16)
+        torch.ops.edgectl.kv_write_int8(kv[0], kv[1], k8, v8, sc, slots)
+
+    def edgectl_int8_op():
+        for (k8, v8), sc in zip(int8, scales):
+            torch.ops.edgectl.decode_attention_int8(q, k8, v8, sc, out, lens, table, D ** -0.5)
+
     arms = {"vllm": vllm_op} if KVD != "auto" else {"vllm": vllm_op, f"edgectl-{LEVEL}": edgectl_op}
+    arms[f"edgectl-int8-{LEVEL}"] = edgectl_int8_op
     times: dict[str, list[float]] = {name: [] for name in arms}
     for token in range(40):
         for name, run in arms.items():

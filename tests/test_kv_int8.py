@@ -8,7 +8,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from plan_helpers import MISTRAL_7B, SMOLLM2, host_facts, make_plan, reasons_by_decision, shape
+from plan_helpers import (
+    MISTRAL_7B,
+    SMOLLM2,
+    host_facts,
+    make_plan,
+    reasons_by_decision,
+    shape,
+)
 
 from edgectl.contract import environment
 from edgectl.contract.effective import mismatches
@@ -51,10 +58,10 @@ def test_int8_is_refused_where_its_kernel_cannot_read_every_layer():
 
 def test_the_read_back_must_say_int8():
     p = make_plan(host_facts(AMX), shape(SMOLLM2), kv_cache_dtype="int8")
-    good = {"kv_cache_dtype": ["int8"], "kv_tensor_dtypes": ["uint8"]}
+    good = {"kv_cache_dtype": ["int8"], "kv_tensor_dtypes": ["uint8"], "kv_cache_bytes": p.kv_cache_bytes}
     assert not [m for m in mismatches(p, good) if "KV" in m]
     # vLLM's own fp8 (the plugin's int8 not installed) is a different KV, said so
-    bad = {"kv_cache_dtype": ["fp8_e4m3"], "kv_tensor_dtypes": ["uint8"]}
+    bad = {**good, "kv_cache_dtype": ["fp8_e4m3"]}
     assert any("the plan says int8" in m for m in mismatches(p, bad))
 
 

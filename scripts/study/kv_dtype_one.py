@@ -1,4 +1,6 @@
-"""One process: load the default-plan engine with a KV dtype, measure, dump JSON (fp8 study).
+"""One process: load the default-plan engine with a KV dtype (auto, fp8_e4m3, fp8_e5m2, or int8: edgectl's),
+measure, dump JSON (fp8 study). Teacher-forced fidelity reads prompt logprobs: the prompt's attention, which
+for int8 is the plugin's attention over the dequantized KV, not the decode kernel.
 ``ROUND=int8|fp8``: the keys and values rounded as that KV would hold them, in the bf16 KV (kv_range.py)."""
 import json
 import os
@@ -8,6 +10,10 @@ import time
 
 WT = str(__import__("pathlib").Path(__file__).resolve().parents[2]); sys.path[:0] = [WT, WT + "/runtime"]
 kv_dtype, order, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+vllm_kv_dtype = kv_dtype
+if kv_dtype == "int8":  # edgectl's int8 KV: the plugin writes and reads vLLM's one-byte allocation
+    os.environ.update(EDGECTL_DECODE_ATTENTION="1", EDGECTL_KV_INT8="1")
+    vllm_kv_dtype = "fp8_e4m3"
 model = os.environ.get("MODEL_DIR", "/var/lib/edgectl/models/smollm2-135m")
 mml = int(os.environ.get("MML", "4096"))
 kv_bytes = int(os.environ.get("KV_BYTES", "97320960"))
@@ -19,7 +25,7 @@ from vllm.inputs import TokensPrompt
 
 llm = LLM(model=model, quantization=os.environ.get("QUANT", "cpu_int4") or None, enforce_eager=True, dtype="bfloat16",
           max_model_len=mml, max_num_seqs=1, max_num_batched_tokens=512, kv_cache_memory_bytes=kv_bytes,
-          block_size=128, seed=0, kv_cache_dtype=kv_dtype, distributed_executor_backend="uni")
+          block_size=128, seed=0, kv_cache_dtype=vllm_kv_dtype, distributed_executor_backend="uni")
 if os.environ.get("ROUND"):  # every key and value rounded as another KV dtype would hold them (kv_range.py)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import kv_range

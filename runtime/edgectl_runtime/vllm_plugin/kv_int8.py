@@ -130,7 +130,6 @@ def _prefill(impl, query, key_cache, value_cache, scales, meta, output) -> None:
     from edgectl_runtime.kernels.ops.reference import dequantize_kv_int8
 
     block_size = key_cache.size(2)
-    group = impl.num_heads // impl.num_kv_heads
     starts = meta.query_start_loc.tolist()
     lens = meta.seq_lens.tolist()
     for r, n in enumerate(lens):
@@ -145,15 +144,18 @@ def _prefill(impl, query, key_cache, value_cache, scales, meta, output) -> None:
             continue
         k, v = dequantize_kv_int8(key_cache, value_cache, scales, meta.block_table[r, : -(-n // block_size)], n,
                                   query.dtype)
-        q = query[first:last].transpose(0, 1)  # [heads, q_len, dim]
-        k = k.repeat_interleave(group, dim=0)
-        v = v.repeat_interleave(group, dim=0)
+        # [1, heads, tokens, dim]: four dimensions, so that PyTorch takes its fused CPU attention (flash)
+        # rather than the reference "math" one, which holds every score in float32
+        # (query head i reads KV head i // group: enable_gqa)
+        q, k, v = query[first:last].transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
         if q_len == n:
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=impl.scale)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=impl.scale,
+                                                                   enable_gqa=True)
         else:  # a chunk after cached tokens: query i sits at position n - q_len + i
             mask = torch.arange(n)[None, :] <= torch.arange(n - q_len, n)[:, None]
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=impl.scale)
-        output[first:last] = out.transpose(0, 1)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=impl.scale,
+                                                                   enable_gqa=True)
+        output[first:last] = out[0].transpose(0, 1)
 
 
 def counts() -> dict[str, int]:

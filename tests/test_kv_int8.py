@@ -19,7 +19,7 @@ from plan_helpers import (
 
 from edgectl.contract import environment
 from edgectl.contract.effective import mismatches
-from edgectl.contract.plan import KvCacheDtype
+from edgectl.contract.plan import KvCacheDtype, Plan
 from edgectl.contract.vllm_args import server_args
 from edgectl.errors import EdgectlError
 
@@ -45,6 +45,9 @@ def test_an_int8_plan_allocates_one_byte_a_value_plans_its_scales_and_turns_the_
     assert why["value"] is True and "int8" in why["detail"]
     (kv,) = reasons_by_decision(int8)["kv_cache_bytes"]
     assert "int8 scales" in kv["detail"]
+    # the plan's JSON carries the scales (and a plan without them reads as it did before)
+    assert Plan.from_dict(int8.to_dict()) == int8 and Plan.from_dict(bf16.to_dict()) == bf16
+    assert "kv_scales_bytes" in int8.to_dict()["memory"] and "kv_scales_bytes" not in bf16.to_dict()["memory"]
 
 
 def test_int8_is_refused_where_its_kernel_cannot_read_every_layer():

@@ -472,6 +472,8 @@ class Plan:
         for key, value in d.items():
             if key in ("speech", "vision") and value is None:
                 continue  # a text model's plan reads as it did before speech and vision
+            if key == "memory" and not value.get("kv_scales_bytes"):
+                value = {k: v for k, v in value.items() if k != "kv_scales_bytes"}  # likewise before the int8 KV
             out[key] = value
             if key == "max_num_batched_tokens":
                 out["kv_cache_bytes"] = self.memory.kv_cache_bytes

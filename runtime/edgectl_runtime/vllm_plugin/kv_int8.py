@@ -27,6 +27,7 @@ import torch
 
 from edgectl.contract import environment as runtime_env
 from edgectl.contract.decode_attention import MAX_BLOCK, shape_refused
+from edgectl_runtime.kernels.ops.reference import dequantize_kv_int8
 
 _ON: list[bool] = []  # installed
 _DECODER: list = []  # vLLM's AttentionType.DECODER
@@ -62,6 +63,19 @@ def install(environ: Mapping[str, str]) -> bool:
         _COUNTS["writes"] += 1
 
     cpu_attn.CPUAttentionBackendImpl.do_kv_cache_update = do_kv_cache_update
+
+    # The metadata builder asks vLLM's C++ for its kernel's work split with the KV dtype
+    # (``cpu_attn_get_scheduler_metadata``, cpu_attn.py:253); vLLM's builds without AVX-512 have no fp8
+    # configuration and refuse it ("Unsupported CPU attention configuration"), though edgectl's kernels never
+    # read that split. Asked as for bf16 instead: the one-byte allocation is edgectl's int8.
+    builder_init = cpu_attn.CPUAttentionMetadataBuilder.__init__
+
+    def init(self, *args, **kwargs):
+        builder_init(self, *args, **kwargs)
+        if self.kv_cache_dtype not in (None, "auto"):
+            self.kv_cache_dtype = "auto"
+
+    cpu_attn.CPUAttentionMetadataBuilder.__init__ = init
     _ON.append(True)
     return True
 
@@ -127,8 +141,6 @@ def forward(impl, query: torch.Tensor, kv_cache: torch.Tensor, meta, output: tor
 
 
 def _prefill(impl, query, key_cache, value_cache, scales, meta, output) -> None:
-    from edgectl_runtime.kernels.ops.reference import dequantize_kv_int8
-
     block_size = key_cache.size(2)
     starts = meta.query_start_loc.tolist()
     lens = meta.seq_lens.tolist()

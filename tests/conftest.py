@@ -16,6 +16,8 @@ import pytest
 from installed import EDGECTL, runtime_missing
 from sandbox import systemd_sandbox  # noqa: F401  (one sandbox per session, shared by every module)
 
+from edgectl_runtime.kernels.ops import LEVELS as KERNEL_LEVELS  # standard library only
+
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Skip what needs the runtime where it is not installed, with the reason."""
@@ -69,3 +71,20 @@ def smollm2_bf16(pulled_smollm2) -> Path:
     from edgectl.models.convert import bf16_copy
 
     return bf16_copy(CATALOG["smollm2-135m"], os.environ)
+
+
+@pytest.fixture(params=KERNEL_LEVELS)
+def kernel_level(request):
+    """Each ISA level of edgectl's kernels this machine runs (tests/kernel_levels.py), switched to for the test."""
+    from kernel_levels import skip_reason
+
+    from edgectl_runtime.kernels import ops
+
+    ok, why = ops.available()
+    assert ok, why  # a missing or stale build is a failure, not a skip: scripts/setup.sh builds it
+    why = skip_reason(request.param)
+    if why:
+        pytest.skip(why)
+    with ops.use_level(request.param):
+        assert ops.active_level() == request.param
+        yield request.param

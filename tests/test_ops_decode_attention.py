@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 vllm_ops = pytest.importorskip("vllm._custom_ops")
 
-from isa_helpers import TIER  # noqa: E402
+from kernel_levels import runnable_levels  # noqa: E402
 
 from edgectl_runtime.kernels import ops  # noqa: E402
 from edgectl_runtime.kernels.ops import reference  # noqa: E402
@@ -26,19 +26,8 @@ pytestmark = pytest.mark.isa_avx2  # the AVX2 tier runs the scalar and AVX2 leve
 
 @pytest.fixture(scope="module", autouse=True)
 def library():
-    ok, why = ops.available()
+    ok, why = ops.available()  # loads the library: a missing or stale build is a failure, not a skip
     assert ok, why
-
-
-@pytest.fixture(params=ops.LEVELS)
-def level(request):
-    if request.param not in ops.supported_levels():
-        pytest.skip(f"this CPU cannot run the {request.param} kernels (it runs {ops.supported_levels()})")
-    if TIER == "avx2" and request.param == "avx512vnni":
-        pytest.skip("the AVX2 tier runs nothing above AVX2")
-    with ops.use_level(request.param):
-        assert ops.active_level() == request.param
-        yield request.param
 
 
 class Case:
@@ -122,7 +111,7 @@ CASES = (
 
 
 @pytest.mark.parametrize("seq_lens,heads,kv_heads,dim,block_size", CASES)
-def test_decode_attention_reads_vllms_cache(level, seq_lens, heads, kv_heads, dim, block_size):
+def test_decode_attention_reads_vllms_cache(kernel_level, seq_lens, heads, kv_heads, dim, block_size):
     case = Case(seq_lens, heads, kv_heads, dim, block_size)
     scale = dim ** -0.5
     got = case.edgectl(scale)
@@ -131,7 +120,7 @@ def test_decode_attention_reads_vllms_cache(level, seq_lens, heads, kv_heads, di
     _close(got, case.vllm(scale))
 
 
-def test_peaked_scores_and_an_empty_sequence(level):
+def test_peaked_scores_and_an_empty_sequence(kernel_level):
     """Scores far apart (the softmax is nearly one-hot, the exponential's clamp is met) and a
     sequence of no tokens (zeros, as the reference)."""
     case = Case((500, 0, 33), 9, 3, 64, 128, seed=3, spread=6.0)
@@ -144,7 +133,7 @@ def test_every_level_gives_the_same_answer():
     """The levels differ only in rounding (the exponential, the order of sums)."""
     case = Case((700, 3), 9, 3, 64, 128, seed=5)
     outs = {}
-    for lv in [lv for lv in ops.supported_levels() if not (TIER == "avx2" and lv == "avx512vnni")]:
+    for lv in runnable_levels():
         with ops.use_level(lv):
             outs[lv] = case.edgectl(0.125).float()
     for lv, out in outs.items():

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from isa_helpers import TIER  # noqa: E402
+from kernel_levels import runnable_levels  # noqa: E402
 
 from edgectl_runtime.kernels import ops  # noqa: E402
 from edgectl_runtime.kernels.ops import reference  # noqa: E402
@@ -26,19 +26,8 @@ pytestmark = pytest.mark.isa_avx2  # the AVX2 tier runs the scalar and AVX2 leve
 
 @pytest.fixture(scope="module", autouse=True)
 def library():
-    ok, why = ops.available()
+    ok, why = ops.available()  # loads the library: a missing or stale build is a failure, not a skip
     assert ok, why
-
-
-@pytest.fixture(params=ops.LEVELS)
-def level(request):
-    if request.param not in ops.supported_levels():
-        pytest.skip(f"this CPU cannot run the {request.param} kernels (it runs {ops.supported_levels()})")
-    if TIER == "avx2" and request.param == "avx512vnni":
-        pytest.skip("the AVX2 tier runs nothing above AVX2")
-    with ops.use_level(request.param):
-        assert ops.active_level() == request.param
-        yield request.param
 
 
 def _halves(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +148,7 @@ CASES = (
 
 
 @pytest.mark.parametrize("seq_lens,heads,kv_heads,dim,block_size", CASES)
-def test_decode_attention_int8_against_the_reference(level, seq_lens, heads, kv_heads, dim, block_size):
+def test_decode_attention_int8_against_the_reference(kernel_level, seq_lens, heads, kv_heads, dim, block_size):
     case = Case(seq_lens, heads, kv_heads, dim, block_size)
     scale = dim ** -0.5
     got = case.edgectl(scale)
@@ -168,7 +157,7 @@ def test_decode_attention_int8_against_the_reference(level, seq_lens, heads, kv_
     torch.testing.assert_close(got.float(), case.from_inputs(scale).float(), rtol=0.05, atol=0.02)
 
 
-def test_peaked_scores_and_an_empty_sequence(level):
+def test_peaked_scores_and_an_empty_sequence(kernel_level):
     case = Case((500, 0, 33), 9, 3, 64, 128, seed=3, spread=6.0)
     got = case.edgectl(1.0)
     _close(got, case.reference(1.0))
@@ -186,7 +175,7 @@ def test_a_wrong_scale_is_caught():
 def test_every_level_gives_the_same_answer():
     case = Case((700, 3), 9, 3, 64, 128, seed=5)
     outs = {}
-    for lv in [lv for lv in ops.supported_levels() if not (TIER == "avx2" and lv == "avx512vnni")]:
+    for lv in runnable_levels():
         with ops.use_level(lv):
             outs[lv] = case.edgectl(0.125).float()
     for lv, out in outs.items():

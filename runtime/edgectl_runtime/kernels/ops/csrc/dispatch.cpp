@@ -379,9 +379,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // [blocks, kv_heads, block_size, dim] (vllm/v1/attention/backends/cpu_attn.py, forward): rows of
 // dim contiguous, the two halves with the same strides. `element`: bf16, or int8 for edgectl's
 // int8 KV (kernels.h), whose float32 scales [blocks, kv_heads, 2, block_size] come in `scales`.
-void decode_attention_into(const char* op, const at::Tensor& query, const at::Tensor& key_cache,
-                           const at::Tensor& value_cache, const at::Tensor* scales, at::Tensor& out,
-                           const at::Tensor& seq_lens, const at::Tensor& block_table, double scale) {
+void check_decode_attention(const char* op, const at::Tensor& query, const at::Tensor& key_cache,
+                            const at::Tensor& value_cache, const at::Tensor* scales, const at::Tensor& out,
+                            const at::Tensor& seq_lens, const at::Tensor& block_table) {
   const at::ScalarType element = scales ? at::kChar : at::kBFloat16;
   for (const at::Tensor* t : {&query, static_cast<const at::Tensor*>(&out)})
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kBFloat16, op,
@@ -417,6 +417,14 @@ void decode_attention_into(const char* op, const at::Tensor& query, const at::Te
   TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) >= seqs &&
               block_table.stride(1) == 1, op, ": block_table must be int32 [>= tokens, blocks] with contiguous rows, "
               "got ", block_table.sizes(), " ", block_table.scalar_type());
+}
+
+void decode_attention_into(const char* op, const at::Tensor& query, const at::Tensor& key_cache,
+                           const at::Tensor& value_cache, const at::Tensor* scales, at::Tensor& out,
+                           const at::Tensor& seq_lens, const at::Tensor& block_table, double scale) {
+  check_decode_attention(op, query, key_cache, value_cache, scales, out, seq_lens, block_table);
+  const int64_t seqs = query.size(0), heads = query.size(1), dim = query.size(2);
+  const int64_t kv_heads = key_cache.size(1), block_size = key_cache.size(2);
   if (seqs == 0) return;
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   int64_t max_blocks = 0;

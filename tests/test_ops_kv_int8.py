@@ -143,7 +143,7 @@ CASES = (
     ((77,), 4, 2, 96, 16),
     ((200,), 4, 4, 32, 32),
     ((90,), 2, 1, 256, 32),
-    ((50,), 4, 2, 64, 18),  # a block no vector level takes: the scalar block
+    ((50,), 4, 2, 64, 20),  # a block no vector level takes (not a multiple of 32): the scalar block
 )
 
 
@@ -198,3 +198,11 @@ def test_bad_input_is_a_clear_error():
     with pytest.raises(RuntimeError, match="slot_mapping must be int64"):
         torch.ops.edgectl.kv_write_int8(key, key, case.key_cache, case.value_cache, case.scales,
                                         torch.tensor([0, 1], dtype=torch.int32))
+    # values are in groups of four tokens: a block size that is not a multiple of 4 is refused by both ops
+    odd = torch.zeros(2, 3, 2 * 18, 64, dtype=torch.int8).chunk(2, dim=2)
+    odd_scales = torch.zeros(2, 3, 2, 18)
+    with pytest.raises(RuntimeError, match="multiple of 4"):
+        torch.ops.edgectl.kv_write_int8(key, key, odd[0], odd[1], odd_scales, torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match="multiple of 4"):
+        torch.ops.edgectl.decode_attention_int8(case.query, odd[0], odd[1], odd_scales, out, case.lens,
+                                                torch.zeros(1, 4, dtype=torch.int32), 0.125)

@@ -122,9 +122,11 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
     return out
 
 
-# -- edgectl's int8 KV (csrc/kernels.h): vLLM's cache tensor with int8 elements, values row-major within
-# a block, keys in groups of four dimensions (key ``(t, d)`` at ``(d // 4) * 4 * block_size + 4 * t + d % 4``),
-# and a float32 scale per token, KV head and half in ``scales [blocks, kv_heads, 2, block_size]``.
+# -- edgectl's int8 KV (csrc/kernels.h): vLLM's cache tensor with int8 elements, a block's keys in groups of
+# four dimensions (key ``(t, d)`` at ``(d // 4) * 4 * block_size + 4 * t + d % 4``), its values in groups of
+# four tokens (value ``(t, d)`` at ``(t // 4) * 4 * dim + 4 * d + t % 4``), and a float32 scale per token,
+# KV head and half in ``scales [blocks, kv_heads, 2, block_size]``. The block size a multiple of 4.
+WEIGHT_RUN = 32  # slots of a block whose attention weights share one scale (decode_attention_int8)
 
 
 def quantize_kv_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +145,8 @@ def kv_write_int8(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tenso
                   scales: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Token ``i``'s ``key``/``value [tokens, kv_heads, dim]`` quantized (:func:`quantize_kv_rows`) into
     slot ``slot_mapping[i]`` (``block * block_size + t``; negative: skipped) of the int8 halves
-    ``[blocks, kv_heads, block_size, dim]`` (keys in groups of four dimensions) and of ``scales``."""
+    ``[blocks, kv_heads, block_size, dim]`` (keys in groups of four dimensions, values in groups of four
+    tokens) and of ``scales``."""
     block_size, dim = key_cache.shape[2], key_cache.shape[3]
     kv_heads = key_cache.shape[1]
     kq, ks = quantize_kv_rows(key)
@@ -155,9 +158,22 @@ def kv_write_int8(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tenso
         b, t = divmod(slot, block_size)
         key_cache[b].view(kv_heads, dim * block_size).view(kv_heads, dim // 4, block_size, 4)[:, :, t] = \
             kq[i].view(kv_heads, dim // 4, 4)
-        value_cache[b][:, t] = vq[i]
+        value_cache[b].view(kv_heads, block_size // 4, dim, 4)[:, t // 4, :, t % 4] = vq[i]
         scales[b, :, 0, t] = ks[i]
         scales[b, :, 1, t] = vs[i]
+
+
+def _sequence_int8(key_cache: torch.Tensor, value_cache: torch.Tensor, scales: torch.Tensor,
+                   block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The int8 keys and values of the blocks ``block_ids`` in token order, ``[kv_heads, tokens, dim]``
+    each, and their scales ``[kv_heads, 2, tokens]``."""
+    kv_heads, block_size, dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
+    ids = block_ids.long()
+    blocks = len(ids)
+    k = key_cache[ids].reshape(blocks, kv_heads, dim // 4, block_size, 4).permute(1, 0, 3, 2, 4)
+    v = value_cache[ids].reshape(blocks, kv_heads, block_size // 4, dim, 4).permute(1, 0, 2, 4, 3)
+    s = scales[ids].permute(1, 2, 0, 3).reshape(kv_heads, 2, blocks * block_size)
+    return k.reshape(kv_heads, -1, dim), v.reshape(kv_heads, -1, dim), s
 
 
 def dequantize_kv_int8(key_cache: torch.Tensor, value_cache: torch.Tensor, scales: torch.Tensor,
@@ -165,24 +181,40 @@ def dequantize_kv_int8(key_cache: torch.Tensor, value_cache: torch.Tensor, scale
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``n`` keys and values of a sequence whose blocks are ``block_ids``, as
     ``[kv_heads, n, dim]`` each in ``dtype`` (element times its token's scale)."""
-    kv_heads, block_size, dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
-    ids = block_ids.long()
-    blocks = len(ids)
-    k = key_cache[ids].reshape(blocks, kv_heads, dim // 4, block_size, 4).permute(1, 0, 3, 2, 4)
-    k = k.reshape(kv_heads, -1, dim)
-    v = value_cache[ids].transpose(0, 1).reshape(kv_heads, -1, dim)
-    s = scales[ids].permute(1, 2, 0, 3).reshape(kv_heads, 2, blocks * block_size)  # [kv_heads, 2, tokens]
+    k, v, s = _sequence_int8(key_cache, value_cache, scales, block_ids)
     k = (k[:, :n].float() * s[:, 0, :n, None]).to(dtype)
     v = (v[:, :n].float() * s[:, 1, :n, None]).to(dtype)
     return k, v
+
+
+def quantize_weights(w: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Attention weights ``w [..., tokens]`` (>= 0, token ``t`` in slot ``t % block_size`` of its block)
+    as ``decode_attention_int8`` uses them: in runs of :data:`WEIGHT_RUN` slots of a block (the last run of
+    a block shorter when the block size is not a multiple), ``d = max w / 127`` and
+    ``w8 = round_half_even(w * (127 / max w))`` in 0..127 (all 0 for a run whose maximum is below float32's
+    smallest normal number); returns ``w8 * d``."""
+    lead, n = w.shape[:-1], w.shape[-1]
+    blocks, runs = -(-n // block_size), -(-block_size // WEIGHT_RUN)
+    slots = torch.zeros(*lead, blocks * block_size, dtype=w.dtype)
+    slots[..., :n] = w
+    padded = torch.zeros(*lead, blocks, runs * WEIGHT_RUN, dtype=w.dtype)
+    padded[..., :block_size] = slots.view(*lead, blocks, block_size)
+    by_run = padded.view(*lead, blocks, runs, WEIGHT_RUN)
+    top = by_run.amax(dim=-1, keepdim=True)
+    top = torch.where(top >= torch.finfo(torch.float32).tiny, top, torch.zeros_like(top))
+    inv = torch.where(top > 0, torch.full_like(top, 127.0) / torch.where(top > 0, top, torch.ones_like(top)),
+                      torch.zeros_like(top))
+    wq = torch.round(by_run * inv).clamp(0, 127) * (top / 127.0)
+    return wq.view(*lead, blocks, runs * WEIGHT_RUN)[..., :block_size].reshape(*lead, -1)[..., :n]
 
 
 def decode_attention_int8(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                           scales: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                           scale: float) -> torch.Tensor:
     """:func:`decode_attention` over an int8 KV: each query row quantized as a key row is
-    (:func:`quantize_kv_rows`), ``s_t = scale * qd * key_scale_t * (q8 . k8_t)``, the values
-    dequantized (:func:`dequantize_kv_int8`); in float64."""
+    (:func:`quantize_kv_rows`), ``s_t = scale * qd * key_scale_t * (q8 . k8_t)``, the weights
+    ``p_t = softmax(s)_t`` times the token's value scale quantized (:func:`quantize_weights`) and
+    ``out = sum_t w_t * v8_t``; in float64."""
     tokens, heads, dim = query.shape
     kv_heads, block_size = key_cache.shape[1], key_cache.shape[2]
     q8, qd = quantize_kv_rows(query)  # [tokens, heads, dim], [tokens, heads]
@@ -191,9 +223,10 @@ def decode_attention_int8(query: torch.Tensor, key_cache: torch.Tensor, value_ca
         n = int(seq_lens[s])
         if n == 0:
             continue
-        k, v = dequantize_kv_int8(key_cache, value_cache, scales, block_table[s, : -(-n // block_size)], n,
-                                  torch.float64)
+        k8, v8, sc = _sequence_int8(key_cache, value_cache, scales, block_table[s, : -(-n // block_size)])
+        k = k8[:, :n].double() * sc[:, 0, :n, None].double()
         q = (q8[s].double() * qd[s].double()[:, None]).reshape(kv_heads, heads // kv_heads, dim)
         p = torch.softmax(torch.einsum("hgd,hnd->hgn", q, k) * scale, dim=-1)
-        out[s] = torch.einsum("hgn,hnd->hgd", p, v).reshape(heads, dim).to(query.dtype)
+        w = quantize_weights(p * sc[:, None, 1, :n].double(), block_size)
+        out[s] = torch.einsum("hgn,hnd->hgd", w, v8[:, :n].double()).reshape(heads, dim).to(query.dtype)
     return out

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
+
 #include "kernels.h"
 
 namespace edgectl {
@@ -250,10 +252,10 @@ inline void kv_write_int8_rows(const KvWrite& w) {
       scale[t] = ktop / 127.f;
       scale[w.block_size + t] = vtop / 127.f;
       int8_t* k8 = w.k8 + off + 4 * t;  // key (t, d) at (d / 4) * 4 * block_size + 4 * t + d % 4
-      int8_t* v8 = w.v8 + off + t * w.dim;  // values row-major
+      int8_t* v8 = w.v8 + off + (t / 4) * 4 * w.dim + t % 4;  // value (t, d) at (t / 4) * 4 * dim + 4 * d + t % 4
       for (int64_t d = 0; d < w.dim; ++d) {
         k8[(d / 4) * 4 * w.block_size + d % 4] = round_to_int8(bf16_to_float(key[d]) * kinv);
-        v8[d] = round_to_int8(bf16_to_float(value[d]) * vinv);
+        v8[4 * d] = round_to_int8(bf16_to_float(value[d]) * vinv);
       }
     }
   }
@@ -300,6 +302,22 @@ inline void softmax_in_place_scalar(float* s, int64_t n, float* out) {
   out[1] = l;
 }
 
+// An int8 KV's attention weights (kernels.h) for one run of slots: w = p_t * value_scale_t for t < n,
+// 0 past it, quantized into w8[0..len) (0..127); returns the run's scale max w / 127.
+inline float quantize_weight_run(const float* p, const float* value_scale, int64_t n, int64_t len, uint8_t* w8) {
+  float w[kWeightRun], top = 0.f;
+  for (int64_t t = 0; t < len; ++t) {
+    w[t] = t < n ? p[t] * value_scale[t] : 0.f;
+    top = w[t] > top ? w[t] : top;
+  }
+  const float inv = top >= kWeightFloor ? 127.f / top : 0.f;
+  for (int64_t t = 0; t < len; ++t) {
+    const float r = nearbyintf(w[t] * inv);
+    w8[t] = (uint8_t)(r > 127.f ? 127.f : r);
+  }
+  return top / 127.f;
+}
+
 // One block of an int8 KV in plain C++ (the scalar level's, and the fallback of the others).
 inline void attend_block_int8_scalar(const DecodeAttention& a, const uint16_t* q, int64_t block, int64_t h,
                                      int64_t n, float* part) {
@@ -320,9 +338,14 @@ inline void attend_block_int8_scalar(const DecodeAttention& a, const uint16_t* q
     float* acc = part + g * width;
     softmax_in_place_scalar(s, n, acc + dim);
     for (int64_t d = 0; d < dim; ++d) acc[d] = 0.f;
-    for (int64_t t = 0; t < n; ++t) {
-      const float pv = s[t] * value_scale[t];
-      for (int64_t d = 0; d < dim; ++d) acc[d] += pv * (float)v[t * dim + d];
+    for (int64_t r0 = 0; r0 < n; r0 += kWeightRun) {
+      uint8_t w8[kWeightRun];
+      const int64_t len = std::min(kWeightRun, bs - r0);
+      const float wd = quantize_weight_run(s + r0, value_scale + r0, n - r0, len, w8);
+      int32_t sum[kAttnMaxDim] = {};
+      for (int64_t t = r0; t < std::min(n, r0 + len); ++t)
+        for (int64_t d = 0; d < dim; ++d) sum[d] += (int32_t)w8[t - r0] * v[(t / 4) * 4 * dim + 4 * d + t % 4];
+      for (int64_t d = 0; d < dim; ++d) acc[d] += (float)sum[d] * wd;
     }
   }
 }

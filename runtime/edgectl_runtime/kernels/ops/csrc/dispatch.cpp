@@ -406,11 +406,14 @@ void check_decode_attention(const char* op, const at::Tensor& query, const at::T
               " tokens, got ", dim, " and ", block_size);
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1 && key_cache.stride(3) == 1 && key_cache.stride(2) == dim,
               op, ": rows of dim must be contiguous (query ", query.strides(), ", caches ", key_cache.strides(), ")");
-  if (scales)
+  if (scales) {
+    TORCH_CHECK(block_size % 4 == 0, op, ": an int8 KV's block size must be a multiple of 4 (its values are in "
+                "groups of four tokens), got ", block_size);
     TORCH_CHECK(scales->scalar_type() == at::kFloat && scales->is_contiguous() &&
                 scales->sizes() == at::IntArrayRef({blocks, kv_heads, 2, block_size}), op,
                 ": scales must be contiguous float32 [blocks, kv_heads, 2, block_size] = [", blocks, ", ", kv_heads,
                 ", 2, ", block_size, "], got ", scales->sizes(), " ", scales->scalar_type());
+  }
   TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.dim() == 1 && seq_lens.size(0) == seqs &&
               seq_lens.is_contiguous(), op, ": seq_lens must be int32 [tokens], got ", seq_lens.sizes(), " ",
               seq_lens.scalar_type());
@@ -489,6 +492,8 @@ void kv_write_int8_op(const at::Tensor& key, const at::Tensor& value, at::Tensor
   const int64_t blocks = key_cache.size(0), block_size = key_cache.size(2);
   TORCH_CHECK(key_cache.size(1) == kv_heads && key_cache.size(3) == dim && key_cache.stride(3) == 1 &&
               key_cache.stride(2) == dim, op, ": caches ", key_cache.sizes(), " for keys ", key.sizes());
+  TORCH_CHECK(block_size % 4 == 0, op, ": the block size must be a multiple of 4 (values are in groups of four "
+              "tokens), got ", block_size);
   for (const at::Tensor* t : {&key, &value})
     TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == dim, op, ": a token's rows must be contiguous, got strides ",
                 t->strides());

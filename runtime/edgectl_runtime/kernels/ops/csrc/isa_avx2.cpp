@@ -459,10 +459,37 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, int64_t block, in
     for (int c = 0; c < C; ++c) interleave_even_odd(acc_e[g][c], acc_o[g][c], part + g * width + 16 * c);
 }
 
+// An int8 KV's weights for one run of 32 slots, as isa_avx512vnni.cpp's quantize_weight_run32: four
+// vectors of 8, their int32 packed to bytes (vpackusdw, vpackuswb interleave the 128-bit lanes; a
+// permutation of 32-bit groups restores token order).
+inline float quantize_weight_run32(const float* p, const float* value_scale, int64_t n, uint8_t* w8) {
+  __m256 w[4];
+  __m256 top = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    const int64_t left = n - 8 * i;
+    const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)std::min<int64_t>(std::max<int64_t>(left, 0), 8)),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 x = _mm256_mul_ps(_mm256_maskload_ps(p + 8 * i, valid), _mm256_maskload_ps(value_scale + 8 * i, valid));
+    w[i] = _mm256_and_ps(x, _mm256_castsi256_ps(valid));
+    top = _mm256_max_ps(top, w[i]);
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  const float t = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+  const __m256 inv = _mm256_set1_ps(t >= kWeightFloor ? 127.f / t : 0.f);
+  __m256i r[4];
+  for (int i = 0; i < 4; ++i) r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(w[i], inv));  // half to even (MXCSR)
+  const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(r[0], r[1]), _mm256_packus_epi32(r[2], r[3]));
+  _mm256_storeu_si256((__m256i*)w8, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return t / 127.f;
+}
+
 // One block of an int8 KV (kernels.h), as isa_avx512vnni.cpp's attend_block_int8 with 256-bit
-// vectors and no VNNI: a 32-byte load is 8 tokens x 4 dimensions; vpmaddubsw multiplies |key| by the
-// query byte carrying the key's sign (both within 127, so a pair's sum cannot saturate int16) and
-// vpmaddwd with ones adds each token's four products.
+// vectors and no VNNI. Keys: a 32-byte load is 8 tokens x 4 dimensions; vpmaddubsw multiplies |key| by
+// the query byte carrying the key's sign (both within 127, so a pair's sum cannot saturate int16) and
+// vpmaddwd with ones adds each token's four products. Values: a 32-byte load is 8 dimensions x 4
+// tokens; vpmaddubsw multiplies the weights (0..127, its unsigned operand) by the values (within 127:
+// no saturation either), vpmaddwd adds each dimension's four products.
 template <int C>
 void attend_block_int8(const DecodeAttention& a, const uint16_t* q, int64_t block, int64_t h, int64_t n,
                        float* part) {
@@ -495,15 +522,30 @@ void attend_block_int8(const DecodeAttention& a, const uint16_t* q, int64_t bloc
   __m256 acc[kAttnMaxGroup][2 * C];
   for (int64_t g = 0; g < group; ++g)
     for (int c = 0; c < 2 * C; ++c) acc[g][c] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < n; ++t) {
-    const int8_t* row = v + t * dim;
-    if (t * dim % 64 == 0) prefetch_next_item(row, item);
-    __m256 x[2 * C];
-    for (int c = 0; c < 2 * C; ++c)
-      x[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(row + 8 * c))));
+  alignas(32) uint8_t w8[kAttnMaxGroup][kWeightRun];
+  for (int64_t r0 = 0; r0 < n; r0 += kWeightRun) {
+    float wd[kAttnMaxGroup];
+    for (int64_t g = 0; g < group; ++g) wd[g] = quantize_weight_run32(&scores[g][r0], value_scale + r0, n - r0, w8[g]);
+    __m256i sum[kAttnMaxGroup][2 * C];
+    for (int64_t g = 0; g < group; ++g)
+      for (int c = 0; c < 2 * C; ++c) sum[g][c] = _mm256_setzero_si256();
+    const int64_t end = std::min(n, r0 + kWeightRun);
+    for (int64_t t = r0; t < end; t += 4) {
+      const int8_t* rows = v + t * dim;  // four tokens' values, (t / 4) * 4 * dim
+      __m256i x[2 * C];
+      for (int c = 0; c < 2 * C; ++c) {
+        if (c % 2 == 0) prefetch_next_item(rows + 32 * c, item);
+        x[c] = _mm256_loadu_si256((const __m256i*)(rows + 32 * c));
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        const __m256i w = _mm256_set1_epi32(load_i32(&w8[g][t - r0]));
+        for (int c = 0; c < 2 * C; ++c)
+          sum[g][c] = _mm256_add_epi32(sum[g][c], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x[c]), ones));
+      }
+    }
     for (int64_t g = 0; g < group; ++g) {
-      const __m256 p = _mm256_set1_ps(scores[g][t] * value_scale[t]);
-      for (int c = 0; c < 2 * C; ++c) acc[g][c] = _mm256_fmadd_ps(p, x[c], acc[g][c]);
+      const __m256 d = _mm256_set1_ps(wd[g]);
+      for (int c = 0; c < 2 * C; ++c) acc[g][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[g][c]), d, acc[g][c]);
     }
   }
   for (int64_t g = 0; g < group; ++g)
@@ -512,7 +554,7 @@ void attend_block_int8(const DecodeAttention& a, const uint16_t* q, int64_t bloc
 
 void decode_attention_int8(const DecodeAttention& a) {
   quantize_queries(a);
-  if (a.block_size % 8) return decode_attention_by_blocks(a, attend_block_int8_scalar);
+  if (a.block_size % kWeightRun) return decode_attention_by_blocks(a, attend_block_int8_scalar);
   switch (a.dim) {
     case 32: return decode_attention_by_blocks(a, attend_block_int8<2>);
     case 64: return decode_attention_by_blocks(a, attend_block_int8<4>);

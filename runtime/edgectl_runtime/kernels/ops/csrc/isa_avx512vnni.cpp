@@ -426,10 +426,29 @@ void attend_block(const DecodeAttention& a, const uint16_t* q, int64_t block, in
     for (int c = 0; c < C; ++c) interleave_even_odd(acc_e[g][c], acc_o[g][c], part + g * width + 32 * c);
 }
 
-// One block of an int8 KV (kernels.h) for a head size of 16 * C and a block of a multiple of 16
+// An int8 KV's weights for one run of 32 slots (kernels.h; common_inl.h quantize_weight_run in plain
+// C++): w = p * value_scale for the slots before n, 0 past it, quantized to 0..127 into w8[0..32);
+// returns the run's scale.
+inline float quantize_weight_run32(const float* p, const float* value_scale, int64_t n, uint8_t* w8) {
+  const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1);
+  const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xFFFFu : n <= 16 ? 0u : (1u << (n - 16)) - 1);
+  const __m512 w0 = _mm512_maskz_mul_ps(m0, _mm512_maskz_loadu_ps(m0, p), _mm512_maskz_loadu_ps(m0, value_scale));
+  const __m512 w1 = _mm512_maskz_mul_ps(m1, _mm512_maskz_loadu_ps(m1, p + 16),
+                                        _mm512_maskz_loadu_ps(m1, value_scale + 16));
+  const float top = _mm512_reduce_max_ps(_mm512_max_ps(w0, w1));
+  const __m512 inv = _mm512_set1_ps(top >= kWeightFloor ? 127.f / top : 0.f);
+  // vcvtps2dq rounds half to even (MXCSR's default); vpmovusdb saturates (nothing exceeds 127)
+  _mm_storeu_si128((__m128i*)w8, _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(w0, inv))));
+  _mm_storeu_si128((__m128i*)(w8 + 16), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(w1, inv))));
+  return top / 127.f;
+}
+
+// One block of an int8 KV (kernels.h) for a head size of 16 * C and a block of a multiple of 32
 // tokens. Keys: a 64-byte load is 16 tokens x 4 dimensions, one vpdpbusd per query head adds their
 // four products into each token's lane (the keys offset by 128 to be its unsigned operand, the
-// query's sum x 128 taken off after). Values: each row widened to fp32 once, as for bf16.
+// query's sum x 128 taken off after). Values: a 64-byte load is 16 dimensions x 4 tokens, one vpdpbusd
+// per query head adds four tokens' weighted values into each dimension's lane (the weights, 0..127,
+// its unsigned operand); a run's int32 sums times its scale into fp32 every 32 tokens.
 template <int C>
 void attend_block_int8(const DecodeAttention& a, const uint16_t* q, int64_t block, int64_t h, int64_t n,
                        float* part) {
@@ -444,40 +463,50 @@ void attend_block_int8(const DecodeAttention& a, const uint16_t* q, int64_t bloc
   const __m512i offset = _mm512_set1_epi8((char)0x80);
   alignas(64) float scores[kAttnMaxGroup][kAttnMaxBlock];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    for (int64_t d4 = 0; d4 < dim / 4; ++d4) prefetch_next_item(k + d4 * 4 * bs + 4 * t0, item);
+    __m512i x[dim / 4];
+    for (int64_t d4 = 0; d4 < dim / 4; ++d4) {
+      prefetch_next_item(k + d4 * 4 * bs + 4 * t0, item);
+      x[d4] = _mm512_xor_si512(_mm512_loadu_si512(k + d4 * 4 * bs + 4 * t0), offset);
+    }
     const __m512 ks = _mm512_loadu_ps(key_scale + t0);
     for (int64_t g = 0; g < group; ++g) {
-      __m512i acc = _mm512_setzero_si512();
-      for (int64_t d4 = 0; d4 < dim / 4; ++d4) {
-        const __m512i x = _mm512_xor_si512(_mm512_loadu_si512(k + d4 * 4 * bs + 4 * t0), offset);
-        acc = _mm512_dpbusd_epi32(acc, x, _mm512_set1_epi32(q_packed[g * (dim / 4) + d4]));
-      }
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(128 * a.q_sum[first + g])));
+      // four chains of sums: vpdpbusd's latency is several cycles, one chain of dim / 4 would wait on itself
+      __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+      for (int64_t d4 = 0; d4 < dim / 4; ++d4)
+        acc[d4 % 4] = _mm512_dpbusd_epi32(acc[d4 % 4], x[d4], _mm512_set1_epi32(q_packed[g * (dim / 4) + d4]));
+      const __m512i total = _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3]));
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(total, _mm512_set1_epi32(128 * a.q_sum[first + g])));
       _mm512_storeu_ps(&scores[g][t0], _mm512_mul_ps(_mm512_mul_ps(dot, _mm512_set1_ps(a.q_scale[first + g])), ks));
     }
   }
   for (int64_t g = 0; g < group; ++g) softmax_in_place(scores[g], n, part + g * width + dim);
-  __m512 acc[kAttnMaxGroup][C];
+  // Values, a run of 32 tokens at a time, one query head at a time (its C sums stay in registers; the
+  // run's values, 32 * dim bytes, are read from L1 again for the next head).
   for (int64_t g = 0; g < group; ++g)
-    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
-  for (int64_t t = 0; t < n; ++t) {
-    const int8_t* row = v + t * dim;
-    if (t * dim % 64 == 0) prefetch_next_item(row, item);
-    __m512 x[C];
-    for (int c = 0; c < C; ++c)
-      x[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(row + 16 * c))));
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(part + g * width + 16 * c, _mm512_setzero_ps());
+  for (int64_t r0 = 0; r0 < n; r0 += kWeightRun) {
+    const int64_t end = std::min(n, r0 + kWeightRun);
+    for (int64_t off = r0 * dim; off < end * dim; off += 64) prefetch_next_item(v + off, item);  // a line each
     for (int64_t g = 0; g < group; ++g) {
-      const __m512 p = _mm512_set1_ps(scores[g][t] * value_scale[t]);
-      for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(p, x[c], acc[g][c]);
+      alignas(64) uint8_t w8[kWeightRun];
+      const __m512 d = _mm512_set1_ps(quantize_weight_run32(&scores[g][r0], value_scale + r0, n - r0, w8));
+      __m512i sum[C];
+      for (int c = 0; c < C; ++c) sum[c] = _mm512_setzero_si512();
+      for (int64_t t = r0; t < end; t += 4) {
+        const int8_t* rows = v + t * dim;  // four tokens' values, (t / 4) * 4 * dim
+        const __m512i w = _mm512_set1_epi32(load_i32(&w8[t - r0]));
+        for (int c = 0; c < C; ++c) sum[c] = _mm512_dpbusd_epi32(sum[c], w, _mm512_loadu_si512(rows + 64 * c));
+      }
+      float* out = part + g * width;
+      for (int c = 0; c < C; ++c)
+        _mm512_storeu_ps(out + 16 * c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[c]), d, _mm512_loadu_ps(out + 16 * c)));
     }
   }
-  for (int64_t g = 0; g < group; ++g)
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(part + g * width + 16 * c, acc[g][c]);
 }
 
 void decode_attention_int8(const DecodeAttention& a) {
   quantize_queries(a);
-  if (a.block_size % 16) return decode_attention_by_blocks(a, attend_block_int8_scalar);
+  if (a.block_size % kWeightRun) return decode_attention_by_blocks(a, attend_block_int8_scalar);
   switch (a.dim) {
     case 32: return decode_attention_by_blocks(a, attend_block_int8<2>);
     case 64: return decode_attention_by_blocks(a, attend_block_int8<4>);

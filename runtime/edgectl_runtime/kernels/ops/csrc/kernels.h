@@ -100,12 +100,18 @@ using AddRmsNormFn = void (*)(const void* x, void* residual, const void* weight,
 // max|x| / 127, q = round_half_even(x * (127 / max|x|)) in -127..127 (all 0 and scale 0 for an
 // all-zero row; the activations' arithmetic above):
 // llama.cpp's q8_0 KV arithmetic, one scale per head row instead of per 32 values. Within a block
-// the VALUES ROW-MAJOR as for bf16, the KEYS IN GROUPS OF FOUR DIMENSIONS: key (t, d) at
-// (d / 4) * 4 * block_size + 4 * t + d % 4, so one 32-bit lane holds four dimensions of one token
-// and the query . key products are integer dot products (VNNI's vpdpbusd, AVX2's vpmaddubsw): the
-// query row is quantized the same way per head (qd, q8) and s_t = scale * qd * key_scale_t * (q8 . k8_t),
-// exact in int32; out = sum_t p_t * value_scale_t * v8_t in fp32 (as llama.cpp's CPU flash attention:
-// the query converted to the keys' type for the dot product, the values widened to fp32).
+// (its size a multiple of 4) the KEYS IN GROUPS OF FOUR DIMENSIONS: key (t, d) at
+// (d / 4) * 4 * block_size + 4 * t + d % 4, and the VALUES IN GROUPS OF FOUR TOKENS: value (t, d) at
+// (t / 4) * 4 * dim + 4 * d + t % 4, so that one 32-bit lane holds four dimensions of one key, or one
+// dimension of four values, and both products are integer dot products (VNNI's vpdpbusd, AVX2's
+// vpmaddubsw). The query row is quantized as a key row is, per head (qd, q8), and
+// s_t = scale * qd * key_scale_t * (q8 . k8_t), exact in int32. The weights p_t = exp(s_t - max) times
+// the token's value scale are quantized in runs of 32 slots of a block (fewer at its end when the block
+// size is not a multiple of 32): d = max w / 127, w8 = round_half_even(w * (127 / max w)) in 0..127 (0 for a
+// run whose maximum is below FLT_MIN, kWeightFloor);
+// out = sum over runs of d * sum_t w8_t * v8_t, the inner sums exact in int32. (llama.cpp's CPU flash
+// attention widens a q8_0 V row to fp32 and keeps its weights in fp32; quantizing the weights too makes
+// the value side integer dot products, docs/kernels.md "Decode attention over an int8 KV".)
 // ops/reference.py kv_write_int8 and decode_attention_int8 are the same in plain PyTorch.
 struct DecodeAttention {
   const uint16_t* q;
@@ -135,11 +141,13 @@ struct DecodeAttention {
 constexpr int64_t kAttnMaxGroup = 16;     // query heads per KV head
 constexpr int64_t kAttnMaxBlock = 512;    // tokens per KV block
 constexpr int64_t kAttnMaxDim = 256;      // a multiple of 16
+constexpr int64_t kWeightRun = 32;        // an int8 KV's attention weights: slots per scale
+constexpr float kWeightFloor = 1.17549435e-38f;  // FLT_MIN: a run of weights below it counts as zeros
 using DecodeAttentionFn = void (*)(const DecodeAttention& a);
 
 // An int8 KV's write (DecodeAttention above): token i's key and value rows [kv_heads][dim] (bf16, at
 // key + i * key_stride, value + i * value_stride) quantized into slot slots[i] = block * block_size + t
-// (a negative slot is padding: skipped), keys in groups of four dimensions, values row-major.
+// (a negative slot is padding: skipped), keys in groups of four dimensions, values in groups of four tokens.
 struct KvWrite {
   const uint16_t* key;
   int64_t key_stride;

@@ -1,6 +1,7 @@
 """One process: load the default-plan engine with a KV dtype (auto, fp8_e4m3, fp8_e5m2, or int8: edgectl's),
 measure, dump JSON (fp8 study). Teacher-forced fidelity reads prompt logprobs: the prompt's attention, which
-for int8 is the plugin's attention over the dequantized KV, not the decode kernel.
+for int8 is the plugin's attention over the dequantized KV, not the decode kernel; the greedy continuations
+(CONTINUATION tokens per prompt, top-20 logprobs a step) are the decode path, kv_dtype_table.py compares them.
 ``ROUND=int8|fp8``: the keys and values rounded as that KV would hold them, in the bf16 KV (kv_range.py)."""
 import json
 import os
@@ -17,6 +18,7 @@ if kv_dtype == "int8":  # edgectl's int8 KV: the plugin writes and reads vLLM's 
 model = os.environ.get("MODEL_DIR", "/var/lib/edgectl/models/smollm2-135m")
 mml = int(os.environ.get("MML", "4096"))
 kv_bytes = int(os.environ.get("KV_BYTES", "97320960"))
+CONTINUATION = int(os.environ.get("CONTINUATION", "48"))  # greedy tokens per prompt on the decode path
 if os.environ.get("STUDY_INIT_AMX") == "1":  # request the AMX tile permission up front (see docs/memory.md)
     import torch
     torch._C._cpu._init_amx()
@@ -52,6 +54,15 @@ for text in prompts["prompts"] + [prompts["perplexity_text"]]:
     nxt = {int(t): float(v.logprob) for t, v in r.outputs[0].logprobs[0].items()}
     items.append({"ids": ids, "positions": pos, "next": nxt})
 fid = {"method": "vllm-prompt-logprobs", "k": 20, "prompts": items[:-1], "perplexity": items[-1]}
+# the decode path: greedy continuations (token 0 from the prompt's pass, tokens 1.. from decode steps, which
+# for int8 are edgectl's decode kernel), each step's top-20 logprobs
+conts = []
+for text in prompts["prompts"]:
+    r = llm.generate([TokensPrompt(prompt_token_ids=tok.encode(text))],
+                     SamplingParams(max_tokens=CONTINUATION, temperature=0, logprobs=20, ignore_eos=True), use_tqdm=False)[0]
+    conts.append({"ids": list(r.outputs[0].token_ids),
+                  "logprobs": [{int(t): float(v.logprob) for t, v in e.items()} for e in r.outputs[0].logprobs]})
+fid["continuations"] = conts
 # speed: decode 128 tokens (ignore_eos), prefill 512 fresh random ids
 sp = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
 t0 = time.perf_counter(); llm.generate([prompts["decode_prompt"]], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False); t1 = time.perf_counter()

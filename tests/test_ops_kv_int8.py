@@ -99,8 +99,9 @@ def _close(got, want):
 
 
 def test_the_write_is_the_references_bit_for_bit():
-    """The op's bytes and scales are the reference's: keys column-major within a block, values row-major,
-    an all-zero row stored as zeros with scale 0, padding slots (-1) left alone."""
+    """The op's bytes and scales are the reference's: keys in groups of four dimensions within a block,
+    values in groups of four tokens, an all-zero row and a row too small to scale (max|x| under 1e-30, where
+    127 / max|x| would overflow float32) stored as zeros with scale 0, padding slots (-1) left alone."""
     gen = torch.Generator().manual_seed(1)
     blocks, kv_heads, block_size, dim = 6, 3, 32, 64
     cache = torch.zeros(blocks, kv_heads, block_size, 2 * dim, dtype=torch.int8)
@@ -109,6 +110,7 @@ def test_the_write_is_the_references_bit_for_bit():
     value = torch.randn(40, kv_heads, dim, generator=gen).to(torch.bfloat16)
     key[5, 1] = 0  # an all-zero row
     value[7] = 0
+    key[6, 0] = torch.full((dim,), 1e-37).to(torch.bfloat16)  # a normal number, but 127 / 1e-37 overflows float32
     slots = torch.randperm(blocks * block_size, generator=gen)[:40]
     slots[3] = -1
     got_cache = cache.clone()
@@ -130,6 +132,7 @@ def test_the_write_is_the_references_bit_for_bit():
         assert ((kk - key[i].float()).abs() <= ks[:, None] / 2 + 1e-6).all()
         assert ((vv - value[i].float()).abs() <= vs[:, None] / 2 + 1e-6).all()
     assert torch.equal(k[1, slots[5]], torch.zeros(dim)) and got_scales.flatten()[0] != 0
+    assert torch.equal(k[0, slots[6]], torch.zeros(dim)) and torch.isfinite(got_scales[got_scales != -1]).all()
 
 
 # (seq_lens, heads, kv_heads, dim, block_size): as tests/test_ops_decode_attention.py, over vLLM's

@@ -127,18 +127,28 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
 # four tokens (value ``(t, d)`` at ``(t // 4) * 4 * dim + 4 * d + t % 4``), and a float32 scale per token,
 # KV head and half in ``scales [blocks, kv_heads, 2, block_size]``. The block size a multiple of 4.
 WEIGHT_RUN = 32  # slots of a block whose attention weights share one scale (decode_attention_int8)
+QUANT_FLOOR = 1e-30  # a row or run whose largest magnitude is below it quantizes to zeros, scale 0 (kernels.h)
+
+
+def _quantize_steps(top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``127 / top`` and ``top / 127`` in float32, both 0 where ``top`` is below :data:`QUANT_FLOOR`
+    (``torch.full_like(top, 127) / top``, not ``127.0 / top``: the latter is reciprocal(top) * 127, another
+    rounding)."""
+    top = top.float()
+    kept = top >= QUANT_FLOOR
+    inv = torch.where(kept, torch.full_like(top, 127.0) / torch.where(kept, top, torch.ones_like(top)),
+                      torch.zeros_like(top))
+    return inv, torch.where(kept, top / 127.0, torch.zeros_like(top))
 
 
 def quantize_kv_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., dim]`` -> int8 ``q`` and float32 ``scale [...]``: ``scale = max|x| / 127``,
-    ``q = round_half_even(x * (127 / max|x|))`` in -127..127 (0 and scale 0 for an all-zero row)."""
+    ``q = round_half_even(x * (127 / max|x|))`` in -127..127 (0 and scale 0 for a row whose max|x| is
+    below :data:`QUANT_FLOOR`, an all-zero one)."""
     xf = x.float()
-    top = xf.abs().amax(dim=-1)
-    # torch.full_like(top, 127) / top, not 127.0 / top: the latter is reciprocal(top) * 127, another rounding
-    inv = torch.where(top > 0, torch.full_like(top, 127.0) / torch.where(top > 0, top, torch.ones_like(top)),
-                      torch.zeros_like(top))
+    inv, step = _quantize_steps(xf.abs().amax(dim=-1))
     q = torch.round(xf * inv.unsqueeze(-1)).clamp(-127, 127)
-    return q.to(torch.int8), top / 127.0
+    return q.to(torch.int8), step
 
 
 def kv_write_int8(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -191,8 +201,8 @@ def quantize_weights(w: torch.Tensor, block_size: int) -> torch.Tensor:
     """Attention weights ``w [..., tokens]`` (>= 0, token ``t`` in slot ``t % block_size`` of its block)
     as ``decode_attention_int8`` uses them: in runs of :data:`WEIGHT_RUN` slots of a block (the last run of
     a block shorter when the block size is not a multiple), ``d = max w / 127`` and
-    ``w8 = round_half_even(w * (127 / max w))`` in 0..127 (all 0 for a run whose maximum is below float32's
-    smallest normal number); returns ``w8 * d``."""
+    ``w8 = round_half_even(w * (127 / max w))`` in 0..127 (all 0 for a run whose maximum is below
+    :data:`QUANT_FLOOR`); returns ``w8 * d``."""
     lead, n = w.shape[:-1], w.shape[-1]
     blocks, runs = -(-n // block_size), -(-block_size // WEIGHT_RUN)
     slots = torch.zeros(*lead, blocks * block_size, dtype=w.dtype)
@@ -201,10 +211,9 @@ def quantize_weights(w: torch.Tensor, block_size: int) -> torch.Tensor:
     padded[..., :block_size] = slots.view(*lead, blocks, block_size)
     by_run = padded.view(*lead, blocks, runs, WEIGHT_RUN)
     top = by_run.amax(dim=-1, keepdim=True)
-    top = torch.where(top >= torch.finfo(torch.float32).tiny, top, torch.zeros_like(top))
-    inv = torch.where(top > 0, torch.full_like(top, 127.0) / torch.where(top > 0, top, torch.ones_like(top)),
-                      torch.zeros_like(top))
-    wq = torch.round(by_run * inv).clamp(0, 127) * (top / 127.0)
+    kept = top >= QUANT_FLOOR
+    inv = torch.where(kept, 127.0 / torch.where(kept, top, torch.ones_like(top)), torch.zeros_like(top))
+    wq = torch.round(by_run * inv).clamp(0, 127) * torch.where(kept, top / 127.0, torch.zeros_like(top))
     return wq.view(*lead, blocks, runs * WEIGHT_RUN)[..., :block_size].reshape(*lead, -1)[..., :n]
 
 

@@ -248,9 +248,9 @@ inline void kv_write_int8_rows(const KvWrite& w) {
       const uint16_t* key = w.key + i * w.key_stride + h * w.dim;
       const uint16_t* value = w.value + i * w.value_stride + h * w.dim;
       const float ktop = max_abs_bf16(key, w.dim), vtop = max_abs_bf16(value, w.dim);
-      const float kinv = ktop > 0.f ? 127.f / ktop : 0.f, vinv = vtop > 0.f ? 127.f / vtop : 0.f;
-      scale[t] = ktop / 127.f;
-      scale[w.block_size + t] = vtop / 127.f;
+      const float kinv = ktop >= kQuantFloor ? 127.f / ktop : 0.f, vinv = vtop >= kQuantFloor ? 127.f / vtop : 0.f;
+      scale[t] = kinv > 0.f ? ktop / 127.f : 0.f;
+      scale[w.block_size + t] = vinv > 0.f ? vtop / 127.f : 0.f;
       int8_t* k8 = w.k8 + off + 4 * t;  // key (t, d) at (d / 4) * 4 * block_size + 4 * t + d % 4
       int8_t* v8 = w.v8 + off + (t / 4) * 4 * w.dim + t % 4;  // value (t, d) at (t / 4) * 4 * dim + 4 * d + t % 4
       for (int64_t d = 0; d < w.dim; ++d) {
@@ -268,7 +268,8 @@ inline void quantize_queries(const DecodeAttention& a) {
   for (int64_t s = 0; s < a.seqs; ++s)
     for (int64_t i = 0; i < a.heads; ++i) {
       const uint16_t* row = a.q + s * a.q_seq_stride + i * a.q_head_stride;
-      const float top = max_abs_bf16(row, a.dim), qd = top / 127.f, inv = top > 0.f ? 127.f / top : 0.f;
+      const float top = max_abs_bf16(row, a.dim), inv = top >= kQuantFloor ? 127.f / top : 0.f;
+      const float qd = inv > 0.f ? top / 127.f : 0.f;
       int8_t q8[kAttnMaxDim];
       int32_t sum = 0;
       for (int64_t d = 0; d < a.dim; ++d) {
@@ -310,12 +311,12 @@ inline float quantize_weight_run(const float* p, const float* value_scale, int64
     w[t] = t < n ? p[t] * value_scale[t] : 0.f;
     top = w[t] > top ? w[t] : top;
   }
-  const float inv = top >= kWeightFloor ? 127.f / top : 0.f;
+  const float inv = top >= kQuantFloor ? 127.f / top : 0.f;
   for (int64_t t = 0; t < len; ++t) {
     const float r = nearbyintf(w[t] * inv);
     w8[t] = (uint8_t)(r > 127.f ? 127.f : r);
   }
-  return top / 127.f;
+  return inv > 0.f ? top / 127.f : 0.f;
 }
 
 // One block of an int8 KV in plain C++ (the scalar level's, and the fallback of the others).

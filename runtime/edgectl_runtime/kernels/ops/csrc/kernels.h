@@ -97,8 +97,8 @@ using AddRmsNormFn = void (*)(const void* x, void* residual, const void* weight,
 // int8 elements (vLLM allocates it as its one-byte fp8 KV; edgectl writes it, kv_write_int8) and a
 // float32 scale per token, KV head and half: scales [blocks][kv_heads][2][block_size], the key's at
 // [b][h][0][t], the value's at [b][h][1][t]. A token's K (and its V) for one KV head: scale =
-// max|x| / 127, q = round_half_even(x * (127 / max|x|)) in -127..127 (all 0 and scale 0 for an
-// all-zero row; the activations' arithmetic above):
+// max|x| / 127, q = round_half_even(x * (127 / max|x|)) in -127..127 (all 0 and scale 0 for a row
+// whose max|x| is below kQuantFloor, an all-zero one; the activations' arithmetic above):
 // llama.cpp's q8_0 KV arithmetic, one scale per head row instead of per 32 values. Within a block
 // (its size a multiple of 4) the KEYS IN GROUPS OF FOUR DIMENSIONS: key (t, d) at
 // (d / 4) * 4 * block_size + 4 * t + d % 4, and the VALUES IN GROUPS OF FOUR TOKENS: value (t, d) at
@@ -108,7 +108,7 @@ using AddRmsNormFn = void (*)(const void* x, void* residual, const void* weight,
 // s_t = scale * qd * key_scale_t * (q8 . k8_t), exact in int32. The weights p_t = exp(s_t - max) times
 // the token's value scale are quantized in runs of 32 slots of a block (fewer at its end when the block
 // size is not a multiple of 32): d = max w / 127, w8 = round_half_even(w * (127 / max w)) in 0..127 (0 for a
-// run whose maximum is below FLT_MIN, kWeightFloor);
+// run whose maximum is below kQuantFloor);
 // out = sum over runs of d * sum_t w8_t * v8_t, the inner sums exact in int32. (llama.cpp's CPU flash
 // attention widens a q8_0 V row to fp32 and keeps its weights in fp32; quantizing the weights too makes
 // the value side integer dot products, docs/kernels.md "Decode attention over an int8 KV".)
@@ -142,7 +142,9 @@ constexpr int64_t kAttnMaxGroup = 16;     // query heads per KV head
 constexpr int64_t kAttnMaxBlock = 512;    // tokens per KV block
 constexpr int64_t kAttnMaxDim = 256;      // a multiple of 16
 constexpr int64_t kWeightRun = 32;        // an int8 KV's attention weights: slots per scale
-constexpr float kWeightFloor = 1.17549435e-38f;  // FLT_MIN: a run of weights below it counts as zeros
+// An int8 KV row (key, value, query) or run of weights whose largest magnitude is below kQuantFloor quantizes to
+// zeros, scale 0: 127 / max would overflow float32 below ~3.7e-37 (an all-zero row is the case that occurs).
+constexpr float kQuantFloor = 1e-30f;
 using DecodeAttentionFn = void (*)(const DecodeAttention& a);
 
 // An int8 KV's write (DecodeAttention above): token i's key and value rows [kv_heads][dim] (bf16, at

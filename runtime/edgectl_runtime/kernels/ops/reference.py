@@ -210,10 +210,8 @@ def quantize_weights(w: torch.Tensor, block_size: int) -> torch.Tensor:
     padded = torch.zeros(*lead, blocks, runs * WEIGHT_RUN, dtype=w.dtype)
     padded[..., :block_size] = slots.view(*lead, blocks, block_size)
     by_run = padded.view(*lead, blocks, runs, WEIGHT_RUN)
-    top = by_run.amax(dim=-1, keepdim=True)
-    kept = top >= QUANT_FLOOR
-    inv = torch.where(kept, 127.0 / torch.where(kept, top, torch.ones_like(top)), torch.zeros_like(top))
-    wq = torch.round(by_run * inv).clamp(0, 127) * torch.where(kept, top / 127.0, torch.zeros_like(top))
+    inv, step = _quantize_steps(by_run.amax(dim=-1, keepdim=True))
+    wq = torch.round(by_run * inv).clamp(0, 127) * step
     return wq.view(*lead, blocks, runs * WEIGHT_RUN)[..., :block_size].reshape(*lead, -1)[..., :n]
 
 

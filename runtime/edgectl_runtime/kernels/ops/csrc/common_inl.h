@@ -237,6 +237,15 @@ inline int8_t round_to_int8(float x) {
   return (int8_t)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
 }
 
+// An int8 KV's quantization steps for a row or run whose largest magnitude is top (kernels.h): inv =
+// 127 / top and step = top / 127, both 0 under kQuantFloor.
+struct QuantSteps {
+  float inv, step;
+};
+inline QuantSteps quant_steps(float top) {
+  return top >= kQuantFloor ? QuantSteps{127.f / top, top / 127.f} : QuantSteps{0.f, 0.f};
+}
+
 // kernels.h KvWrite: each level's kv_write_int8 (plain C++, compiled with the level's flags).
 inline void kv_write_int8_rows(const KvWrite& w) {
   for (int64_t i = 0; i < w.tokens; ++i) {
@@ -248,14 +257,14 @@ inline void kv_write_int8_rows(const KvWrite& w) {
       const uint16_t* key = w.key + i * w.key_stride + h * w.dim;
       const uint16_t* value = w.value + i * w.value_stride + h * w.dim;
       const float ktop = max_abs_bf16(key, w.dim), vtop = max_abs_bf16(value, w.dim);
-      const float kinv = ktop >= kQuantFloor ? 127.f / ktop : 0.f, vinv = vtop >= kQuantFloor ? 127.f / vtop : 0.f;
-      scale[t] = kinv > 0.f ? ktop / 127.f : 0.f;
-      scale[w.block_size + t] = vinv > 0.f ? vtop / 127.f : 0.f;
+      const QuantSteps ks = quant_steps(ktop), vs = quant_steps(vtop);
+      scale[t] = ks.step;
+      scale[w.block_size + t] = vs.step;
       int8_t* k8 = w.k8 + off + 4 * t;  // key (t, d) at (d / 4) * 4 * block_size + 4 * t + d % 4
       int8_t* v8 = w.v8 + off + (t / 4) * 4 * w.dim + t % 4;  // value (t, d) at (t / 4) * 4 * dim + 4 * d + t % 4
       for (int64_t d = 0; d < w.dim; ++d) {
-        k8[(d / 4) * 4 * w.block_size + d % 4] = round_to_int8(bf16_to_float(key[d]) * kinv);
-        v8[4 * d] = round_to_int8(bf16_to_float(value[d]) * vinv);
+        k8[(d / 4) * 4 * w.block_size + d % 4] = round_to_int8(bf16_to_float(key[d]) * ks.inv);
+        v8[4 * d] = round_to_int8(bf16_to_float(value[d]) * vs.inv);
       }
     }
   }
@@ -268,17 +277,16 @@ inline void quantize_queries(const DecodeAttention& a) {
   for (int64_t s = 0; s < a.seqs; ++s)
     for (int64_t i = 0; i < a.heads; ++i) {
       const uint16_t* row = a.q + s * a.q_seq_stride + i * a.q_head_stride;
-      const float top = max_abs_bf16(row, a.dim), inv = top >= kQuantFloor ? 127.f / top : 0.f;
-      const float qd = inv > 0.f ? top / 127.f : 0.f;
+      const QuantSteps qs = quant_steps(max_abs_bf16(row, a.dim));
       int8_t q8[kAttnMaxDim];
       int32_t sum = 0;
       for (int64_t d = 0; d < a.dim; ++d) {
-        q8[d] = round_to_int8(bf16_to_float(row[d]) * inv);
+        q8[d] = round_to_int8(bf16_to_float(row[d]) * qs.inv);
         sum += q8[d];
       }
       const int64_t at = s * a.heads + i;
       memcpy(a.q_packed + at * (a.dim / 4), q8, (size_t)a.dim);
-      a.q_scale[at] = qd * a.scale;
+      a.q_scale[at] = qs.step * a.scale;
       a.q_sum[at] = sum;
     }
 }
@@ -311,12 +319,12 @@ inline float quantize_weight_run(const float* p, const float* value_scale, int64
     w[t] = t < n ? p[t] * value_scale[t] : 0.f;
     top = w[t] > top ? w[t] : top;
   }
-  const float inv = top >= kQuantFloor ? 127.f / top : 0.f;
+  const QuantSteps qs = quant_steps(top);
   for (int64_t t = 0; t < len; ++t) {
-    const float r = nearbyintf(w[t] * inv);
+    const float r = nearbyintf(w[t] * qs.inv);
     w8[t] = (uint8_t)(r > 127.f ? 127.f : r);
   }
-  return inv > 0.f ? top / 127.f : 0.f;
+  return qs.step;
 }
 
 // One block of an int8 KV in plain C++ (the scalar level's, and the fallback of the others).

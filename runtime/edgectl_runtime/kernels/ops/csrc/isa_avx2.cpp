@@ -476,13 +476,13 @@ inline float quantize_weight_run32(const float* p, const float* value_scale, int
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   const float t = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
-  const float scalar_inv = t >= kQuantFloor ? 127.f / t : 0.f;
-  const __m256 inv = _mm256_set1_ps(scalar_inv);
+  const QuantSteps qs = quant_steps(t);
+  const __m256 inv = _mm256_set1_ps(qs.inv);
   __m256i r[4];
   for (int i = 0; i < 4; ++i) r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(w[i], inv));  // half to even (MXCSR)
   const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(r[0], r[1]), _mm256_packus_epi32(r[2], r[3]));
   _mm256_storeu_si256((__m256i*)w8, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  return scalar_inv > 0.f ? t / 127.f : 0.f;
+  return qs.step;
 }
 
 // One block of an int8 KV (kernels.h), as isa_avx512vnni.cpp's attend_block_int8 with 256-bit

@@ -436,12 +436,12 @@ inline float quantize_weight_run32(const float* p, const float* value_scale, int
   const __m512 w1 = _mm512_maskz_mul_ps(m1, _mm512_maskz_loadu_ps(m1, p + 16),
                                         _mm512_maskz_loadu_ps(m1, value_scale + 16));
   const float top = _mm512_reduce_max_ps(_mm512_max_ps(w0, w1));
-  const float scalar_inv = top >= kQuantFloor ? 127.f / top : 0.f;
-  const __m512 inv = _mm512_set1_ps(scalar_inv);
+  const QuantSteps qs = quant_steps(top);
+  const __m512 inv = _mm512_set1_ps(qs.inv);
   // vcvtps2dq rounds half to even (MXCSR's default); vpmovusdb saturates (nothing exceeds 127)
   _mm_storeu_si128((__m128i*)w8, _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(w0, inv))));
   _mm_storeu_si128((__m128i*)(w8 + 16), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(w1, inv))));
-  return scalar_inv > 0.f ? top / 127.f : 0.f;
+  return qs.step;
 }
 
 // One block of an int8 KV (kernels.h) for a head size of 16 * C and a block of a multiple of 32

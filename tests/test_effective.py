@@ -263,3 +263,16 @@ def test_a_vision_plan_quantizes_its_language_model_and_keeps_the_tower_dense():
     got["linear_formats"]["model.layers.2.mlp.down_proj"] = "w8a8/b32"
     del got["quantization_readback"]["dense_parts"]
     assert mismatches(p, got)[0] == "the runtime did not say which parts of the vision-language model it kept dense"
+
+
+def test_a_vision_towers_batches_are_checked_against_the_plan():
+    """A vision plan's tower_tiles against what the worker installed; a text plan's read-back is not asked."""
+    from edgectl.contract.vision import VisionServe
+
+    p = plan(vision=VisionServe(tower_tiles=2))
+    others = mismatches(p, read_back(p))  # this text fixture's read-back says nothing of a vision model's parts
+    assert mismatches(p, {**read_back(p), "tower_tiles": {"tiles": 2, "calls": 1, "batches": 9}}) == others
+    problems = mismatches(p, {**read_back(p), "tower_tiles": {"tiles": 0, "calls": 1, "batches": 1}})
+    assert problems == [*others, "the tiles the vision tower encodes at once (0: all) is 0, the plan says 2"]
+    text = plan()
+    assert mismatches(text, {**read_back(text), "tower_tiles": {"tiles": 0, "calls": 0, "batches": 0}}) == []

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # noqa: E402
+from vllm_group import single_rank_group  # noqa: E402, F401  (the fixture)
 
 from edgectl_runtime.formats.groups import dequantize_int4, quantize_int4  # noqa: E402
 from edgectl_runtime.kernels import cpu_int4  # noqa: E402
@@ -24,23 +25,9 @@ BF16 = torch.bfloat16
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _single_rank_group(tmp_path_factory):
-    """vLLM's dense fallback (UnquantizedLinearMethod) asks for the tensor-parallel rank: set up
-    vLLM's process groups for one rank, as its worker does."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state as ps
-
-    if ps._TP is not None:
-        yield
-        return
-    init = f"file://{tmp_path_factory.mktemp('dist')}/init"
-    with set_current_vllm_config(VllmConfig()):
-        ps.init_distributed_environment(world_size=1, rank=0, distributed_init_method=init, local_rank=0,
-                                        backend="gloo")
-        ps.initialize_model_parallel(1, 1)
-        yield
-        ps.destroy_model_parallel()
-        ps.destroy_distributed_environment()
+def _single_rank_group(single_rank_group):  # noqa: F811
+    """vLLM's dense fallback (UnquantizedLinearMethod) asks for the tensor-parallel rank."""
+    yield
 
 
 def _config(**kw):

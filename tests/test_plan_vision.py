@@ -91,6 +91,29 @@ def test_decode_steps_take_edgectls_attention_unless_asked_otherwise(vlm, asked)
     assert asked is not None or "interleaved" in why.detail
 
 
+@pytest.mark.parametrize("asked", [None, 0, 4])
+def test_the_tower_encodes_two_tiles_at_a_time_unless_asked_otherwise(vlm, asked):
+    """The plan's vision.tower_tiles, the runtime's variable, the reason; the room for the tower's work
+    stays sized for all of an image's tiles at once whatever the lever (an upper bound when it batches)."""
+    p = vision_plan(vlm, bench=BenchLevers(tower_tiles=asked))
+    want = 2 if asked is None else asked
+    assert p.vision is not None and p.vision.tower_tiles == want
+    assert runtime_levers(p)["EDGECTL_TOWER_TILES"] == str(want)
+    (why,) = reasons_by_decision(p)["tower_tiles"]
+    assert why["value"] == want and (why["source"] == "default") == (asked is None)
+    assert asked is not None or "interleaved" in why["detail"]
+    (work,) = reasons_by_decision(p)["encoder_work_bytes"]
+    (whole,) = reasons_by_decision(vision_plan(vlm, bench=BenchLevers(tower_tiles=0)))["encoder_work_bytes"]
+    assert work["value"] == whole["value"]
+    assert ("upper bound" in work["detail"]) is (want > 0)
+
+
+def test_a_text_plan_leaves_vllms_tower_as_it_is():
+    text = plan(host_facts(HOST), inspect_model(SHAPES / "smollm2-135m"), frozen_profiles(),
+                Request(model="smollm2-135m"))
+    assert text.vision is None and runtime_levers(text)["EDGECTL_TOWER_TILES"] == "0"
+
+
 @pytest.mark.parametrize(("host", "on", "because"), [
     ("xeon-spr-amx-2s", False, "vLLM's AMX attention"),  # as fast there, measured
     ("kvm-xeon-avx512-2c", True, "interleaved"),

@@ -21,6 +21,7 @@ from test_models_synthetic_vision import TINY
 from test_vision_engine import tiny_vlm  # noqa: F401  (the fixture: the maker's tiny VLM)
 
 from edgectl import launch
+from edgectl.planner.vision import TOWER_TILES_DEFAULT
 
 pytestmark = [pytest.mark.engine]
 
@@ -33,13 +34,19 @@ def _agreement(model: Path, env: dict[str, str]) -> subprocess.CompletedProcess[
 
 
 def test_the_served_tower_agrees_with_transformers_in_float32(tiny_vlm: Path) -> None:  # noqa: F811
-    done = _agreement(tiny_vlm, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    """The tower as the plan serves it: its tiles TOWER_TILES_DEFAULT at a time (vllm_plugin/tower_tiles.py)."""
+    done = _agreement(tiny_vlm, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "EDGECTL_TOWER_TILES": str(TOWER_TILES_DEFAULT)})
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout.strip().splitlines()[-1])
     assert doc["schema"] == "edgectl.vision-tower-agreement/1"
     assert (doc["engine_dtype"], doc["reference_dtype"]) == ("bfloat16", "float32")
     images = doc["images"]
     assert len(images) >= 3
+    # every image's tiles went through the tower in batches of at most TOWER_TILES_DEFAULT
+    tiles = [i["tiles"] for i in images]
+    assert max(tiles) > TOWER_TILES_DEFAULT
+    assert doc["tower_tiles"] == {"tiles": TOWER_TILES_DEFAULT, "calls": len(images),
+                                  "batches": sum(-(-t // TOWER_TILES_DEFAULT) for t in tiles)}, doc["tower_tiles"]
     assert any(i["width"] == i["height"] == 512 for i in images) and any(i["width"] != i["height"] for i in images)
     for image in images:
         # every tile's tokens came back: the processor's image_seq_len a tile, the text model's width

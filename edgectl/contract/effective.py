@@ -31,6 +31,8 @@ a pass invalid). The fields it compares:
     idle_trim              {"enabled": bool, "available": bool (glibc's malloc_trim found), "trims": n,
                            "released_bytes", "last_ms", "max_ms", ...}: the trimmer's running figures
     python_optimize        the server process's ``sys.flags.optimize``
+    tower_tiles            a vision plan's: {"tiles": the tiles a tower batch as installed (0: all, vLLM's
+                           way), "calls": n, "batches": n} (runtime/edgectl_runtime/vllm_plugin/tower_tiles.py)
     max_model_len, max_num_seqs
 """
 
@@ -164,6 +166,8 @@ class Effective:
     thread_wait: str | None = None  # spin | passive | active: OMP_WAIT_POLICY as the worker's OpenMP runtime read it
     omp_cpus: tuple[int, ...] | None = None
     speech_head: str | None = None  # a Whisper's: dense | w8-scan, as its model class computes the logits
+    # a vision tower's batches: {"tiles": the lever as installed (0: not), "calls": n, "batches": n}
+    tower_tiles: dict[str, int] | None = None
     # the server's process tree and its own process
     server_pid: int | None = None
     processes: int | None = None
@@ -254,6 +258,9 @@ def mismatches(plan: Plan, effective: Effective | Mapping[str, Any]) -> list[str
         out.append(f"the model was loaded with {effective.load_format!r}, a GGUF is served by {GGUF_LOAD_FORMAT!r}")
     out += _processes(plan, effective)
     out += _kv_dtype(plan, effective)
+    if plan.vision is not None and effective.tower_tiles is not None:  # reported by workers since the lever exists
+        differ("the tiles the vision tower encodes at once (0: all)", plan.vision.tower_tiles,
+               effective.tower_tiles.get("tiles"))
     if effective.decode_attention is not None:  # reported by workers since the lever exists
         differ("the decode attention's kernel", "edgectl" if plan.levers.decode_attention else "vllm",
                effective.decode_attention.get("kernel"))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgectl.contract.int4_layout import ALLOWED_GROUP_SIZES, DEFAULT_GROUP_SIZE
+from edgectl.contract.vision import TOWER_TILES
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Plan
@@ -86,6 +87,10 @@ _VARS = [
         "which allocates one byte per value): every decoder layer's KV is edgectl's int8, a scale per token and "
         "KV head, written and read by edgectl (runtime/edgectl_runtime/vllm_plugin/kv_int8.py); 0: vLLM's KV",
         "0", _BOOL),
+    Var("EDGECTL_TOWER_TILES", Role.OWN, "N > 0: a vision-language model's tower (Idefics3's, SmolVLM's) encodes an "
+        "image's tiles N at a time instead of all in one batch, the same embeddings from tensors an N-th of the size "
+        "(runtime/edgectl_runtime/vllm_plugin/tower_tiles.py; the plan's vision.tower_tiles); 0: all at once, as vLLM "
+        "does", "0", tuple(str(n) for n in TOWER_TILES)),
     Var("EDGECTL_LAYERWISE_REPACK", Role.OWN, "1: cpu_int4 quantizes and packs each layer as soon as its last "
         "checkpoint shard arrives, and the embedding / LM head straight from the checkpoint tensor (no dense "
         "copy of the model is ever resident); 0: the naive path, the whole model is loaded in the model dtype "
@@ -263,7 +268,8 @@ def runtime_python(environ: Mapping[str, str]) -> str:
 
 # -- the plan's side of the runtime's variables -----------------------------------------------------
 
-_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_DECODE_ATTENTION", "EDGECTL_KV_INT8", "EDGECTL_LAYERWISE_REPACK",
+_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_DECODE_ATTENTION", "EDGECTL_KV_INT8", "EDGECTL_TOWER_TILES",
+                   "EDGECTL_LAYERWISE_REPACK",
                    "EDGECTL_LM_HEAD",
                    "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_LINEAR_BITS", "EDGECTL_INT4_PARTS",
                    "EDGECTL_KERNEL_ISA", "EDGECTL_COMPILE_CACHE", "EDGECTL_EMBEDDING_PACK")
@@ -288,6 +294,7 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
         # the unmodified-vLLM comparison is the bench's stock arm, without edgectl's plugin.
         "EDGECTL_COMPILE_CACHE": "1",
         "EDGECTL_EMBEDDING_PACK": str(plan.levers.embedding_pack),
+        "EDGECTL_TOWER_TILES": str(plan.vision.tower_tiles if plan.vision is not None else 0),
     }
     if plan.group_size:  # a dense speech plan has none (0)
         env["EDGECTL_INT4_GROUP_SIZE"] = str(plan.group_size)

@@ -216,6 +216,7 @@ class BenchLevers:
     cpp_wrapper: bool | None = None  # the compiled graph's wrapper in C++ (inductor's cpp_wrapper), else Python
     speech_head: str | None = None  # a speech model's: dense | w8-scan
     speech_dtype: str | None = None  # a speech model's activations with --format w8a8: float16 | bfloat16 | float32
+    tower_tiles: int | None = None  # a vision model's: the tiles its tower encodes at once (0: all, vLLM's way)
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ class Request:
                    "threads", "name", "host", "port", "topology", "rope_cap", "layerwise_repack",
                    "reserve_frontend_core", "compilation", "quantize_lm_head", "kv_cache_bytes", "kv_cache_dtype",
                    "embedding_pack", "optional_imports", "tokenizer", "idle_trim", "python_optimize", "thread_wait",
-                   "huge_pages", "decode_attention", "cpp_wrapper", "speech_head", "speech_dtype", "watchdog_s")
+                   "huge_pages", "decode_attention", "cpp_wrapper", "speech_head", "speech_dtype", "tower_tiles", "watchdog_s")
 
     @classmethod
     def from_flat(cls, **values: Any) -> Request:

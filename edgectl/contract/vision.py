@@ -32,6 +32,9 @@ DEFAULT_MAX_IMAGES_PER_REQUEST = 1
 DEFAULT_MAX_REQUEST_BYTES = 20 * 1024 * 1024
 # No network is assumed at the edge (issue 34): images come as data: URIs.
 DEFAULT_ALLOW_REMOTE_URLS = False
+# How many of an image's tiles the vision tower encodes at once (runtime/edgectl_runtime/vllm_plugin/
+# tower_tiles.py): 0 is all of them in one batch, as vLLM does and as plans written before the lever ran.
+TOWER_TILES = (0, 1, 2, 4, 8, 16, 32)
 
 
 def _between(low: int, high: int | None = None) -> Callable[[int], str | None]:
@@ -42,6 +45,12 @@ def _between(low: int, high: int | None = None) -> Callable[[int], str | None]:
             return (f"{value} is above {high}, Pillow's decompression-bomb threshold (vLLM's Image.open warns "
                     "above it and refuses above twice it)")
         return None
+    return rule
+
+
+def _one_of(allowed: tuple[int, ...]) -> Callable[[int], str | None]:
+    def rule(value: int) -> str | None:
+        return None if value in allowed else f"expected one of {', '.join(map(str, allowed))}, got {value!r}"
     return rule
 
 
@@ -62,3 +71,4 @@ class VisionServe:
     """How a vision-language model is served (images in, text out); a text model's plan has none."""
 
     images: ImageLimits = field(default_factory=ImageLimits)
+    tower_tiles: int = field(default=0, kw_only=True, metadata=check(_one_of(TOWER_TILES)))

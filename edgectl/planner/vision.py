@@ -154,11 +154,13 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     why.take(_image_tokens(model, vision, limits, sizes, prompt_min))
     _check_context(model, request, limits, prompt_min)
     why.take(_tower(vision))
+    tower_tiles = why.take(_tower_tiles(request))
     text_costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     held = why.take(_encoder_held(sizes))
     # the encoder's held memory beside the text model's in the steady total, its work only under the limits
     costs = replace(text_costs, runtime_bytes=text_costs.runtime_bytes + held,
-                    transient_bytes=why.take(_encoder_work(vision, sizes)), transient_what="the tower's work on one image")
+                    transient_bytes=why.take(_encoder_work(vision, sizes, tower_tiles)),
+                    transient_what="the tower's work on one image")
     levers = choose_levers(request.bench).value
     fit = why.take(fit_weights_and_context(
         facts.memory.budget_bytes, model, profile, request, [(fmt, fmt_reason)], 0,
@@ -201,7 +203,7 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         env=env,
         reasons=why.items,
         request=request,
-        vision=VisionServe(images=limits),
+        vision=VisionServe(images=limits, tower_tiles=tower_tiles),
     )
 
 
@@ -368,10 +370,13 @@ def _encoder_held(sizes: ImageSizes) -> Decided[int]:
         f"{sizes.image_tokens}) image-token embeddings in bf16 (counted in the workspace); {ENCODER_EVIDENCE}"))
 
 
-def _encoder_work(vision: VisionFacts, sizes: ImageSizes) -> Decided[int]:
+def _encoder_work(vision: VisionFacts, sizes: ImageSizes, tower_tiles: int) -> Decided[int]:
     work = math.ceil(sizes.encoder_work_bytes * ENCODER_WORK_MEASURED_RATIO)
     patches = (vision.tile_size // vision.patch_size) ** 2
     h, mlp = vision.tower_hidden_size, vision.tower_intermediate_size
+    batches = ("" if not tower_tiles or tower_tiles >= sizes.tiles else
+               f"; sized for all tiles in one batch, as measured, though the tower encodes {tower_tiles} at a time "
+               f"(tower_tiles), which measured lower: an upper bound ({TOWER_TILES_MEMORY})")
     return Decided(work, Reason(
         "encoder_work_bytes", work, Source.DEFAULT,
         f"held only while an image is encoded, so room under the limits, not steady memory: the vision tower's work "
@@ -379,7 +384,26 @@ def _encoder_work(vision: VisionFacts, sizes: ImageSizes) -> Decided[int]:
         f"2 × {h} + 2 × {mlp}) values in bf16, one layer's activations at a time, + {sizes.tiles} × 3 × "
         f"{vision.tile_size}² float32 pixel values); one image's: vLLM encodes no more image tokens in a step than "
         f"its encoder budget, max({ledger.MAX_BATCHED_TOKENS}, {sizes.image_tokens}), the largest image's; "
-        f"{ENCODER_EVIDENCE}"))
+        f"{ENCODER_EVIDENCE}{batches}"))
+
+
+# Measured (docs/vision.md "The tower, a few tiles at a time"; the vision bench's tower-whole arm is the control).
+TOWER_TILES_DEFAULT = 2
+TOWER_TILES_MEMORY = ("one 17-tile image raised the worker's PSS by 0.40-0.47 GiB two tiles at a time against "
+                      "0.47-0.77 GiB all at once, by hand, x86_64-amx")
+TOWER_TILES_EVIDENCE = ("2: the tower encodes an image's tiles two at a time, the same embeddings from tensors a "
+                        "ninth of the size that the heap reuses: one 512x512 image (17 tiles) took 4.20 s to its "
+                        "first token against 5.13 s all at once, and 1.46 GiB of peak PSS against 1.77 (5 "
+                        "interleaved rounds, x86_64-amx, by hand; 1 and 8 tiles slower, 4 as fast with more "
+                        "memory; docs/vision.md)")
+
+
+def _tower_tiles(request: Request) -> Decided[int]:
+    """How many of an image's tiles the tower encodes at once (runtime/edgectl_runtime/vllm_plugin/tower_tiles.py)."""
+    asked = request.bench.tower_tiles
+    if asked is not None:
+        return Decided(asked, Reason("tower_tiles", asked, Source.FLAG, "asked"))
+    return Decided(TOWER_TILES_DEFAULT, Reason("tower_tiles", TOWER_TILES_DEFAULT, Source.DEFAULT, TOWER_TILES_EVIDENCE))
 
 
 def _timeouts(request: Request) -> Decided[Timeouts]:

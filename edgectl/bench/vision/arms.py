@@ -17,6 +17,9 @@
   a decoded token reads.
 - ``kv-int8``: the plan with edgectl's int8 KV (a scale per token and KV head, written and read by
   edgectl's kernels, runtime/edgectl_runtime/vllm_plugin/kv_int8.py), the same half of the bytes.
+- ``tower-whole``: the plan with the vision tower over all of an image's tiles in one batch, as vLLM runs
+  it (``tower_tiles`` 0), the control of that lever; ``tower-4``: four tiles a batch. The worker reads back
+  the tiles a batch and the batches the tower ran as.
 - ``stock``: vLLM as it ships for this model (``stock_vllm.StockVllmArm``: ``--model DIR`` and its
   defaults), if it starts; ``stock-kv`` (not run unless asked): the same given the plan's KV bytes
   and requests at once, so its memory compares with the planned arm's.
@@ -75,6 +78,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("kv-int8", "worker", {"kv_cache_dtype": "int8"},
             "the plan with edgectl's int8 KV (a scale per token and KV head): the image's KV read in half the bytes "
             "a decoded token, by edgectl's decode attention (on with it)"),
+    ArmSpec("tower-whole", "worker", {"tower_tiles": 0},
+            "edgectl's vision plan with the tower over all of an image's tiles in one batch, as vLLM runs it"),
+    ArmSpec("tower-4", "worker", {"tower_tiles": 4}, "edgectl's vision plan with the tower over four tiles at a time"),
     ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
                                        "with its defaults (the served name, host and port only; edgectl's plugin "
                                        "left out)"),

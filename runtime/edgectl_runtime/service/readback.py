@@ -276,7 +276,12 @@ def collect_worker_facts(worker) -> dict[str, Any]:
     server's own process; otherwise vLLM's worker process, through :class:`ReadbackExtension`), so
     what it reports is what the forward pass really uses, not what a config object says.
     """
-    from edgectl_runtime.vllm_plugin import compile_cache, decode_attention, kv_int8
+    from edgectl_runtime.vllm_plugin import (
+        compile_cache,
+        decode_attention,
+        kv_int8,
+        tower_tiles,
+    )
 
     runner = worker.model_runner
     kv = getattr(runner, "kv_caches", None)
@@ -308,6 +313,8 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         "attention_isa": sorted({str(m.isa) for m in attention_layers if hasattr(m, "isa")}),
         # whose kernel the attention calls of this process took: {"kernel": edgectl | vllm, "calls": {...}}
         "decode_attention": decode_attention.counts(),
+        # the vision tower's batches: the lever as installed, the tower's calls and the batches they ran as
+        "tower_tiles": tower_tiles.counts(),
         "embedding_pack": {p["name"]: {"state": p["state"], "lm_head": p["lm_head"]}
                            for p in packed_copies(runner.model)},
         "rope_rows": {r["name"]: r["rows"] for r in described.get("rope", [])},

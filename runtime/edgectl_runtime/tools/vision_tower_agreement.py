@@ -184,8 +184,12 @@ def run(model_dir: Path) -> dict[str, Any]:
     images = pixel_inputs(model_dir)
     reference = reference_embeddings(model_dir, images)
     engine = engine_embeddings(start_engine(model_dir), images)
+    from edgectl_runtime.vllm_plugin import tower_tiles
+
     return {"schema": SCHEMA, "model": str(model_dir), "engine_dtype": ENGINE_DTYPE,
             "reference_dtype": REFERENCE_DTYPE,
+            # the engine's tower batches (EDGECTL_TOWER_TILES as the caller set it; 0 tiles: all at once)
+            "tower_tiles": tower_tiles.counts(),
             "cosine": "whole image: its embedding rows flattened into one vector; min_row_cosine: per image token",
             "images": [agreement(i, e, r) for i, e, r in zip(images, engine, reference, strict=True)],
             "tools": tool_versions()}

@@ -15,6 +15,8 @@ worker: ``vllm/plugins/__init__.py`` ``load_general_plugins``), before any model
   (``fused_norm.py``), used only by a server whose ``ir_op_priority`` names it;
 - puts decode steps on edgectl's attention kernel if ``EDGECTL_DECODE_ATTENTION=1``
   (``decode_attention.py``; off by default for the same reason as the RoPE cap below);
+- has a vision tower encode an image's tiles a few at a time if ``EDGECTL_TOWER_TILES`` is above 0
+  (``tower_tiles.py``; off by default, for the same reason);
 - installs the RoPE cap if ``EDGECTL_ROPE_CAP=1`` (off by default: the plugin is loaded by
   every vLLM process in the venv, including a benchmark's unmodified "stock" arm);
 - asks Linux for permission to use AMX tiles where the CPU has them (:func:`request_amx`);
@@ -41,20 +43,22 @@ def register() -> None:
         fused_norm,
         gguf_loader,
         rope,
+        tower_tiles,
     )
 
     register_whisper()
     request_amx()
     capped = rope.install(os.environ)
     attention = decode_attention.install(os.environ)
+    tiles = tower_tiles.install(os.environ)
     norms = fused_norm.register()
     from edgectl_runtime.vllm_plugin import compile_cache, embedding
 
     compile_cache.install(os.environ)
     pack = embedding.install(os.environ)
-    logger.debug("edgectl plugin: %s registered, norms %s, RoPE cap %s, embedding pack %s, decode attention %s",
-                 cpu_int4.NAME, norms or "unavailable", "on" if capped else "off", pack,
-                 "edgectl" if attention else "vllm")
+    logger.debug("edgectl plugin: %s registered, norms %s, RoPE cap %s, embedding pack %s, decode attention %s, "
+                 "tower tiles a batch %s", cpu_int4.NAME, norms or "unavailable", "on" if capped else "off", pack,
+                 "edgectl" if attention else "vllm", tiles or "all")
 
 
 def register_whisper() -> None:

@@ -72,8 +72,9 @@ from edgectl.contract.environment import ISA_CAPS
 
 log = logging.getLogger("edgectl.compile")
 
-# Runtime levers that change no graph: toggling them must not cost a compile.
-_NOT_IN_KEY = frozenset({"EDGECTL_COMPILE_CACHE"})
+# Runtime levers that change no graph: toggling them must not cost a compile (the vision tower's batches:
+# vLLM compiles no multimodal encoder unless compile_mm_encoder is on, which no plan sets).
+_NOT_IN_KEY = frozenset({"EDGECTL_COMPILE_CACHE", "EDGECTL_TOWER_TILES"})
 # The variables that change the code inductor and the kernels generate (the ISA caps).
 _ISA_ENV = ISA_CAPS
 

@@ -389,13 +389,14 @@ def _encoder_work(vision: VisionFacts, sizes: ImageSizes, tower_tiles: int) -> D
 
 # Measured (docs/vision.md "The tower, a few tiles at a time"; the vision bench's tower-whole arm is the control).
 TOWER_TILES_DEFAULT = 2
-TOWER_TILES_MEMORY = ("one 17-tile image raised the worker's PSS by 0.40-0.47 GiB two tiles at a time against "
-                      "0.47-0.77 GiB all at once, by hand, x86_64-amx")
+TOWER_TILES_MEMORY = ("one 512x512 image's peak PSS 2.35 GB two tiles at a time against 2.95 GB all at once, "
+                      "x86_64-amx, 3 interleaved passes, docs/vision.md")
 TOWER_TILES_EVIDENCE = ("2: the tower encodes an image's tiles two at a time, the same embeddings from tensors a "
-                        "ninth of the size that the heap reuses: one 512x512 image (17 tiles) took 4.20 s to its "
-                        "first token against 5.13 s all at once, and 1.46 GiB of peak PSS against 1.77 (5 "
-                        "interleaved rounds, x86_64-amx, by hand; 1 and 8 tiles slower, 4 as fast with more "
-                        "memory; docs/vision.md)")
+                        "ninth of the size that the heap reuses (all at once, each layer's were fresh mappings: 1.0 M "
+                        "page faults an image): one 512x512 image's TTFT 3.83 s against 4.64 s all at once, four "
+                        "images at once 16.4 against 13.4 tok/s, peak PSS 2.35 against 2.95 GB; four at a time as "
+                        "fast within the spread with a 0.17 GB higher peak (x86_64-amx, 3 interleaved passes, the "
+                        "bench's tower-whole and tower-4 arms, docs/vision.md \"The tower, a few tiles at a time\")")
 
 
 def _tower_tiles(request: Request) -> Decided[int]:

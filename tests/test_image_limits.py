@@ -37,7 +37,8 @@ def test_a_vision_plan_reads_back_equal(text_plan):
     plan = replace(text_plan, vision=VisionServe(images=limits))
     data = plan.to_dict()
     assert data["vision"] == {"images": {"max_pixels": 1048576, "max_images_per_request": 3,
-                                         "max_request_bytes": 4000000, "allow_remote_urls": True}}
+                                         "max_request_bytes": 4000000, "allow_remote_urls": True},
+                              "tower_tiles": 0}  # all tiles at once: what a plan without the lever runs
     assert Plan.from_dict(data) == plan
 
 

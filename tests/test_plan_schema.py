@@ -33,7 +33,8 @@ ADDED_SINCE = {
                "idle_trim": False, "thread_wait": "spin", "huge_pages": False,
                "decode_attention": False, "cpp_wrapper": False},
     "request": {"kv_cache_dtype": None, "embedding_pack": None, "optional_imports": None, "tokenizer": None, "idle_trim": None,
-                "python_optimize": None, "thread_wait": None, "huge_pages": None, "decode_attention": None, "cpp_wrapper": None, "speech_head": None, "speech_dtype": None},
+                "python_optimize": None, "thread_wait": None, "huge_pages": None, "decode_attention": None, "cpp_wrapper": None, "speech_head": None, "speech_dtype": None,
+                "tower_tiles": None},
 }
 
 

@@ -14,6 +14,8 @@ it), plus what the images cost:
     encoder           held: the image processor's libraries and vLLM's encoder cache (the image tokens'
                       embeddings), in the steady total; transient: the vision tower's work on one image's
                       tiles, room under the limits only (as the decoded audio of a speech plan)
+    tower batches     the tiles the tower encodes at once (2, measured; vLLM's own: all of an image's),
+                      runtime/edgectl_runtime/vllm_plugin/tower_tiles.py
     memory            the text ledger with the encoder's held memory in it and its work under the limits:
                       the context is fitted with both
 
@@ -111,8 +113,8 @@ def image_sizes(vision: VisionFacts, limits: ImageLimits, text_hidden: int, batc
     ``<fake_token_around_image>``: at most 3 tokens per tile and one more beside the image tokens.
 
     The encoder's work (a stated fallback, nobody measured it): vLLM runs the tower on an image's tiles in
-    one batch, one layer at a time, so what it holds at once is one layer's activations over every patch
-    of every tile, the larger of the attention's (the input, its norm, q, k, v and the output: 6 × hidden)
+    one batch, one layer at a time (edgectl's plan now two tiles at a time: this stays the upper bound),
+    so what it holds at once is one layer's activations over every patch of every tile, the larger of the attention's (the input, its norm, q, k, v and the output: 6 × hidden)
     and the MLP's (the input, the residual, fc1's output and its activation: 2 × hidden + 2 × MLP), in
     bf16; the attention scores are not held whole (torch's CPU SDPA works in blocks), and the processor's
     float32 pixel values, 3 × tile² per tile. vLLM's encoder cache holds max(max_num_batched_tokens, one

@@ -395,10 +395,11 @@ TOWER_TILES_MEMORY = ("one 512x512 image's peak PSS 2.35 GB two tiles at a time 
                       "x86_64-amx, 3 interleaved passes, docs/vision.md")
 TOWER_TILES_EVIDENCE = ("2: the tower encodes an image's tiles two at a time, the same embeddings from tensors a "
                         "ninth of the size that the heap reuses (all at once, each layer's were fresh mappings: 1.0 M "
-                        "page faults an image): one 512x512 image's TTFT 3.83 s against 4.64 s all at once, four "
-                        "images at once 16.4 against 13.4 tok/s, peak PSS 2.35 against 2.95 GB; four at a time as "
-                        "fast within the spread with a 0.17 GB higher peak (x86_64-amx, 3 interleaved passes, the "
-                        "bench's tower-whole and tower-4 arms, docs/vision.md \"The tower, a few tiles at a time\")")
+                        "page faults an image): one 512x512 image's TTFT 3.83 and 3.65 s against 4.64 and 4.63 s all "
+                        "at once, four images at once 16.4 and 17.0 against 13.4 and 14.0 tok/s, peak PSS 2.35 and "
+                        "2.33 against 2.95 and 2.89 GB; four at a time as fast within the spread with a 0.17 GB "
+                        "higher peak (x86_64-amx, two runs on two occasions, 3 interleaved passes each, the bench's "
+                        "tower-whole and tower-4 arms, docs/vision.md \"The tower, a few tiles at a time\")")
 
 
 def _tower_tiles(request: Request) -> Decided[int]:

@@ -88,7 +88,7 @@ _VARS = [
         "KV head, written and read by edgectl (runtime/edgectl_runtime/vllm_plugin/kv_int8.py); 0: vLLM's KV",
         "0", _BOOL),
     Var("EDGECTL_TOWER_TILES", Role.OWN, "N > 0: a vision-language model's tower (Idefics3's, SmolVLM's) encodes an "
-        "image's tiles N at a time instead of all in one batch, the same embeddings from tensors an N-th of the size "
+        "image's tiles N at a time instead of all in one batch, the same embeddings from tensors N / tiles of the size "
         "(runtime/edgectl_runtime/vllm_plugin/tower_tiles.py; the plan's vision.tower_tiles); 0: all at once, as vLLM "
         "does", "0", tuple(str(n) for n in TOWER_TILES)),
     Var("EDGECTL_LAYERWISE_REPACK", Role.OWN, "1: cpu_int4 quantizes and packs each layer as soon as its last "

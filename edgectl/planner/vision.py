@@ -393,8 +393,8 @@ def _encoder_work(vision: VisionFacts, sizes: ImageSizes, tower_tiles: int) -> D
 TOWER_TILES_DEFAULT = 2
 TOWER_TILES_MEMORY = ("one 512x512 image's peak PSS 2.35 GB two tiles at a time against 2.95 GB all at once, "
                       "x86_64-amx, 3 interleaved passes, docs/vision.md")
-TOWER_TILES_EVIDENCE = ("2: the tower encodes an image's tiles two at a time, the same embeddings from tensors a "
-                        "ninth of the size that the heap reuses (all at once, each layer's were fresh mappings: 1.0 M "
+TOWER_TILES_EVIDENCE = ("2: the tower encodes an image's tiles two at a time, the same embeddings from tensors 2 / "
+                        "17 of the size that the heap reuses (all at once, each layer's were fresh mappings: 1.0 M "
                         "page faults an image): one 512x512 image's TTFT 3.83 and 3.65 s against 4.64 and 4.63 s all "
                         "at once, four images at once 16.4 and 17.0 against 13.4 and 14.0 tok/s, peak PSS 2.35 and "
                         "2.33 against 2.95 and 2.89 GB; four at a time as fast within the spread with a 0.17 GB "

@@ -11,7 +11,7 @@ is faulted in page by page and zeroed by the kernel: 1.0 M page faults for one i
 
 The tiles are independent in the tower (the patch embedding, each layer's attention and MLP work
 within one tile), so encoding them ``N`` at a time computes the same embeddings — bit for bit on the
-tests' shape (tests/test_tower_tiles.py) — from tensors an N-th of the size, which the heap reuses
+tests' shape (tests/test_tower_tiles.py) — from tensors N / tiles of the size, which the heap reuses
 layer after layer. With the lever at ``N > 0``, :func:`install` wraps the tower's ``forward``
 (``Idefics2VisionTransformer``, the class Idefics3 builds): a call with more than ``N`` tiles and
 neither ``tgt_sizes`` nor ``position_ids`` (MiniCPM-V's uses of the same class pass them) runs as

@@ -10,7 +10,12 @@
 namespace edgectl {
 namespace {
 
-constexpr int kMB = 4;                  // activation rows per weight-register reuse (see isa_avx2.cpp)
+// Activation rows per weight-register reuse: a block's weights are loaded (and a W4 block's nibbles
+// split) once for up to eight rows. 32 zmm registers hold the eight accumulators, the eight W4
+// (or W8) weight registers and the two sum chains. Eight rather than AVX2's four: at eight decoding
+// sequences the W4 tile did its unpacking twice, and the SmolLM2 layers took 11-18% longer
+// (docs/kernels.md "Small batches").
+constexpr int kMB = 8;
 constexpr int64_t kRowsPerPass = 64;    // activation rows per pass over the weights
 
 inline __m512 load16(const void* x, DType t, int64_t i) {
@@ -179,8 +184,10 @@ using TileFn = void (*)(const uint8_t*, int64_t, const QuantizedActs&, int64_t, 
 
 template <bool kW4>
 void linear(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
-  static const TileFn w4[kMB + 1] = {nullptr, tile_w4<1>, tile_w4<2>, tile_w4<3>, tile_w4<4>};
-  static const TileFn w8[kMB + 1] = {nullptr, tile_w8<1>, tile_w8<2>, tile_w8<3>, tile_w8<4>};
+  static const TileFn w4[kMB + 1] = {nullptr,    tile_w4<1>, tile_w4<2>, tile_w4<3>, tile_w4<4>,
+                                     tile_w4<5>, tile_w4<6>, tile_w4<7>, tile_w4<8>};
+  static const TileFn w8[kMB + 1] = {nullptr,    tile_w8<1>, tile_w8<2>, tile_w8<3>, tile_w8<4>,
+                                     tile_w8<5>, tile_w8<6>, tile_w8<7>, tile_w8<8>};
   const TileFn* fns = kW4 ? w4 : w8;
   const int64_t record = kW4 ? kW4Record : kW8Record, kb = a.kblocks;
 #pragma omp parallel num_threads(threads_for(tiles * kb * record))

@@ -12,7 +12,7 @@ def skip_reason(level: str) -> str | None:
     """Why this machine (or tier) does not run ``level``, or None."""
     if level not in ops.supported_levels():
         return f"this CPU cannot run the {level} kernels (it runs {ops.supported_levels()})"
-    if TIER == "avx2" and level == "avx512vnni":
+    if TIER == "avx2" and level in ("avxvnni", "avx512vnni"):
         return "the AVX2 tier runs nothing above AVX2"
     return None
 

@@ -91,17 +91,28 @@ def test_the_kernel_librarys_avx2_and_scalar_levels_pass(kernel_library, level):
     assert found == [], isa_disassembly.report(found)
 
 
+def test_the_kernel_librarys_avxvnni_level_adds_only_vex_vpdpbusd(kernel_library):
+    """The AVX-VNNI level is the AVX2 level's code with VEX vpdpbusd: the check must see those (an
+    AVX2 CPU lacks them: the level is chosen only where cpuid reports AVX-VNNI), and nothing else
+    above AVX2 — no EVEX, no zmm — so it also runs on CPUs without AVX-512."""
+    found = isa_disassembly.check_kernel_unit(kernel_library, "avxvnni")
+    assert found, "the AVX-VNNI kernels disassembled with no AVX-VNNI instruction: the check is blind"
+    others = [f for f in found if not ("{vex} vpdpbusd" in f.instruction and "VEX form" in f.reason)]
+    assert others == [], isa_disassembly.report(others)
+
+
 def test_each_level_is_its_own_code(kernel_library):
     """The levels' functions are told apart by their symbols (their local names repeat across
     levels): no address range is shared, and each level has its kernel table and its GEMM tiles."""
-    ranges = {lv: isa_disassembly.kernel_unit_ranges(kernel_library, lv) for lv in ("scalar", "avx2", "avx512vnni")}
+    ranges = {lv: isa_disassembly.kernel_unit_ranges(kernel_library, lv)
+              for lv in ("scalar", "avx2", "avxvnni", "avx512vnni")}
     for lv, own in ranges.items():
         names = [n for _, _, n in own]
         assert any(f"kernel_table_{lv}" in n for n in names), names
         for other, theirs in ranges.items():
             if other != lv:
                 assert not any(s < e2 and s2 < e for s, e, _ in own for s2, e2, _ in theirs), (lv, other)
-    for lv in ("avx2", "avx512vnni"):
+    for lv in ("avx2", "avxvnni", "avx512vnni"):
         assert any("tile_w4" in n for _, _, n in ranges[lv]), ranges[lv]
     with pytest.raises(RuntimeError, match="no functions of isa_avx10.cpp"):
         isa_disassembly.kernel_unit_ranges(kernel_library, "avx10")

@@ -239,7 +239,7 @@ def test_the_crossover_per_level_is_the_measured_one():
     """docs/kernels.md: the integer kernel at every batch on AVX2 (its fp32 GEMM never wins up to
     512 rows); the bf16 GEMM from 128 rows where AMX / AVX512-BF16 make it fast; BLAS from 16 rows
     behind the scalar kernels."""
-    expected = {"scalar": 16, "avx2": 0}
+    expected = {"scalar": 16, "avx2": 0, "avxvnni": 0}
     for lv in ops.supported_levels():
         with ops.use_level(lv):
             got = torch.ops.edgectl.set_dense_from_m(-1)
@@ -250,9 +250,11 @@ def test_the_crossover_per_level_is_the_measured_one():
 def test_auto_takes_the_best_level_under_pytorchs_ceiling():
     """Pure logic (no CPU dependence): EDGECTL_KERNEL_ISA=auto picks the highest supported level at
     or below ATEN_CPU_CAPABILITY's; an explicit level ignores the ceiling; an unsupported one is refused."""
-    every = ["scalar", "avx2", "avx512vnni"]
+    every = ["scalar", "avx2", "avxvnni", "avx512vnni"]
     assert ops.choose_level("auto", every) == "avx512vnni"
-    assert ops.choose_level("auto", every, "avx2") == "avx2"
+    # ATen has no level between AVX2 and AVX-512: an AVX-VNNI CPU without AVX-512 runs ATen at AVX2
+    assert ops.choose_level("auto", every, "avx2") == "avxvnni"
+    assert ops.choose_level("auto", ["scalar", "avx2", "avx512vnni"], "avx2") == "avx2"
     assert ops.choose_level("auto", every, "AVX512") == "avx512vnni"
     assert ops.choose_level("auto", every, "default") == "scalar"
     assert ops.choose_level("auto", every, "zvector") == "avx512vnni"
@@ -263,11 +265,13 @@ def test_auto_takes_the_best_level_under_pytorchs_ceiling():
 
 
 def test_the_process_level_follows_the_environment():
-    """load() with ATEN_CPU_CAPABILITY=avx2 on this CPU: avx2 if it runs AVX2 kernels (else its best)."""
+    """load() with ATEN_CPU_CAPABILITY=avx2 on this CPU: its best level at or below AVX-VNNI (AVX2
+    and VEX, no AVX-512), else scalar."""
     before = ops.active_level()
     try:
         got = ops.load({"ATEN_CPU_CAPABILITY": "avx2"})
-        assert got == ("avx2" if "avx2" in ops.supported_levels() else "scalar")
+        below = [lv for lv in ("avxvnni", "avx2") if lv in ops.supported_levels()]
+        assert got == (below[0] if below else "scalar")
         assert ops.load({"EDGECTL_KERNEL_ISA": "scalar"}) == "scalar"
     finally:
         torch.ops.edgectl.set_kernel_isa(before)

@@ -13,7 +13,7 @@ a pass invalid). The fields it compares:
                            weights quantized at load; a 4-bit checkpoint keeps its own groups)
     linear_in_features     {layer: in_features}, for that rule
     lm_head_format         the output head's format
-    kernel_isa             the ISA level edgectl's own kernels dispatch to (avx512vnni | avx2 | scalar),
+    kernel_isa             the ISA level edgectl's own kernels dispatch to (avx512vnni | avxvnni | avx2 | scalar),
                            None where the library is not loaded
     threads                torch's intra-op threads in the engine
     processes              processes in the server's tree (itself included): 1 in the single-process
@@ -119,7 +119,7 @@ class KernelFacts:
 
     cpu_capability: str | None = None  # torch's
     int4_block_rows: int | None = None
-    edgectl_isa: str | None = None  # edgectl's kernel library: avx512vnni | avx2 | scalar, None when not loaded
+    edgectl_isa: str | None = None  # edgectl's kernel library: avx512vnni | avxvnni | avx2 | scalar, None when not loaded
     torch_threads: int | None = None
 
 

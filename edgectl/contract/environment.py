@@ -119,10 +119,10 @@ _VARS = [
         "(edgectl works around vLLM 0.32 discarding it, runtime/edgectl_runtime/vllm_plugin/compile_cache.py); 0: unmodified "
         "vLLM, which compiles again at every start", "0", _BOOL),
     Var("EDGECTL_KERNEL_ISA", Role.OWN, "the ISA level of edgectl's own kernels (runtime/edgectl_runtime/kernels/ops): "
-        "auto = the best level the CPU and the OS support (cpuid + XCR0); scalar, avx2 or avx512vnni force one "
+        "auto = the best level the CPU and the OS support (cpuid + XCR0); scalar, avx2, avxvnni or avx512vnni force one "
         "(tests; the AVX2 path on an AVX-512 box), refused if this CPU cannot run it; auto stays at or below "
         "what ATEN_CPU_CAPABILITY allows PyTorch", "auto",
-        ("auto", "scalar", "avx2", "avx512vnni")),
+        ("auto", "scalar", "avx2", "avxvnni", "avx512vnni")),
     Var("EDGECTL_EMBEDDING_PACK", Role.OWN, "which dense embedding tables keep vLLM's prepacked GEMM copy "
         "(edgectl_runtime/vllm_plugin/embedding.py): vllm (every one, as unmodified vLLM: a tied table is packed twice), "
         "lm-head (only the layer that computes logits; the plan's levers.embedding_pack), none (no layer: a "

@@ -26,7 +26,7 @@ Output (``edgectl.readback/1``)::
      "resident": {"by_dtype": {"uint8": ..., "bfloat16": ...}, "parameters_bytes": ...,
                   "buffers_bytes": ..., "total_bytes": ..., "outside_parameters_bytes": ...},
      "kernel": {"cpu_capability": "AVX512", "int4_block_rows": 64 | null,
-                "edgectl_isa": "avx512vnni" | "avx2" | "scalar" | null, "torch_threads": 2},
+                "edgectl_isa": "avx512vnni" | "avxvnni" | "avx2" | "scalar" | null, "torch_threads": 2},
      "ir_ops": {"rms_norm": ["edgectl", "native"], "fused_add_rms_norm": [...]}}
 
 ``outside_parameters_bytes`` estimates weights vLLM keeps outside the module's parameters: on

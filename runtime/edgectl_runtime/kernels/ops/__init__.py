@@ -4,8 +4,8 @@
 runs), registers the fake implementations that let ``torch.compile`` keep every op as one
 opaque call, and selects the ISA level: ``EDGECTL_KERNEL_ISA`` (``auto`` = the best level the
 CPU and the OS support, at most the one PyTorch's ``ATEN_CPU_CAPABILITY`` allows, so that one
-variable puts the whole process on the AVX2 path; ``scalar``, ``avx2`` or ``avx512vnni`` to force
-one — refused with the levels this machine can run if it cannot run the one asked).
+variable keeps the whole process off AVX-512; ``scalar``, ``avx2``, ``avxvnni`` or ``avx512vnni`` to
+force one — refused with the levels this machine can run if it cannot run the one asked).
 
 Ops (all functional; ``n``/``k`` are the real sizes of the weight, the packed tensor's shape
 follows from them, see ``formats/blocks.py``):
@@ -42,7 +42,7 @@ from pathlib import Path
 
 LIBRARY = Path(__file__).with_name("_edgectl_kernels.so")
 STAMP = Path(__file__).with_name("_edgectl_kernels.json")
-LEVELS = ("scalar", "avx2", "avx512vnni")  # lowest to highest
+LEVELS = ("scalar", "avx2", "avxvnni", "avx512vnni")  # lowest to highest
 BUILD_COMMAND = "python -m edgectl_runtime.kernels.ops.build (scripts/setup.sh runs it)"
 
 
@@ -51,8 +51,10 @@ class KernelLibraryError(RuntimeError):
 
 
 # PyTorch's ATEN_CPU_CAPABILITY (aten/src/ATen/native/DispatchStub.cpp) -> the highest level of ours
-# it allows; values it does not know for x86 (e.g. zvector) set no ceiling.
-ATEN_CEILING = {"default": "scalar", "avx2": "avx2", "avx512": "avx512vnni"}
+# it allows; values it does not know for x86 (e.g. zvector) set no ceiling. ATen has no capability
+# between AVX2 and AVX-512: a CPU with AVX-VNNI and no AVX-512 (an N100) runs ATen at AVX2, and its
+# AVX-VNNI is no AVX-512 instruction, so the AVX2 ceiling allows it.
+ATEN_CEILING = {"default": "scalar", "avx2": "avxvnni", "avx512": "avx512vnni"}
 
 
 def choose_level(requested: str, supported: list[str], aten_capability: str | None = None) -> str:

@@ -51,6 +51,7 @@ _VECTOR = ["-Wno-maybe-uninitialized"]
 LEVELS_X86 = [
     ("isa_scalar.cpp", []),
     ("isa_avx2.cpp", ["-mavx2", "-mfma", "-mf16c", *_VECTOR]),
+    ("isa_avxvnni.cpp", ["-mavx2", "-mfma", "-mf16c", "-mavxvnni", *_VECTOR]),
     ("isa_avx512vnni.cpp", ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
                             "-mavx512vnni", *_VECTOR]),
 ]

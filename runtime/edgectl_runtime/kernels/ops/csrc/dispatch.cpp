@@ -26,6 +26,7 @@ namespace {
 
 struct Levels {
   bool avx2 = false;
+  bool avxvnni = false;  // AVX-VNNI: vpdpbusd on ymm, VEX-encoded (CPUID.(7,1):EAX[4])
   bool avx512vnni = false;
   bool bf16_gemm = false;  // AVX512-BF16 (CPUID.(7,1):EAX[5]) or AMX-BF16 (CPUID.(7,0):EDX[22])
 };
@@ -55,6 +56,7 @@ Levels detect_levels() {
   out.avx512vnni = out.avx2 && os_avx512 && avx512f && avx512bw && avx512vl && vnni;
   const bool amx_bf16 = d >> 22 & 1;
   __cpuid_count(7, 1, a, b, c, d);
+  out.avxvnni = out.avx2 && (a >> 4 & 1);
   out.bf16_gemm = out.avx512vnni && (amx_bf16 || (a >> 5 & 1));
   return out;
 }
@@ -71,6 +73,7 @@ std::vector<std::string> supported_names() {
   std::vector<std::string> out{"scalar"};
 #if defined(__x86_64__)
   if (levels().avx2) out.push_back("avx2");
+  if (levels().avxvnni) out.push_back("avxvnni");
   if (levels().avx512vnni) out.push_back("avx512vnni");
 #endif
   return out;
@@ -80,6 +83,7 @@ const KernelTable* table_named(const std::string& name) {
   if (name == "scalar") return &kernel_table_scalar();
 #if defined(__x86_64__)
   if (name == "avx2" && levels().avx2) return &kernel_table_avx2();
+  if (name == "avxvnni" && levels().avxvnni) return &kernel_table_avxvnni();
   if (name == "avx512vnni" && levels().avx512vnni) return &kernel_table_avx512vnni();
 #endif
   return nullptr;
@@ -107,8 +111,8 @@ std::string set_kernel_isa(const std::string& level) {
   const auto names = supported_names();
   const std::string want = level == "auto" ? names.back() : level;
   const KernelTable* t = table_named(want);
-  TORCH_CHECK(want == "scalar" || want == "avx2" || want == "avx512vnni",
-              "edgectl kernels: unknown ISA level '", level, "' (use auto, scalar, avx2 or avx512vnni)");
+  TORCH_CHECK(want == "scalar" || want == "avx2" || want == "avxvnni" || want == "avx512vnni",
+              "edgectl kernels: unknown ISA level '", level, "' (use auto, scalar, avx2, avxvnni or avx512vnni)");
   TORCH_CHECK(t != nullptr, "edgectl kernels: this CPU cannot run the ", want,
               " kernels (cpuid and XCR0 allow: ", join(names), ")");
   g_active.store(t, std::memory_order_release);
@@ -188,10 +192,11 @@ bool has_bf16_gemm() { return levels().bf16_gemm; }
 // Measured on the 1B-class layer shapes (docs/kernels.md, "Large batches"): with AMX / AVX512-BF16
 // the bf16 GEMM overtakes the integer kernel between 64 and 128 rows (equal at 128, 1.3-2x at
 // 512); with fp32 as the only fast dense type (AVX2, AVX-512 without BF16) the integer kernel is
-// faster at every size up to 512 (MKL's AVX2 sgemm: 88-123 GFLOP/s vs 118-176).
+// faster at every size up to 512 (MKL's AVX2 sgemm: 88-123 GFLOP/s vs 118-176); AVX-VNNI's integer
+// kernel only faster than AVX2's, so it never switches either.
 int64_t default_dense_from_m(const std::string& level) {
   if (level == "avx512vnni") return has_bf16_gemm() ? 128 : 0;
-  if (level == "avx2") return 0;
+  if (level == "avx2" || level == "avxvnni") return 0;
   return 16;  // scalar: plain C++ integer products; a BLAS GEMM wins from small batches
 }
 

@@ -165,7 +165,7 @@ struct KvWrite {
 using KvWriteFn = void (*)(const KvWrite& w);
 
 struct KernelTable {
-  const char* name;  // "scalar", "avx2", "avx512vnni"
+  const char* name;  // "scalar", "avx2", "avxvnni", "avx512vnni"
   QuantizeActsFn quantize_activations;
   LinearFn linear_w4;
   LinearFn linear_w8;
@@ -186,6 +186,7 @@ void gather_rows_w8(const uint8_t* w, int64_t kblocks, const int64_t* ids, int64
                     void* out, DType dtype);
 #if defined(__x86_64__)
 const KernelTable& kernel_table_avx2();
+const KernelTable& kernel_table_avxvnni();
 const KernelTable& kernel_table_avx512vnni();
 #endif
 

@@ -64,16 +64,29 @@ def isa_flags(flags: Iterable[str]) -> set[str]:
 
 
 # Extensions above AVX2 + FMA (x86-64-v3): what a run held to AVX2 does not use, and what a build
-# for it leaves out (AVX-VNNI too: edgectl's AVX2 kernels use vpmaddubsw/vpmaddwd, not VNNI).
+# for it leaves out (AVX-VNNI too: edgectl's AVX2 kernels use vpmaddubsw/vpmaddwd, not VNNI). A run
+# held to AVX-VNNI (an AVX2 CPU with AVX-VNNI and no AVX-512, such as an N100) keeps that one.
 _ABOVE_AVX2 = ("avx512", "amx", "avx_vnni", "avx_ifma", "avx_ne", "avx10")
-HELD_ISAS = ("avx2",)
+HELD_ISAS = ("avx2", "avxvnni")
+_KEPT_ABOVE_AVX2 = {"avx2": (), "avxvnni": ("avx_vnni",)}  # a held ISA -> the flags above AVX2 it keeps
+HELD_ISA_FLAG = {"avx2": "avx2", "avxvnni": "avx_vnni"}  # a held ISA -> the CPU flag it needs
+
+
+def held_isa(environ: Mapping[str, str]) -> str | None:
+    """The ISA a run is held to: ``ATEN_CPU_CAPABILITY=avx2`` holds it to AVX2, and with
+    ``EDGECTL_KERNEL_ISA=avxvnni`` to AVX2 + AVX-VNNI (edgectl's kernels use it there, so llama.cpp's
+    build may too); None: not held."""
+    if (environ.get("ATEN_CPU_CAPABILITY") or "").strip().lower() != "avx2":
+        return None
+    return "avxvnni" if (environ.get("EDGECTL_KERNEL_ISA") or "").strip().lower() == "avxvnni" else "avx2"
 
 
 def held_flags(flags: Iterable[str], held_to: str | None) -> list[str]:
-    """The CPU flags a run may use when held to ``held_to`` (``ATEN_CPU_CAPABILITY``; None: all)."""
+    """The CPU flags a run may use when held to ``held_to`` (:func:`held_isa`; None: all)."""
     if held_to is None or held_to not in HELD_ISAS:
         return list(flags)
-    return [f for f in flags if not f.startswith(_ABOVE_AVX2)]
+    kept = _KEPT_ABOVE_AVX2[held_to]
+    return [f for f in flags if f in kept or not f.startswith(_ABOVE_AVX2)]
 
 
 def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,
@@ -82,7 +95,8 @@ def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,
     the probe's CPU flags; a build lacking its builder's flags is passed over), else
     ``llama-server`` on PATH. ``held_to="avx2"`` (a run with ``ATEN_CPU_CAPABILITY=avx2``): only a
     build without the extensions above AVX2 counts (``--build-llama-cpp --llama-cpp-isa avx2``), so
-    both engines of an AVX2-path comparison run AVX2 code."""
+    both engines of an AVX2-path comparison run AVX2 code; ``held_to="avxvnni"`` likewise with
+    AVX-VNNI kept (``--llama-cpp-isa avxvnni``)."""
     want = held_to if held_to in HELD_ISAS else None  # the held build this run takes, None: a native one
     if host_flags is not None:
         host_flags = held_flags(host_flags, want)
@@ -140,8 +154,8 @@ def build_llama_cpp(environ: Mapping[str, str], python: str, progress: Progress,
     root.mkdir(parents=True, exist_ok=True)
     jobs = jobs or max(1, len(os.sched_getaffinity(0)))
     flags = held_flags(_own_cpu_flags(), isa)  # what the build targets, recorded beside the binary
-    if isa is not None and isa not in flags:
-        raise EdgectlError(f"--llama-cpp-isa {isa}: this CPU has no {isa}")
+    if isa is not None and HELD_ISA_FLAG[isa] not in flags:
+        raise EdgectlError(f"--llama-cpp-isa {isa}: this CPU has no {HELD_ISA_FLAG[isa]}")
     options = isa_options(flags)
     with tempfile.TemporaryDirectory(prefix="edgectl-llama-build-", dir=root) as tmp:
         tmpdir = Path(tmp)

@@ -50,6 +50,8 @@ def model_dir(tmp_path: Path) -> Path:
 def test_an_artifact_is_named_for_the_device_class_and_the_isa_it_was_held_to(tmp_path) -> None:
     assert report.class_label("x86_64-amx", {}) == "x86_64-amx"
     assert report.class_label("x86_64-amx", {"ATEN_CPU_CAPABILITY": "avx2"}) == "avx2-on-x86_64-amx"
+    assert report.class_label("x86_64-amx", {"ATEN_CPU_CAPABILITY": "avx2", "EDGECTL_KERNEL_ISA": "avxvnni"}) \
+        == "avxvnni-on-x86_64-amx"
     first = report.artifact_path(tmp_path, "2026-12-02", "x86_64-amx", "smollm2-135m")
     assert first.name == "2026-12-02-x86_64-amx-smollm2-135m.json"
     first.write_text("{}")
@@ -562,3 +564,19 @@ def test_a_build_held_to_avx2_leaves_out_every_extension_above_it() -> None:
     assert "-DGGML_AVX2=ON" in opts and "-DGGML_FMA=ON" in opts
     assert not any(o.endswith("=ON") for o in opts if "AVX512" in o or "VNNI" in o or "AMX" in o), opts
     assert held_flags(amx_box, None) == amx_box and held_flags(amx_box, "avx512") == amx_box
+
+
+def test_a_build_held_to_avx_vnni_keeps_that_one_extension() -> None:
+    """An AVX2 box with AVX-VNNI (an N100): the run held so (ATEN_CPU_CAPABILITY=avx2 with
+    EDGECTL_KERNEL_ISA=avxvnni) compares against llama.cpp built with GGML_AVX_VNNI and nothing above."""
+    from edgectl.llamacpp import held_flags, held_isa, isa_options
+
+    amx_box = "fpu sse4_2 avx avx2 fma f16c bmi2 avx_vnni avx512f avx512vbmi avx512_vnni avx512_bf16 amx_tile".split()
+    held = held_flags(amx_box, "avxvnni")
+    assert held == "fpu sse4_2 avx avx2 fma f16c bmi2 avx_vnni".split()
+    opts = isa_options(held)
+    assert "-DGGML_AVX_VNNI=ON" in opts and "-DGGML_AVX512=OFF" in opts and "-DGGML_AVX512_VNNI=OFF" in opts
+    assert held_isa({}) is None and held_isa({"EDGECTL_KERNEL_ISA": "avxvnni"}) is None
+    assert held_isa({"ATEN_CPU_CAPABILITY": "avx2"}) == "avx2"
+    assert held_isa({"ATEN_CPU_CAPABILITY": "avx2", "EDGECTL_KERNEL_ISA": "avx2"}) == "avx2"
+    assert held_isa({"ATEN_CPU_CAPABILITY": "avx2", "EDGECTL_KERNEL_ISA": "avxvnni"}) == "avxvnni"

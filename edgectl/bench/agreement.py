@@ -66,12 +66,11 @@ def check(model_dir: Path, gguf: Path, environ: Mapping[str, str], progress: Cal
     from edgectl.bench.server import ServerProcess, free_port
     from edgectl.contract import environment
     from edgectl.inputs import make_plan
-    from edgectl.llamacpp import find_llama_server
+    from edgectl.llamacpp import find_llama_server, held_isa
     from edgectl.probe import probe
 
     host = probe("/", environ=environ)
-    held = "avx2" if environ.get("ATEN_CPU_CAPABILITY") == "avx2" else None
-    llama = find_llama_server(environ, host_flags=host.cpu.flags, held_to=held)
+    llama = find_llama_server(environ, host_flags=host.cpu.flags, held_to=held_isa(environ))
     if llama.path is None:
         return {"checked": False, "why": llama.origin}
     plan = make_plan(Request(model=str(model_dir), max_model_len=CONTEXT, compilation="eager", name="pull-check",

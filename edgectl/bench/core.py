@@ -37,7 +37,7 @@ from edgectl.bench.runner import attach_fidelity, interleaved, run_grid, utc_now
 from edgectl.contract import environment
 from edgectl.contract.fidelity import PromptSet
 from edgectl.errors import EdgectlError
-from edgectl.llamacpp import LlamaServer, find_llama_server
+from edgectl.llamacpp import LlamaServer, find_llama_server, held_isa
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Plan
@@ -132,8 +132,7 @@ def run_bench(opts: BenchOptions, environ: Mapping[str, str], progress: Progress
     _check_plan_for_bench(plan, opts, names)
     planner = planner_for(opts.model, environ, facts)
     servers = _server_runtime(environ)
-    llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,
-                              held_to=environ.get("ATEN_CPU_CAPABILITY"))
+    llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags, held_to=held_isa(environ))
     gguf = _gguf_for(opts.model, environ)
     llama_threads = parse_thread_counts(opts.llama_threads, _usable_cpus(facts))
     if opts.reference is not None and opts.reference not in names:

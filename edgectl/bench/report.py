@@ -21,6 +21,7 @@ from edgectl.atomic import write_text_atomic
 from edgectl.bench import llama_log, stats
 from edgectl.bench.arms import CONTROL
 from edgectl.bench.prediction import check_label
+from edgectl.llamacpp import held_isa
 
 SCHEMA = "edgectl.bench/1"
 # Per-pass numbers summarised per arm (median, min, max) and divided by the control's.
@@ -222,7 +223,8 @@ def _heading(a: dict[str, Any]) -> list[str]:
     if isa.get("ATEN_CPU_CAPABILITY") or isa.get("ONEDNN_MAX_CPU_ISA"):
         lines.append(f"ISA held down: the servers' PyTorch ran at {isa.get('torch_cpu_capability')} "
                      f"(ATEN_CPU_CAPABILITY={isa.get('ATEN_CPU_CAPABILITY', 'unset')}, ONEDNN_MAX_CPU_ISA="
-                     f"{isa.get('ONEDNN_MAX_CPU_ISA', 'unset')}) on a {prov['probe'].get('device_class')} host: "
+                     f"{isa.get('ONEDNN_MAX_CPU_ISA', 'unset')}), edgectl's kernels at EDGECTL_KERNEL_ISA="
+                     f"{isa.get('EDGECTL_KERNEL_ISA', 'auto')}, on a {prov['probe'].get('device_class')} host: "
                      "emulated figures, not that class's")
         if isa.get("torch_avx512_supported"):
             # vLLM picks its C library and attention kernel from torch.cpu._is_avx512_supported(),
@@ -440,8 +442,9 @@ def _f(v: float | None) -> str:
 
 def class_label(device_class: str, environ: Mapping[str, str]) -> str:
     """What an artifact's name says it was measured on: the probed device class, prefixed by the ISA
-    PyTorch was held to when it was (``avx2-on-x86_64-amx``: emulated figures, not that class's)."""
-    held = environ.get("ATEN_CPU_CAPABILITY")
+    the run was held to when it was (``avx2-on-x86_64-amx``, ``avxvnni-on-x86_64-amx``: emulated
+    figures, not that class's; :func:`edgectl.llamacpp.held_isa`, or PyTorch's capability as asked)."""
+    held = held_isa(environ) or environ.get("ATEN_CPU_CAPABILITY")
     return f"{held}-on-{device_class}" if held else device_class
 
 

@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="The llama-server binary (default: a cached build, else PATH); llama-quantize beside it writes the llama.cpp-q4_0 and llama.cpp-q4_k_m arms' files.")] = None,
         llama_threads: Annotated[Optional[str], typer.Option("--llama-threads", help="llama-server's thread counts, comma list (or all): each llama.cpp arm runs once per count, as <arm>-t<N>; the best median is quoted as llama.cpp at its best (default: 1, 2 and every usable CPU).")] = None,
         build_llama_cpp: Annotated[bool, typer.Option("--build-llama-cpp", help="Build llama-server and llama-quantize once from llama-cpp-python's source archive (pip, cmake; several minutes), keeping its convert_hf_to_gguf.py, then bench if MODEL is given.")] = False,
-        llama_cpp_isa: Annotated[Optional[str], typer.Option("--llama-cpp-isa", help="With --build-llama-cpp: build for this CPU's extensions up to this ISA only (avx2), kept apart for runs held to it with ATEN_CPU_CAPABILITY=avx2.")] = None,
+        llama_cpp_isa: Annotated[Optional[str], typer.Option("--llama-cpp-isa", help="With --build-llama-cpp: build for this CPU's extensions up to this ISA only (avx2; avxvnni: AVX2 + AVX-VNNI), kept apart for runs held to it with ATEN_CPU_CAPABILITY=avx2 (and EDGECTL_KERNEL_ISA=avxvnni).")] = None,
         clips: Annotated[Optional[Path], typer.Option("--clips", help="A speech model only: a clip set's directory (its clips.json) instead of the shipped set.")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the artifact (schema edgectl.bench/1, a speech model's edgectl.bench.speech/1, a vision model's edgectl.bench.vision/1) instead of the table.")] = False,
     ) -> None:
@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
 
         if llama_cpp_isa is not None and not build_llama_cpp:
             raise EdgectlError("--llama-cpp-isa goes with --build-llama-cpp (a bench held to AVX2 with "
-                               "ATEN_CPU_CAPABILITY=avx2 picks the AVX2 build by itself)")
+                               "ATEN_CPU_CAPABILITY=avx2 picks the held build by itself)")
         if build_llama_cpp:
             from edgectl.llamacpp import build_llama_cpp as build
 

@@ -34,7 +34,7 @@ from edgectl.bench.vision.arms import ARMS, VisionArm, parse_arm_names, prepare_
 from edgectl.bench.vision.gguf_pair import Converter, GgufPair, gguf_pair
 from edgectl.bench.vision.runner import run_grid
 from edgectl.errors import EdgectlError
-from edgectl.llamacpp import LlamaServer, find_llama_server, find_llama_tools
+from edgectl.llamacpp import LlamaServer, find_llama_server, find_llama_tools, held_isa
 
 if TYPE_CHECKING:
     from edgectl.probe.facts import HostFacts
@@ -98,8 +98,7 @@ def run_vision_bench(opts: VisionBenchOptions, environ: Mapping[str, str], progr
     servers = _server_runtime(environ)
     label = text_report.class_label(facts.device_class, environ)
     path = text_report.artifact_path(opts.out, started.strftime("%Y-%m-%d"), label, f"{plan.model.name}-vision")
-    llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags,
-                              held_to=environ.get("ATEN_CPU_CAPABILITY"))
+    llama = find_llama_server(environ, opts.llama_server, host_flags=facts.cpu.flags, held_to=held_isa(environ))
     ctx = BenchContext(
         model_name=plan.model.name, model_path=str(model_path), vocab_size=int(planned.model.vocab_size),
         kv_bytes_per_token=plan.kv_bytes_per_token, planned=plan, planner=planner_for(opts.model, environ, facts),

@@ -67,9 +67,8 @@ def isa_flags(flags: Iterable[str]) -> set[str]:
 # for it leaves out (AVX-VNNI too: edgectl's AVX2 kernels use vpmaddubsw/vpmaddwd, not VNNI). A run
 # held to AVX-VNNI (an AVX2 CPU with AVX-VNNI and no AVX-512, such as an N100) keeps that one.
 _ABOVE_AVX2 = ("avx512", "amx", "avx_vnni", "avx_ifma", "avx_ne", "avx10")
-HELD_ISAS = ("avx2", "avxvnni")
-_KEPT_ABOVE_AVX2 = {"avx2": (), "avxvnni": ("avx_vnni",)}  # a held ISA -> the flags above AVX2 it keeps
-HELD_ISA_FLAG = {"avx2": "avx2", "avxvnni": "avx_vnni"}  # a held ISA -> the CPU flag it needs
+HELD_ISA_FLAG = {"avx2": "avx2", "avxvnni": "avx_vnni"}  # a held ISA -> the CPU flag it needs (and keeps)
+HELD_ISAS = tuple(HELD_ISA_FLAG)
 
 
 def held_isa(environ: Mapping[str, str]) -> str | None:
@@ -85,8 +84,8 @@ def held_flags(flags: Iterable[str], held_to: str | None) -> list[str]:
     """The CPU flags a run may use when held to ``held_to`` (:func:`held_isa`; None: all)."""
     if held_to is None or held_to not in HELD_ISAS:
         return list(flags)
-    kept = _KEPT_ABOVE_AVX2[held_to]
-    return [f for f in flags if f in kept or not f.startswith(_ABOVE_AVX2)]
+    kept = HELD_ISA_FLAG[held_to]
+    return [f for f in flags if f == kept or not f.startswith(_ABOVE_AVX2)]
 
 
 def find_llama_server(environ: Mapping[str, str], explicit: str | None = None,

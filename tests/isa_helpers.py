@@ -176,19 +176,12 @@ def expected_kernel_isa(isa: dict[str, bool]) -> str:
     ``detect_levels``): ``avx512vnni`` with AVX-512 F+BW+VL and VNNI, ``avxvnni`` with AVX2+FMA and
     AVX-VNNI, ``avx2`` with AVX2+FMA, else ``scalar``. In the AVX2 tier EDGECTL_KERNEL_ISA=avx2
     selects avx2, which this rule gives too. The probe's ``cpu.isa`` has no AVX-VNNI field, so
-    natively it is read from /proc/cpuinfo's flags (the kernel's spelling, ``avx_vnni``)."""
+    natively it is read from the probe's ``cpu.flags`` (the kernel's spelling, ``avx_vnni``)."""
     if all(isa.get(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")):
         return "avx512vnni"
     if not (isa.get("avx2") and isa.get("fma")):
         return "scalar"
-    return "avxvnni" if TIER is None and "avx_vnni" in _cpuinfo_flags() else "avx2"
-
-
-def _cpuinfo_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
+    return "avxvnni" if TIER is None and "avx_vnni" in probe_facts()["cpu"]["flags"] else "avx2"
 
 
 def expected_int4_block_rows(isa: dict[str, bool]) -> int:

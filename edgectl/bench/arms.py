@@ -107,6 +107,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("w4a8-compiled", "worker", {"weight_format": "w4a8", "compilation": "default"},
             "the plan with w4a8 (edgectl's kernels, int8 head) in vLLM's default torch.compile mode"),
     ArmSpec("eager", "worker", {"compilation": "eager"}, "the plan in eager mode (the control of a compiled plan)"),
+    ArmSpec("w4a16-eager", "worker", {"weight_format": "w4a16", "compilation": "eager"},
+            "the plan with int4 weights on PyTorch's kernel in eager mode (beside `eager`: the two formats as a "
+            "profile recorded in eager mode compares them)"),
     # the memory levers (docs/memory.md), each switched back to unmodified vLLM's behaviour
     ArmSpec("embedding-pack-vllm", "worker", {"embedding_pack": "vllm"},
             "the plan with a prepacked copy of every dense embedding table (a tied one twice), as vLLM does"),

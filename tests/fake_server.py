@@ -120,6 +120,9 @@ class State:
         layers = {name: (f"cpu_int4/g{group(k)}" if int4 else "bf16") for name, k in widths.items()}
         head = "cpu_int4/g64-tied-embedding" if p.quantize_lm_head else "bf16-tied-embedding"
         readback: dict[str, Any] = {}
+        if p.vision is None and p.weight_format == "w4a8":  # edgectl's blocks and their int8 head, as the worker reads back
+            layers = {name: "w4a8/b32" for name in layers}
+            head = "w8a8/b32-tied-embedding"
         if p.vision is not None and int4:  # the language model in edgectl's blocks, the tower and connector bf16
             blocks = "w8a8/b32" if p.weight_format == "w8a8" else "w4a8/b32"
             layers = {name: blocks for name in layers} | {

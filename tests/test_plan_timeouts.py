@@ -61,9 +61,10 @@ def test_the_avx2_box_measured_by_edgectl_gets_30_s_and_180_s():
     """The shipped x86_64-avx2 profile was recorded by `edgectl bench --record-profile` on a real
     AVX2 box: 512 tokens at its slowest prefill pass (192.21 tok/s, scaled by weight bytes to this
     config-only shape: × 123048576 / 115583616 = 204.6) = 2.5 s → watchdog 30 (the floor); ready in
-    16.8 s → start 180 (the floor)."""
+    16.8 s → start 180 (the floor). Planned in w4a16, the format that box's own figures are of (by
+    default the plan takes w4a8 from the emulated AVX2 profile: tests/test_plan_emulated_formats.py)."""
     facts = host_facts("kvm-epyc-avx2-2c")
-    p = make_plan(facts, shape(SMOLLM2), shipped_profiles())
+    p = make_plan(facts, shape(SMOLLM2), shipped_profiles(), weight_format="w4a16")
     assert p.profile.name == "x86_64-avx2" and str(p.profile.kind) == "measured"
     assert (p.timeouts.watchdog_s, p.timeouts.start_s) == (30, 180)
     (reason,) = reasons_by_decision(p)["timeouts"]

@@ -102,18 +102,23 @@ def test_no_shared_format_or_another_class_borrows_nothing(tmp_path, profiles):
 
 
 def test_an_avx2_box_is_planned_edgectls_kernels_from_the_shipped_profiles():
-    """What `edgectl plan` gives a real AVX2 box: the shipped emulated profile's w4a8, scaled by the
-    class's own w4a16 (each figure read from the shipped files, not restated here)."""
+    """What `edgectl plan` gives a real AVX2 box: the shipped emulated profile's w4a8 (and its compiled
+    mode), scaled by the class's own w4a16 (each figure read from the shipped files, not restated here)."""
     facts, shipped = host_facts(AVX2_HOST), list(shipped_profiles())
     p = make_plan(facts, shape(SMOLLM2), shipped, max_model_len=2048)
     own = next(x for x in shipped if x.name == p.profile.name)
-    assert not own.emulated
+    assert not own.emulated and WeightFormat.W4A8 not in own.formats
     companion = emulated_companion(own, shipped, facts)
     assert companion is not None
-    theirs = companion.formats[WeightFormat.W4A8].decode_tok_s.median
+    completed, said = with_emulated_formats(own, shipped, facts)
+    assert said and said in reasons_by_decision(p)["profile"][0]["detail"]
+    compiled = completed.compiled
+    best = (compiled.decode_tok_s if str(p.compilation) == "default" and compiled is not None
+            else completed.formats[p.weight_format].decode_tok_s)
+    assert p.predicted.decode_tok_s == pytest.approx(best.median)
     scale = own.formats[WeightFormat.W4A16].decode_tok_s.median / companion.formats[WeightFormat.W4A16].decode_tok_s.median
-    if theirs * scale > own.formats[WeightFormat.W4A16].decode_tok_s.median:
+    w4a8_eager = companion.formats[WeightFormat.W4A8].decode_tok_s.median * scale
+    assert completed.formats[WeightFormat.W4A8].decode_tok_s.median == pytest.approx(w4a8_eager, abs=0.006)
+    if w4a8_eager > own.formats[WeightFormat.W4A16].decode_tok_s.median:
         assert p.weight_format is WeightFormat.W4A8
-        assert p.predicted.decode_tok_s == pytest.approx(theirs * scale, abs=0.006)  # to 2 decimals
-    else:
-        assert p.weight_format is WeightFormat.W4A16
+        assert "(emulated)" in reasons_by_decision(p)["weight_format"][0]["detail"]

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 from edgectl.contract.plan import Reason, WeightFormat
 from edgectl.planner.decided import Decided
-from edgectl.profiles import Figure, FormatFigures, Profile, select_profile
+from edgectl.profiles import (
+    CompiledFigures,
+    Figure,
+    FormatFigures,
+    Profile,
+    select_profile,
+)
 
 if TYPE_CHECKING:
     from edgectl.probe.facts import HostFacts
@@ -57,6 +63,8 @@ def with_emulated_formats(profile: Profile, profiles: Sequence[Profile], facts: 
     measured (the chosen profile's fastest such; each speed by its own ratio): figure × (this class's
     reference / the companion's reference, same run as the figure). Its measured resident-weights
     ratio is the companion's as it is (bytes do not depend on the clock). Its source says all this.
+    The companion's compiled mode is taken the same way where the chosen profile measured none
+    (:func:`_borrowed_compiled`).
     """
     companion = emulated_companion(profile, profiles, facts)
     if companion is None:
@@ -74,12 +82,34 @@ def with_emulated_formats(profile: Profile, profiles: Sequence[Profile], facts: 
             decode_tok_s=_scaled(figures.decode_tok_s, ours.decode_tok_s, theirs.decode_tok_s, companion),
             prefill_tok_s=_scaled(figures.prefill_tok_s, ours.prefill_tok_s, theirs.prefill_tok_s, companion),
             weights_bytes_ratio=figures.weights_bytes_ratio)
-    if not borrowed:
+    formats = {**profile.formats, **borrowed}
+    compiled = _borrowed_compiled(profile, companion, formats, ours, theirs)
+    parts = sorted(borrowed) + ([f"{compiled.weight_format} compiled"] if compiled else [])
+    if not parts:
         return profile, ""
-    names = ", ".join(sorted(borrowed))
-    what = (f"{names} not measured on {profile.device_class} itself: taken from {companion.name} (emulated: "
-            f"{companion.emulated}), scaled by {reference} measured on both; to re-measure on this class")
-    return dataclasses.replace(profile, formats={**profile.formats, **borrowed}), what
+    what = (f"{', '.join(parts)} not measured on {profile.device_class} itself: taken from {companion.name} "
+            f"(emulated: {companion.emulated}), speeds scaled by {reference} measured on both"
+            + (", start times by the eager start measured on both" if compiled and profile.ready_s and companion.ready_s
+               else "") + "; to re-measure on this class")
+    return dataclasses.replace(profile, formats=formats, compiled=compiled or profile.compiled), what
+
+
+def _borrowed_compiled(profile: Profile, companion: Profile, formats: dict[WeightFormat, FormatFigures],
+                       ours: FormatFigures, theirs: FormatFigures) -> CompiledFigures | None:
+    """The companion's compiled-mode figures, where the chosen profile measured no compiled mode and the
+    companion's compiled format is among ``formats``: speeds scaled as the formats' are, start times by
+    the eager start both measured (copied where either lacks it), memory (the bytes compiled mode adds,
+    the compiling start's peak over the steady PSS) as the companion measured it."""
+    theirs_compiled = companion.compiled
+    if profile.compiled is not None or theirs_compiled is None or theirs_compiled.weight_format not in formats:
+        return None
+    ready = (profile.ready_s, companion.ready_s) if profile.ready_s and companion.ready_s else (None, None)
+    return dataclasses.replace(
+        theirs_compiled,
+        decode_tok_s=_scaled(theirs_compiled.decode_tok_s, ours.decode_tok_s, theirs.decode_tok_s, companion),
+        prefill_tok_s=_scaled(theirs_compiled.prefill_tok_s, ours.prefill_tok_s, theirs.prefill_tok_s, companion),
+        ready_cold_s=_scaled(theirs_compiled.ready_cold_s, *ready, companion) if ready[0] else theirs_compiled.ready_cold_s,
+        ready_warm_s=_scaled(theirs_compiled.ready_warm_s, *ready, companion) if ready[0] else theirs_compiled.ready_warm_s)
 
 
 def _reference_format(profile: Profile, companion: Profile) -> WeightFormat | None:
@@ -99,7 +129,7 @@ def _scaled(figure: Figure | None, ours: Figure | None, theirs: Figure | None, c
     source = dataclasses.replace(
         src, key=f"{src.key} (emulated) x {ours.source.key} / {theirs.source.key}",
         notes=(f"emulated on {companion.emulated}: {figure.median:g} there, scaled by {k:.3f} = this class's "
-               f"{ours.median:g} / the emulation's {theirs.median:g} for the same reference format"))
+               f"{ours.median:g} / the emulation's {theirs.median:g}, the same measurement on both"))
     def scale(value: float | None) -> float | None:
         return None if value is None else round(value * k, 2)  # to the recorder's precision
 

@@ -89,7 +89,7 @@ def with_emulated_formats(profile: Profile, profiles: Sequence[Profile], facts: 
         return profile, ""
     what = (f"{', '.join(parts)} not measured on {profile.device_class} itself: taken from {companion.name} "
             f"(emulated: {companion.emulated}), speeds scaled by {reference} measured on both"
-            + (", start times by the eager start measured on both" if compiled and profile.ready_s and companion.ready_s
+            + (", start times by the eager start measured on both" if compiled and _starts_scaled(profile, companion)
                else "") + "; to re-measure on this class")
     return dataclasses.replace(profile, formats=formats, compiled=compiled or profile.compiled), what
 
@@ -103,13 +103,21 @@ def _borrowed_compiled(profile: Profile, companion: Profile, formats: dict[Weigh
     theirs_compiled = companion.compiled
     if profile.compiled is not None or theirs_compiled is None or theirs_compiled.weight_format not in formats:
         return None
-    ready = (profile.ready_s, companion.ready_s) if profile.ready_s and companion.ready_s else (None, None)
+    def start(figure: Figure | None) -> Figure | None:
+        if not _starts_scaled(profile, companion):
+            return figure
+        return _scaled(figure, profile.ready_s, companion.ready_s, companion)
+
     return dataclasses.replace(
         theirs_compiled,
         decode_tok_s=_scaled(theirs_compiled.decode_tok_s, ours.decode_tok_s, theirs.decode_tok_s, companion),
         prefill_tok_s=_scaled(theirs_compiled.prefill_tok_s, ours.prefill_tok_s, theirs.prefill_tok_s, companion),
-        ready_cold_s=_scaled(theirs_compiled.ready_cold_s, *ready, companion) if ready[0] else theirs_compiled.ready_cold_s,
-        ready_warm_s=_scaled(theirs_compiled.ready_warm_s, *ready, companion) if ready[0] else theirs_compiled.ready_warm_s)
+        ready_cold_s=start(theirs_compiled.ready_cold_s), ready_warm_s=start(theirs_compiled.ready_warm_s))
+
+
+def _starts_scaled(profile: Profile, companion: Profile) -> bool:
+    """Whether both measured the eager start that start times are scaled by."""
+    return profile.ready_s is not None and companion.ready_s is not None
 
 
 def _reference_format(profile: Profile, companion: Profile) -> WeightFormat | None:
@@ -125,14 +133,15 @@ def _scaled(figure: Figure | None, ours: Figure | None, theirs: Figure | None, c
     if figure is None or ours is None or theirs is None or theirs.median <= 0:
         return None
     k = ours.median / theirs.median
+
+    def scale(value: float | None) -> float | None:
+        return None if value is None else round(value * k, 2)  # to the recorder's precision
+
     src = figure.source
     source = dataclasses.replace(
         src, key=f"{src.key} (emulated) x {ours.source.key} / {theirs.source.key}",
         notes=(f"emulated on {companion.emulated}: {figure.median:g} there, scaled by {k:.3f} = this class's "
                f"{ours.median:g} / the emulation's {theirs.median:g}, the same measurement on both"))
-    def scale(value: float | None) -> float | None:
-        return None if value is None else round(value * k, 2)  # to the recorder's precision
-
     median = scale(figure.median)
     assert median is not None
     return Figure(median=median, min=scale(figure.min), max=scale(figure.max), passes=figure.passes, source=source)

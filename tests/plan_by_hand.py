@@ -182,9 +182,9 @@ def kv_blocks_per_seq(s: ShapeByHand, max_len: int) -> int:
     return math.ceil(max_len / BLOCK)
 
 
-def kv_bytes(s: ShapeByHand, max_len: int, seqs: int = 1, fp8: bool = False) -> int:
-    # fp8 KV: one byte per value instead of bf16's two, the same blocks
-    return s.layers * (kv_blocks_per_seq(s, max_len) * seqs + 1) * BLOCK * s.kv_per_token_layer // (2 if fp8 else 1)
+def kv_bytes(s: ShapeByHand, max_len: int, seqs: int = 1, kv: str = "bf16") -> int:
+    # fp8 and int8 KV: one byte per value instead of bf16's two, the same blocks
+    return s.layers * (kv_blocks_per_seq(s, max_len) * seqs + 1) * BLOCK * s.kv_per_token_layer // (1 if kv == "bf16" else 2)
 
 
 @dataclass(frozen=True)
@@ -197,16 +197,19 @@ class Ledger:
     total: int
     high: int
     limit: int
+    scales: int = 0  # edgectl's int8 KV: a float32 scale per token, KV head and half (4 / head_dim of the KV's bytes)
 
 
-def ledger(s: ShapeByHand, fmt: str, max_len: int, runtime: int, seqs: int = 1, fp8: bool = False) -> Ledger:
+def ledger(s: ShapeByHand, fmt: str, max_len: int, runtime: int, seqs: int = 1, kv: str = "bf16") -> Ledger:
+    """``kv``: bf16, fp8 (vLLM's fp8_e4m3) or int8 (edgectl's)."""
     weights = s.w4a16_bytes if fmt == "w4a16" else s.bf16_bytes
-    kv = kv_bytes(s, max_len, seqs, fp8)
+    kv_cache = kv_bytes(s, max_len, seqs, kv)
+    scales = kv_cache * 4 // s.head_dim if kv == "int8" else 0
     rope = max_len * s.head_dim * 2
     workspace = s.workspace_per_token * min(max_len, MAX_BATCHED_TOKENS)
-    total = runtime + weights + kv + rope + workspace
-    return Ledger(weights, kv, rope, runtime, workspace, total, ceil_mib(total * 1.3 * 1.05),
-                  ceil_mib(total * 1.3 * 1.25))
+    total = runtime + weights + kv_cache + scales + rope + workspace
+    return Ledger(weights, kv_cache, rope, runtime, workspace, total, ceil_mib(total * 1.3 * 1.05),
+                  ceil_mib(total * 1.3 * 1.25), scales)
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def test_an_over_large_request_is_refused_with_need_budget_and_a_hint_that_holds
     # + workspace 163840 × 512 = 83886080 + runtime 671088640 = 2611726336 B (2491 MiB, KV 462 MiB);
     # × 1.625 → 4048 MiB against a 3994 MiB budget. The largest that fits is 3584 (above).
     assert (need.total, need.limit) == (2611726336, 4048 * MIB)
-    # (bf16 KV asked: without the flag, fp8 KV is tried next on this AVX-512 host, test below)
+    # (bf16 KV asked: without the flag, a one-byte KV is tried next, tests below)
     with pytest.raises(EdgectlError) as exc:
         make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=4096, kv_cache_dtype="auto")
     msg = exc.value.message
@@ -121,14 +121,38 @@ def test_an_over_large_request_is_refused_with_need_budget_and_a_hint_that_holds
         make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=3840, kv_cache_dtype="auto")
 
 
-def test_a_context_that_fits_only_with_fp8_kv_is_planned_with_fp8_kv_and_says_so():
+def test_a_context_that_fits_only_with_a_one_byte_kv_is_planned_with_edgectls_int8_kv_and_says_so():
     # The request above (4096 tokens, bf16 KV 462 MiB: 4048 MiB > 3994) with the planner's
-    # choice: fp8 KV holds the same blocks in half the bytes, 242221056 B: total 2369505280 B
-    # (2260 MiB) × 1.625 → 3673 MiB ≤ 3994 MiB.
+    # choice: edgectl's int8 KV holds the same blocks in half the bytes, 242221056 B, plus a float32
+    # scale per token, KV head and half (4 / head_dim of those bytes: 7569408 B): total 2377074688 B
+    # (2267 MiB) × 1.625 → 3684 MiB ≤ 3994 MiB. int8, not vLLM's fp8: it runs on this host as on AVX2 and
+    # keeps more of bf16's answers (planner/kv_dtype.py).
     h = HOSTS["host-cgroup1"]
-    want = ledger(QWEN17, "w4a16", 4096, h.runtime, fp8=True)
-    assert (want.kv, want.total, want.limit) == (242221056, 2369505280, 3673 * MIB) and want.limit <= h.budget
+    want = ledger(QWEN17, "w4a16", 4096, h.runtime, kv="int8")
+    assert (want.kv, want.scales, want.total, want.limit) == (242221056, 7569408, 2377074688, 3684 * MIB)
     p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=4096)
+    assert (p.max_model_len, p.kv_cache_dtype) == (4096, "int8")
+    assert (p.kv_cache_bytes, p.memory.kv_scales_bytes, p.memory.total_bytes) == (want.kv, want.scales, want.total)
+    assert p.memory.limit_bytes == want.limit <= h.budget
+    assert p.kv_bytes_per_token == QWEN17.kv_per_token // 2
+    why = reasons_by_decision(p)["kv_cache_dtype"][0]
+    assert why["value"] == "int8" and why["source"] == "default"
+    assert "4096 tokens do not fit with bf16 KV" in why["detail"] and "bf16 KV fits 3584 tokens" in why["detail"]
+    assert "top-1 agreement 0.953" in why["detail"] and "docs/memory.md" in why["detail"]
+    # only edgectl's decode attention reads it: the lever is on, and says why
+    (attention,) = reasons_by_decision(p)["decode_attention"]
+    assert attention["value"] is True and "int8 KV planned (bf16 KV does not fit)" in attention["detail"]
+    assert p.levers.decode_attention
+
+
+def test_where_edgectls_int8_kv_cannot_run_vllms_fp8_kv_is_planned_and_says_so():
+    # The same request with edgectl's decode attention turned off (so its int8 KV has no reader): vLLM's
+    # fp8 KV holds the same blocks in half the bytes, 242221056 B: total 2369505280 B (2260 MiB) × 1.625
+    # → 3673 MiB ≤ 3994 MiB.
+    h = HOSTS["host-cgroup1"]
+    want = ledger(QWEN17, "w4a16", 4096, h.runtime, kv="fp8")
+    assert (want.kv, want.total, want.limit) == (242221056, 2369505280, 3673 * MIB) and want.limit <= h.budget
+    p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), max_model_len=4096, decode_attention=False)
     assert (p.max_model_len, p.kv_cache_dtype) == (4096, "fp8_e4m3")
     assert (p.kv_cache_bytes, p.memory.total_bytes, p.memory.limit_bytes) == (want.kv, want.total, want.limit)
     assert p.kv_bytes_per_token == QWEN17.kv_per_token // 2
@@ -141,26 +165,40 @@ def test_a_context_that_fits_only_with_fp8_kv_is_planned_with_fp8_kv_and_says_so
 
 
 def test_fp8_kv_is_never_planned_where_vllm_refuses_it():
-    # The same shortfall on an AVX2-only host (vLLM's CPU attention refuses fp8 KV there): refused,
-    # with the bf16 numbers; asking for fp8 is refused naming the reason.
+    # The same shortfall on an AVX2-only host (vLLM's CPU attention refuses fp8 KV there): edgectl's
+    # int8 KV runs there (its kernels' AVX2 level), so 4096 tokens are planned with it; past what int8
+    # holds, the refusal names int8's numbers and a hint that holds; fp8 is never offered, and asking for
+    # it is refused naming the reason. With edgectl's decode attention off, no one-byte KV runs at all.
     facts = with_memory(host_facts("kvm-epyc-avx2-2c"), budget_bytes=HOSTS["host-cgroup1"].budget)
-    with pytest.raises(EdgectlError, match=r"^qwen3-1.7b at --max-model-len 8192 does not fit: .*"
-                                           r"fits with --max-model-len \d+$") as exc:
+    p = make_plan(facts, shape(QWEN3_17B), max_model_len=4096)
+    assert (p.max_model_len, p.kv_cache_dtype) == (4096, "int8")
+    with pytest.raises(EdgectlError, match=r"^qwen3-1.7b at --max-model-len 8192 does not fit: .* with int8 KV "
+                                           r"\(bf16 KV needs more\).* fits with --max-model-len (\d+)$") as exc:
         make_plan(facts, shape(QWEN3_17B), max_model_len=8192)
     assert "fp8" not in exc.value.message
+    hint = int(exc.value.message.rsplit(" ", 1)[1])
+    assert make_plan(facts, shape(QWEN3_17B), max_model_len=hint).kv_cache_dtype == "int8"  # the hint holds
     with pytest.raises(EdgectlError, match=r"^--kv-cache-dtype fp8_e4m3 cannot run here: vLLM's CPU attention "
                                            r"refuses fp8 KV without AVX-512 or AMX"):
         make_plan(facts, shape(SMOLLM2), kv_cache_dtype="fp8_e4m3")
     p = make_plan(facts, shape(SMOLLM2))
     assert p.kv_cache_dtype == "auto"
-    assert "fp8 KV cannot run here" in reasons_by_decision(p)["kv_cache_dtype"][0]["detail"]
+    assert "int8 KV only when the context does not fit otherwise" in reasons_by_decision(p)["kv_cache_dtype"][0]["detail"]
+    p = make_plan(facts, shape(SMOLLM2), decode_attention=False)
+    assert "neither edgectl's int8 KV nor vLLM's fp8 KV can run here" in reasons_by_decision(p)["kv_cache_dtype"][0]["detail"]
+    with pytest.raises(EdgectlError, match=r"^qwen3-1.7b at --max-model-len 4096 does not fit: .*"):
+        make_plan(facts, shape(QWEN3_17B), max_model_len=4096, decode_attention=False)
 
 
-def test_without_a_requested_context_bf16_kv_is_kept_and_fp8_offered_in_the_reason():
+def test_without_a_requested_context_bf16_kv_is_kept_and_a_one_byte_kv_offered_in_the_reason():
     # host-cgroup1 × Qwen3-1.7B without --max-model-len: bf16 KV fits 3584 tokens (the table);
-    # the plan keeps bf16 and names the longer context fp8 KV would hold.
+    # the plan keeps bf16 and names the longer context int8 KV would hold (fp8 where int8 cannot run).
     p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B))
     assert (p.max_model_len, p.kv_cache_dtype) == (3584, "auto")
+    assert "int8" not in reasons_by_decision(p)["decode_attention"][0]["detail"]  # the text plan's own default
+    detail = reasons_by_decision(p)["kv_cache_dtype"][0]["detail"]
+    assert "with --kv-cache-dtype int8 the budget holds 4096 tokens instead of 3584" in detail
+    p = make_plan(host_facts("host-cgroup1"), shape(QWEN3_17B), decode_attention=False)
     detail = reasons_by_decision(p)["kv_cache_dtype"][0]["detail"]
     assert "with --kv-cache-dtype fp8_e4m3 the budget holds 4096 tokens instead of 3584" in detail
 

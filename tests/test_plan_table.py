@@ -18,6 +18,7 @@ from plan_by_hand import (
     QWEN8,
     QWEN17,
     SMOL,
+    ShapeByHand,
     ledger,
 )
 from plan_helpers import (
@@ -37,6 +38,7 @@ from plan_helpers import (
 )
 from probe_helpers import FIXTURE_NAMES
 
+from edgectl.contract.plan import Request
 from edgectl.errors import EdgectlError
 from edgectl.planner.ledger import MAX_BATCHED_TOKENS
 
@@ -116,15 +118,28 @@ OUTCOME = {
 }
 
 
-# Hosts where vLLM's CPU attention runs fp8 KV (AVX-512 or AMX; every shape's head size is a
-# multiple of 32): a model that does not fit with bf16 KV is tried with fp8 KV (planner/kv_dtype.py).
+# A model that does not fit with bf16 KV is tried with a one-byte KV (planner/kv_dtype.py): edgectl's
+# int8 on the hosts its kernels run on (x86 with AVX2 + FMA) for a model without sliding-window layers,
+# else vLLM's fp8 on the hosts its CPU attention runs it on (AVX-512 or AMX; every shape's head size is a
+# multiple of 32).
+INT8_HOSTS = {"container-cgroup2", "host-cgroup1", "kvm-epyc-avx2-2c", "kvm-xeon-avx512-2c", "k8s-pod-cgroup2",
+              "vm-avx512-disabled", "xeon-spr-amx-2s"}
 FP8_HOSTS = {"container-cgroup2", "host-cgroup1", "kvm-xeon-avx512-2c", "xeon-spr-amx-2s"}
 
 
-def test_the_fp8_hosts_are_those_with_avx512_or_amx():
-    from edgectl.planner.kv_dtype import fp8_runs
+def _one_byte_kv(host_name: str, s: ShapeByHand) -> str:
+    if host_name in INT8_HOSTS and not s.sliding_window:
+        return "int8"
+    return "fp8" if host_name in FP8_HOSTS else "bf16"
+
+
+def test_the_one_byte_kv_hosts_are_those_the_kernels_run_on():
+    from edgectl.planner.kv_dtype import fp8_runs, int8_runs
 
     assert {n for n in HOSTS if fp8_runs(host_facts(n), shape(SMOLLM2))[0]} == FP8_HOSTS
+    request = Request(model=SMOLLM2)
+    assert {n for n in HOSTS if int8_runs(host_facts(n), shape(SMOLLM2), request)[0]} == INT8_HOSTS
+    assert not int8_runs(host_facts("host-cgroup1"), shape(MISTRAL_7B), request)[0]  # sliding-window layers
 
 
 def test_the_table_covers_every_fixture_and_shape():
@@ -146,17 +161,18 @@ def test_plan_table(host_name: str, model_name: str):
 
     if outcome is REFUSED:
         # Not even 512 tokens fit, in the smaller format (w4a16), with bf16 KV nor (on the hosts
-        # that run it) fp8 KV: need vs budget of the last tried, no context hint.
-        fp8 = host_name in FP8_HOSTS
+        # that run one) a one-byte KV: need vs budget of the last tried, no context hint.
+        kv = _one_byte_kv(host_name, s)
         assert ledger(s, "w4a16", 512, h.runtime).limit > h.budget
-        need = ledger(s, "w4a16", 512, h.runtime, fp8=fp8)
+        need = ledger(s, "w4a16", 512, h.runtime, kv=kv)
         assert need.limit > h.budget
         with pytest.raises(EdgectlError) as exc:
             make_plan(facts, model)
         msg = exc.value.message
         assert exc.value.exit_code == 2 and "\n" not in msg
         assert f"needs {_mib_text(need.limit)} as w4a16" in msg, msg
-        assert ("with fp8_e4m3 KV (bf16 KV needs more)" in msg) == fp8, msg
+        assert ("with fp8_e4m3 KV (bf16 KV needs more)" in msg) == (kv == "fp8"), msg
+        assert ("with int8 KV (bf16 KV needs more)" in msg) == (kv == "int8"), msg
         assert f"steady {_mib_text(need.total)} incl. KV {_mib_text(need.kv)}" in msg, msg
         assert f"budget is {_mib_text(h.budget)}" in msg and "does not fit at any context" in msg, msg
         return

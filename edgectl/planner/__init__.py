@@ -83,9 +83,6 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     check_request(request)
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(choose_compilation(request, profile))
-    memory_levers = why.take(choose_memory_levers(request.bench, facts, topology,
-                                                  decode_attention=decode_attention_for(
-                                                      request, text_decode_attention(facts, model))))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request, compilation))
@@ -93,6 +90,9 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     fit = why.take(fit_weights_and_context(
         facts.memory.budget_bytes, model, profile, request, formats, group_size.value,
         request.bench.quantize_lm_head, levers.value.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
+    # after the fit: an int8 KV, asked or planned, is read by edgectl's decode attention only
+    memory_levers = why.take(choose_memory_levers(request.bench, facts, topology, decode_attention=decode_attention_for(
+        request, fit.kv_dtype, text_decode_attention(facts, model))))
     lm_head = choose_lm_head(request.bench, fit.weight_format)
     if fit.weight_format.is_int4:
         if fit.weight_format is not WeightFormat.W4A8:  # edgectl's blocks are 32 columns, whatever the group

@@ -23,7 +23,7 @@ from edgectl.errors import EdgectlError
 from edgectl.output import mib
 from edgectl.planner.decided import Decided
 from edgectl.planner.engine import lm_head_quantized
-from edgectl.planner.kv_dtype import FP8_COST, kv_cost
+from edgectl.planner.kv_dtype import kv_cost
 from edgectl.planner.ledger import Costs, Ledger, weights_bytes_for
 
 if TYPE_CHECKING:
@@ -141,19 +141,21 @@ def _kv_reason(kv_dtype: KvCacheDtype, tried: list[tuple[KvCacheDtype, list[_Siz
         wanted = f"{target} tokens" if request.max_model_len is not None else f"{MIN_CONTEXT} tokens (the shortest context planned)"
         detail = (f"{wanted} do not fit with bf16 KV in the budget {mib(budget)} in any weight format ("
                   + (f"bf16 KV fits {longest} tokens" if longest else "bf16 KV fits no context")
-                  + f"); {kv_dtype} holds a token in half the bytes, so the context fits. Its cost: {FP8_COST}")
+                  + f"); {kv_dtype} holds a token in about half the bytes, so the context fits. Its cost: "
+                  + kv_cost(kv_dtype))
         return Reason("kv_cache_dtype", kv_dtype, Source.DEFAULT, detail)
-    detail = "bf16, the model's dtype: fp8 KV only when the context does not fit otherwise"
-    fp8 = [d for d in kv_dtypes if d is not KvCacheDtype.AUTO]
-    if not fp8:
-        detail += " (fp8 KV cannot run here)"
-    elif best.fits_len is not None and best.fits_len < cap and request.max_model_len is None:
+    narrow = [d for d in kv_dtypes if d is not KvCacheDtype.AUTO]  # the one-byte KV this host runs, if any
+    if not narrow:
+        return Reason("kv_cache_dtype", KvCacheDtype.AUTO, Source.DEFAULT,
+                      "bf16, the model's dtype (neither edgectl's int8 KV nor vLLM's fp8 KV can run here)")
+    detail = f"bf16, the model's dtype: {narrow[0]} KV only when the context does not fit otherwise"
+    if best.fits_len is not None and best.fits_len < cap and request.max_model_len is None:
         ledger = Ledger(best.ledger.model, request, best.ledger.costs, best.ledger.weights_bytes,
-                        best.ledger.rope_capped, fp8[0])
+                        best.ledger.rope_capped, narrow[0])
         more = ledger.largest_fitting(budget, MIN_CONTEXT, cap)
         if more and more > best.fits_len:
-            detail += (f"; with --kv-cache-dtype {fp8[0]} the budget holds {more} tokens instead of {best.fits_len} "
-                       f"({FP8_COST})")
+            detail += (f"; with --kv-cache-dtype {narrow[0]} the budget holds {more} tokens instead of "
+                       f"{best.fits_len} ({kv_cost(narrow[0])})")
     return Reason("kv_cache_dtype", KvCacheDtype.AUTO, Source.DEFAULT, detail)
 
 
@@ -209,7 +211,7 @@ def _wont_fit(mem: Memory, budget: int, request: Request, fits_len: int | None,
     """The refusal: need vs budget, and the request that would fit.
 
     ``fmt`` names the weight format the numbers are for when several were tried; ``kv_dtype``
-    the KV dtype, when the planner tried fp8 KV too.
+    the KV dtype, when the planner tried a one-byte KV too.
     """
     as_fmt = f" as {fmt} (the format that comes closest)" if fmt is not None else ""
     if kv_dtype is not None:

@@ -1,5 +1,5 @@
 """The KV cache's element type: bf16 (the model's dtype) unless the context does not fit, then
-fp8_e4m3 where vLLM's CPU attention runs it; edgectl's int8 when asked.
+edgectl's int8 where its kernels take the model, else fp8_e4m3 where vLLM's CPU attention runs it.
 
 fp8 KV holds a token in half the bytes, at a fidelity cost measured against bf16 KV
 (docs/memory.md, "KV cache dtype"). vLLM 0.32's CPU attention accepts it only on x86 with
@@ -9,17 +9,20 @@ on an AVX2-only host it refuses to start, so the planner never offers it there.
 edgectl's int8 KV (``--kv-cache-dtype int8``: one byte per value and a scale per token and KV head,
 runtime/edgectl_runtime/vllm_plugin/kv_int8.py) is written and read by edgectl's kernels on every
 level they build for, AVX2 included; it needs a model whose every layer edgectl's decode attention
-takes (``decode_attention_refused``), and it turns that lever on.
+takes (``decode_attention_refused``), and it turns that lever on. Where both run, int8 is the one
+taken when bf16 does not fit: it keeps more of bf16's answers (the costs below) and is read faster at
+a long context (docs/memory.md); it is still not taken when bf16 fits, as neither is.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edgectl.contract.plan import KvCacheDtype
+from edgectl.contract.plan import KvCacheDtype, WeightFormat
 from edgectl.errors import EdgectlError
 from edgectl.models.facts import SLIDING_ATTENTION
 from edgectl.planner.engine import decode_attention_refused
+from edgectl.planner.formats import host_runs
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Request
@@ -45,8 +48,11 @@ def kv_cost(kv_dtype: KvCacheDtype) -> str:
     return INT8_COST if kv_dtype is INT8 else FP8_COST
 
 
-def int8_runs(model: ModelFacts, request: Request) -> tuple[bool, str]:
+def int8_runs(facts: HostFacts, model: ModelFacts, request: Request) -> tuple[bool, str]:
     """Whether edgectl's int8 KV can hold this model's KV as asked, and why."""
+    runs, why = host_runs(WeightFormat.W4A8, facts)  # the same library as edgectl's linear kernels
+    if not runs:
+        return False, f"edgectl's int8 KV is written and read by its kernels: {why}"
     refused = decode_attention_refused(model)
     if refused:
         return False, f"edgectl's int8 KV is read by its decode attention, which {model.name} cannot take: {refused}"
@@ -71,20 +77,24 @@ def fp8_runs(facts: HostFacts, model: ModelFacts) -> tuple[bool, str]:
 
 
 def kv_dtype_candidates(facts: HostFacts, model: ModelFacts, request: Request) -> list[KvCacheDtype]:
-    """The KV dtypes to size with, preferred first: the one asked, else bf16 then (where it runs) fp8."""
+    """The KV dtypes to size with, preferred first: the one asked, else bf16 then one byte a value:
+    edgectl's int8 where it runs, else fp8 where it runs."""
     if request.kv_cache_dtype:
         dtype = KvCacheDtype(request.kv_cache_dtype)  # a known one: checked with the request
         if dtype is not KvCacheDtype.AUTO:
-            ok, why = fp8_runs(facts, model) if dtype is FP8 else int8_runs(model, request)
+            ok, why = fp8_runs(facts, model) if dtype is FP8 else int8_runs(facts, model, request)
             if not ok:
                 raise EdgectlError(f"--kv-cache-dtype {dtype} cannot run here: {why}; use --kv-cache-dtype auto")
         return [dtype]
+    if int8_runs(facts, model, request)[0]:
+        return [KvCacheDtype.AUTO, INT8]
     return [KvCacheDtype.AUTO, FP8] if fp8_runs(facts, model)[0] else [KvCacheDtype.AUTO]
 
 
-def decode_attention_for(request: Request, default: tuple[bool, str]) -> tuple[bool, str]:
+def decode_attention_for(request: Request, kv_dtype: KvCacheDtype, default: tuple[bool, str]) -> tuple[bool, str]:
     """The decode-attention lever's default and why: on for an int8 KV (only edgectl's kernel reads it),
     else the modality's own default."""
-    if request.kv_cache_dtype == INT8:
-        return True, "on: the int8 KV asked for (--kv-cache-dtype int8) is read by edgectl's decode attention only"
+    if kv_dtype is INT8:
+        how = "asked for (--kv-cache-dtype int8)" if request.kv_cache_dtype == INT8 else "planned (bf16 KV does not fit)"
+        return True, f"on: the int8 KV {how} is read by edgectl's decode attention only"
     return default

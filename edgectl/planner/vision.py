@@ -32,6 +32,7 @@ from edgectl.contract import int4_layout
 from edgectl.contract.plan import (
     BenchLevers,
     Compilation,
+    KvCacheDtype,
     ModelRef,
     Plan,
     Predicted,
@@ -148,7 +149,6 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
     check_request(replace(request, weight_format=None))  # the rest as for a text model
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(_compilation(request, fmt))
-    memory_levers = why.take(_memory_levers(request.bench, facts, model, topology, request))
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     limits = why.take(_image_limits(ImageLimits()))
     sizes = image_sizes(vision, limits, model.hidden_size, ledger.MAX_BATCHED_TOKENS)
@@ -168,6 +168,8 @@ def plan_vision(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile]
         facts.memory.budget_bytes, model, profile, request, [(fmt, fmt_reason)], 0,
         quantized, levers.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
     _check_fits(model, request, fit.max_model_len, facts.memory.budget_bytes, limits, prompt_min)
+    # after the fit: an int8 KV, asked or planned, is read by edgectl's decode attention only
+    memory_levers = why.take(_memory_levers(request.bench, facts, model, topology, request, fit.kv_dtype))
     memory = replace(fit.memory, runtime_bytes=text_costs.runtime_bytes,
                      workspace_bytes=fit.memory.workspace_bytes + held)
     batched = why.take(choose_batched_tokens(fit.max_model_len))
@@ -279,12 +281,12 @@ def _compilation(request: Request, fmt: WeightFormat) -> Decided[Compilation]:
         "first start"))
 
 
-def _memory_levers(asked: BenchLevers, facts: HostFacts, model: ModelFacts,
-                   topology: Topology, request: Request) -> Decided[MemoryLevers]:
+def _memory_levers(asked: BenchLevers, facts: HostFacts, model: ModelFacts, topology: Topology, request: Request,
+                   kv_dtype: KvCacheDtype) -> Decided[MemoryLevers]:
     """The text planner's memory levers, but the tokenizer as vLLM keeps it (a vision model has a processor
     beside its tokenizer, which the lean lever does not handle) and no python -OO (not tried with it)."""
     levers = choose_memory_levers(asked, facts, topology,
-                                  decode_attention=decode_attention_for(request, vision_decode_attention(facts, model)))
+                                  decode_attention=decode_attention_for(request, kv_dtype, vision_decode_attention(facts, model)))
     kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
     optimize = 0 if asked.python_optimize is None else asked.python_optimize
     value = replace(levers.value, tokenizer=TokenizerLever.VLLM, python_optimize=optimize)

@@ -57,6 +57,10 @@ def test_int8_is_refused_where_its_kernel_cannot_read_every_layer():
     # the decode attention asked off
     with pytest.raises(EdgectlError, match="decode attention only, which this request turns off"):
         make_plan(host_facts(AMX), shape(SMOLLM2), kv_cache_dtype="int8", decode_attention=False)
+    # a host edgectl's kernels do not run on (no vector build for arm64 yet): refused, not planned and left unread
+    with pytest.raises(EdgectlError, match="^--kv-cache-dtype int8 cannot run here: edgectl's int8 KV is written and "
+                                           "read by its kernels: .*aarch64"):
+        make_plan(host_facts("arm64-board"), shape(SMOLLM2), kv_cache_dtype="int8")
 
 
 def test_the_read_back_must_say_int8():

@@ -21,6 +21,7 @@ from edgectl.atomic import write_text_atomic
 from edgectl.bench import llama_log, stats
 from edgectl.bench.arms import CONTROL
 from edgectl.bench.prediction import check_label
+from edgectl.bench.speed_prediction import STALE_AT, speed_prediction, stale
 from edgectl.llamacpp import held_isa
 
 SCHEMA = "edgectl.bench/1"
@@ -189,7 +190,7 @@ class BenchResult:
 
 def render_text(a: dict[str, Any], path: Path | None, messages: list[str]) -> str:
     lines = [*_heading(a), *_arm_table(a), *_noise_lines(a), *_ratio_lines(a), *_concurrency_and_llama_lines(a), *_soak_lines(a),
-             *_memory_prediction_lines(a), *_bandwidth_lines(a)]
+             *_memory_prediction_lines(a), *_speed_prediction_lines(a), *_bandwidth_lines(a)]
     if path:
         lines.append(f"artifact: {path}")
     lines += messages
@@ -392,6 +393,27 @@ def _memory_prediction_lines(a: dict[str, Any]) -> list[str]:
         f"{n} {v['predicted_bytes'] / 1e9:.2f} vs {v['measured_bytes'] / 1e9:.2f} GB ({v['error']:+.1%}, "
         f"{check_label(v)})"
         for n, v in mp["arms"].items() if v.get("measured_bytes"))]
+
+
+def _speed_prediction_lines(a: dict[str, Any]) -> list[str]:
+    """The plan's decode, prefill and ready figures (the profile's) against the run's medians; the
+    way to bring a profile up to date when one is off by more than STALE_AT."""
+    if not a.get("complete"):
+        return []
+    checked = speed_prediction(a.get("arms") or {})
+    if not checked:
+        return []
+    lines = ["speed, the plan's prediction (its profile's figures) vs the measured median: " + "; ".join(
+        f"{n} " + ", ".join(f"{what} {f['predicted']:.4g} vs {f['measured']:.4g} {f['unit']} ({f['error']:+.0%})"
+                            for what, f in v["figures"].items())
+        for n, v in checked.items())]
+    off = {n: stale(v) for n, v in checked.items() if stale(v)}
+    if off:
+        profiles = sorted({checked[n]["profile"] or "?" for n in off})
+        lines.append(f"  off by more than {STALE_AT:.0%}: " + "; ".join(f"{n} {', '.join(w)}" for n, w in off.items())
+                     + f" — the profile ({', '.join(profiles)}) no longer describes this box as it runs now; "
+                     f"`edgectl bench {a['provenance']['model']} --record-profile` measures it again")
+    return lines
 
 
 def _bandwidth_lines(a: dict[str, Any]) -> list[str]:

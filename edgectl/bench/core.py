@@ -370,10 +370,17 @@ def finish(artifact: dict[str, Any], records: dict[str, list[dict[str, Any]]], p
         artifact["bandwidth_ceiling"] = report.bandwidth_ceiling(records, summaries, bandwidth_gbps)
 
 
-def _repo_root() -> Path:
-    """The checkout edgectl runs from (where committed artifacts live), else the working directory."""
-    here = Path(__file__).resolve().parents[2]
-    return here if (here / "results").is_dir() else Path.cwd()
+def _repo_root(package_parent: Path | None = None) -> Path:
+    """Where committed artifacts live (a profile's sources among them): the checkout edgectl runs from, or
+    the one an installed copy was built from (scripts/setup.sh records it), else the working directory.
+    ``package_parent``: the directory holding the ``edgectl`` package (default: this one's)."""
+    here = package_parent or Path(__file__).resolve().parents[2]
+    if (here / "results").is_dir():
+        return here
+    checkout = prov.built_from().get("checkout")
+    if checkout and (Path(checkout) / "results").is_dir():
+        return Path(checkout)
+    return Path.cwd()
 
 
 def _stock_model_for(plan: Plan, names: Collection[str], model: str, environ: Mapping[str, str],

@@ -80,6 +80,15 @@ def stock_plugins(info: Mapping[str, Any]) -> tuple[str, list[str]]:
     return ",".join(p["name"] for p in plugins if p["name"] not in excluded), excluded
 
 
+def built_from() -> dict[str, Any]:
+    """What scripts/setup.sh recorded when it installed this copy (its checkout, commit, dirty), else {}."""
+    try:
+        built = json.loads((Path(__file__).resolve().parents[1] / "data" / "build.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return built if isinstance(built, dict) else {}
+
+
 def edgectl_version() -> dict[str, Any]:
     """The checkout's commit (and whether it has uncommitted changes), else the package version."""
     repo = paths.checkout()
@@ -90,12 +99,10 @@ def edgectl_version() -> dict[str, Any]:
         pass
     if repo is None or not (repo / ".git").exists():
         # An installed copy: scripts/setup.sh records the checkout's commit it was built from.
-        try:
-            built = json.loads((Path(__file__).resolve().parents[1] / "data" / "build.json").read_text())
+        built = built_from()
+        if built:
             out["commit"], out["dirty"] = built.get("commit"), built.get("dirty")
             out["installed_from"] = built.get("checkout")
-        except (OSError, ValueError):
-            pass
         return out
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,

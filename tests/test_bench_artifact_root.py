@@ -12,10 +12,10 @@ from edgectl.bench import core
 from edgectl.bench import provenance as prov
 
 
-def test_a_checkout_finds_its_own_results():
-    repo = Path(core.__file__).resolve().parents[2]
-    assert (repo / "results").is_dir()  # the tests run from a checkout
-    assert core._repo_root() == repo
+def test_the_bench_finds_this_repositorys_results():
+    # edgectl imported from this checkout, or from the copy scripts/setup.sh installed from it (the README's
+    # test command runs the installed copy): either way the artifacts committed here
+    assert core._repo_root().resolve() == Path(__file__).resolve().parents[1]
 
 
 def test_an_installed_copy_finds_the_checkout_it_was_built_from(tmp_path, monkeypatch: pytest.MonkeyPatch):

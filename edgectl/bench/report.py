@@ -407,7 +407,7 @@ def _speed_prediction_lines(a: dict[str, Any]) -> list[str]:
         f"{n} " + ", ".join(f"{what} {f['predicted']:.4g} vs {f['measured']:.4g} {f['unit']} ({f['error']:+.0%})"
                             for what, f in v["figures"].items())
         for n, v in checked.items())]
-    off = {n: stale(v) for n, v in checked.items() if stale(v)}
+    off = {n: figures for n, v in checked.items() if (figures := stale(v))}
     if off:
         profiles = sorted({checked[n]["profile"] or "?" for n in off})
         lines.append(f"  off by more than {STALE_AT:.0%}: " + "; ".join(f"{n} {', '.join(w)}" for n, w in off.items())

@@ -26,7 +26,7 @@ from edgectl.contract.plan import (
 )
 from edgectl.models.facts import SLIDING_ATTENTION
 from edgectl.planner.decided import Decided
-from edgectl.planner.formats import host_runs
+from edgectl.planner.formats import kernels_run
 from edgectl.planner.ledger import MAX_BATCHED_TOKENS, batched_tokens
 
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ def _decode_attention_default(facts: HostFacts, model: ModelFacts, on: str, amx:
     modality's evidence ``on``; off where they do not run, off for a model none of whose layers the kernel
     takes (its calls would all stay on vLLM's op: the lever would be on in name only), and off on AMX
     hosts, where vLLM's AMX attention was measured as fast or faster (``amx``)."""
-    runs, why = host_runs(WeightFormat.W4A8, facts)  # the same library as edgectl's linear kernels
+    runs, why = kernels_run(facts)
     if not runs:
         return False, f"off: {why}"
     refused = decode_attention_refused(model)

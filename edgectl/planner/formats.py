@@ -51,6 +51,12 @@ def choose_group_size(request: Request) -> Decided[int]:
         "the common default for 4-bit weights; smaller groups cost more scale bytes"))
 
 
+def kernels_run(facts: HostFacts) -> tuple[bool, str]:
+    """Whether edgectl's own kernel library runs here, and why: one library holds its 4- and 8-bit linear
+    layers, its decode attention and its int8 KV, so the W4A8 kernel's answer is the library's."""
+    return host_runs(WeightFormat.W4A8, facts)
+
+
 def host_runs(fmt: WeightFormat, facts: HostFacts) -> tuple[bool, str]:
     """Whether this host can execute a format's kernel at all (before any profile says so)."""
     isa, arch = facts.cpu.isa, facts.cpu.arch

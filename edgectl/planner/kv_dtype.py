@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edgectl.contract.plan import KvCacheDtype, WeightFormat
+from edgectl.contract.plan import KvCacheDtype
 from edgectl.errors import EdgectlError
 from edgectl.models.facts import SLIDING_ATTENTION
 from edgectl.planner.engine import decode_attention_refused
-from edgectl.planner.formats import host_runs
+from edgectl.planner.formats import kernels_run
 
 if TYPE_CHECKING:
     from edgectl.contract.plan import Request
@@ -50,7 +50,7 @@ def kv_cost(kv_dtype: KvCacheDtype) -> str:
 
 def int8_runs(facts: HostFacts, model: ModelFacts, request: Request) -> tuple[bool, str]:
     """Whether edgectl's int8 KV can hold this model's KV as asked, and why."""
-    runs, why = host_runs(WeightFormat.W4A8, facts)  # the same library as edgectl's linear kernels
+    runs, why = kernels_run(facts)
     if not runs:
         return False, f"edgectl's int8 KV is written and read by its kernels: {why}"
     refused = decode_attention_refused(model)

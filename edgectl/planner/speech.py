@@ -52,7 +52,7 @@ from edgectl.planner.engine import (
     choose_memory_levers,
     choose_topology,
 )
-from edgectl.planner.formats import host_runs
+from edgectl.planner.formats import kernels_run
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request
 from edgectl.planner.service import (
@@ -136,7 +136,7 @@ def _weight_format(request: Request, facts: HostFacts, model: ModelFacts) -> Dec
             "asked: edgectl's int4 blocks of 32 with int8 activations for every linear layer but the output head "
             "(the tied embedding, kept dense)"))
     if asked == WeightFormat.W8A8:
-        runs, why = host_runs(WeightFormat.W4A8, facts)  # the same kernels: edgectl's, where they have a vector build
+        runs, why = kernels_run(facts)
         if not runs:
             raise EdgectlError(f"--format w8a8 runs edgectl's kernels: {why}; serve {model.name} dense (no --format)")
         return Decided(WeightFormat.W8A8, Reason(

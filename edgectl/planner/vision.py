@@ -62,7 +62,7 @@ from edgectl.planner.engine import (
     vision_decode_attention,
 )
 from edgectl.planner.fit import DEFAULT_CONTEXT_CAP, fit_weights_and_context
-from edgectl.planner.formats import checkpoint_format, host_runs
+from edgectl.planner.formats import checkpoint_format, host_runs, kernels_run
 from edgectl.planner.kv_dtype import decode_attention_for, kv_dtype_candidates
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request
@@ -233,7 +233,7 @@ def _weight_format(facts: HostFacts, model: ModelFacts, request: Request) -> Rea
     if asked not in (None, WeightFormat.BF16, WeightFormat.W4A8, WeightFormat.W8A8):
         raise EdgectlError(f"--format {asked}: a vision-language model is served bf16, or its language model as w4a8 "
                            "or w8a8 (edgectl's kernels)")
-    runs, why = host_runs(WeightFormat.W4A8, facts)  # w8a8: the same library, its 8-bit blocks
+    runs, why = kernels_run(facts)  # w8a8: the same library, its 8-bit blocks
     on_edgectl_kernels = asked in (WeightFormat.W4A8, WeightFormat.W8A8)
     if on_edgectl_kernels and not runs:
         raise EdgectlError(f"--format {asked} runs edgectl's kernels: {why}; serve {model.name} dense (no --format)")

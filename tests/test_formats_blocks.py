@@ -118,6 +118,31 @@ def test_pack_unpack_round_trip(n, k):
     assert torch.equal(uq8, q8) and torch.equal(ud8, d8)
 
 
+def test_w5_packed_bytes_are_where_kernels_h_says():
+    """W5: W4's nibbles of the low four bits; byte row*4 + j of the fifth-bit plane holds in bit quad that
+    of q[row][4 quad + j] and in bit 4 + quad that of q[row][16 + 4 quad + j]; then d[16]."""
+    n, k = 20, 64
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randint(0, 32, (n, k), generator=gen, dtype=torch.uint8)
+    d = torch.rand(n, 2, generator=gen).to(torch.float16)
+    packed = blocks.pack_w5(q, d)
+    assert packed.shape == blocks.packed_shape(n, k, 5) == (2, 2, 352)
+    tile, b = 0, 1
+    rec = packed[tile, b]
+    for row in range(16):
+        for j in range(4):
+            high = int(rec[256 + row * 4 + j])
+            for quad in range(4):
+                lo, hi = int(q[row, 32 + 4 * quad + j]), int(q[row, 32 + 16 + 4 * quad + j])
+                assert int(rec[quad * 64 + row * 4 + j]) == (lo & 15) | (hi & 15) << 4
+                assert (high >> quad) & 1 == lo >> 4 and (high >> (4 + quad)) & 1 == hi >> 4
+    assert torch.equal(rec[320:352].clone().view(torch.float16), d[:16, 1])
+    uq, ud = blocks.unpack_w5(packed, n)
+    assert torch.equal(uq, q) and torch.equal(ud, d)
+    with pytest.raises(ValueError, match="not 5"):
+        blocks.quantize_and_pack(torch.zeros(16, 32), 5)
+
+
 def test_packed_bytes_are_where_kernels_h_says():
     """byte (quad, row, j) at quad*64 + row*4 + j: q[row][4 quad + j] low, q[row][16 + 4 quad + j] high;
     then d[16] and m[16] as little-endian fp16 (one 16-row tile, block 1 of 2)."""

@@ -48,6 +48,15 @@ def _w(n: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(n, k, generator=gen) * 0.05 + 0.01
 
 
+def _w5(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """W5 values as a GGUF's Q5_0 gives them (nothing quantizes to W5): q in 0..31, fp16 d."""
+    gen = torch.Generator().manual_seed(seed)
+    kb = -(-k // 32)
+    q = torch.randint(0, 32, (n, kb * 32), generator=gen, dtype=torch.uint8)
+    q[:, k:] = 16  # padding columns hold w = 0
+    return q, (torch.rand(n, kb, generator=gen) * 0.01 + 1e-4).to(torch.float16)
+
+
 def _close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
     # fp32 accumulation in the kernel vs float64 in the reference; then one rounding to dtype.
     rtol = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}[dtype]
@@ -89,6 +98,19 @@ def test_linear_w8a8_matches_the_reference(level, dtype, m, n, k):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", (1, 2, 5, 8, 17))
+def test_linear_w5a8_matches_the_reference(level, dtype, m, n, k):
+    """The W5 tile: the fifth bits merged into W4's nibbles, the -16 s term exact in int32; m covers a
+    partial and a whole row group at both vector widths (four rows on AVX2, eight on AVX-512)."""
+    q, d = _w5(n, k, seed=5 * n + k)
+    x = _x(m, k, dtype, seed=m + 13 * k)
+    y = torch.ops.edgectl.linear_w5a8(x, blocks.pack_w5(q, d), n, k)
+    assert y.shape == (m, n) and y.dtype == dtype
+    _close(y, reference.linear_w5a8(x, q, d), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(40, 100), (130, 1536)])
 def test_dequantize_is_exact(level, dtype, n, k):
     w = _w(n, k, seed=n)
@@ -98,6 +120,9 @@ def test_dequantize_is_exact(level, dtype, n, k):
     q8, d8 = blocks.quantize_w8(w)
     got8 = torch.ops.edgectl.dequantize(blocks.pack_w8(q8, d8), n, k, 8, dtype)
     assert torch.equal(got8, blocks.dequantize_w8(q8, d8, k).to(dtype))
+    q5, d5 = _w5(n, k, seed=n + 1)
+    got5 = torch.ops.edgectl.dequantize(blocks.pack_w5(q5, d5), n, k, 5, dtype)
+    assert torch.equal(got5, blocks.dequantize_w5(q5, d5, k).to(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -119,6 +144,11 @@ def test_large_batches_take_the_dense_path(level, dtype, m):
     with ops.dense_from(1):
         y = torch.ops.edgectl.linear_w8a8(x, blocks.pack_w8(q8, d8), n, k)
     ref = reference.linear_dense(x, blocks.dequantize_w8(q8, d8, k))
+    torch.testing.assert_close(y.float(), ref.float(), rtol=rtol, atol=rtol * float(ref.float().abs().max()))
+    q5, d5 = _w5(n, k, seed=7)
+    with ops.dense_from(1):
+        y = torch.ops.edgectl.linear_w5a8(x, blocks.pack_w5(q5, d5), n, k)
+    ref = reference.linear_dense(x, blocks.dequantize_w5(q5, d5, k))
     torch.testing.assert_close(y.float(), ref.float(), rtol=rtol, atol=rtol * float(ref.float().abs().max()))
 
 
@@ -191,6 +221,7 @@ def test_ops_stay_one_call_under_torch_compile():
     w4 = blocks.pack_w4(q, d, mn)
     q8, d8 = blocks.quantize_w8(_w(n, k, seed=10))
     w8 = blocks.pack_w8(q8, d8)
+    w5 = blocks.pack_w5(*_w5(n, k, seed=11))
     norm_w = torch.ones(k)
     seen: list[str] = []
 
@@ -202,7 +233,8 @@ def test_ops_stay_one_call_under_torch_compile():
         h, res2 = torch.ops.edgectl.add_rms_norm(x, res, norm_w, 1e-6)
         y = torch.ops.edgectl.linear_w4a8(h, w4, n, k)
         e = torch.ops.edgectl.embedding_w8(ids, w8, n, k, torch.float32)
-        return torch.ops.edgectl.linear_w8a8(e, w8, n, k) + y[:, :1], res2
+        y5 = torch.ops.edgectl.linear_w5a8(h, w5, n, k)
+        return torch.ops.edgectl.linear_w8a8(e, w8, n, k) + y[:, :1] + y5[:, :1], res2
 
     x, res, ids = _x(3, k, torch.float32, 1), _x(3, k, torch.float32, 2), torch.tensor([1, 5, 63])
     torch._dynamo.reset()
@@ -210,7 +242,7 @@ def test_ops_stay_one_call_under_torch_compile():
     got = compiled(x, res, ids)
     ops_called = sorted(t.removesuffix(".default") for t in seen if t.startswith("edgectl."))
     assert ops_called == ["edgectl.add_rms_norm", "edgectl.embedding_w8", "edgectl.linear_w4a8",
-                          "edgectl.linear_w8a8"], seen
+                          "edgectl.linear_w5a8", "edgectl.linear_w8a8"], seen
     want = f(x, res, ids)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     # and with inductor, the op runs as an extern call with the same result

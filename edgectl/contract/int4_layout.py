@@ -112,18 +112,19 @@ def layer_bytes(out_features: int, in_features: int, preferred: int = DEFAULT_GR
 
 # -- edgectl's own kernels (the plan's w4a8 and the int8 head; runtime/edgectl_runtime/kernels/ops, docs/kernels.md)
 #
-# Blocks of 32 columns with fp16 scales (GGUF Q4_1 for 4 bits: a scale and a minimum; Q8_0 for
-# 8 bits: a scale), stored in 16-row tiles. Any N and K: a K that is not a multiple of 32 is
+# Blocks of 32 columns with fp16 scales (GGUF Q4_1 for 4 bits: a scale and a minimum; Q5_0 for 5
+# bits and Q8_0 for 8 bits: a scale), stored in 16-row tiles. W5 holds only a GGUF's Q5_0 (and Q4_0)
+# blocks as they are: nothing is quantized to it. Any N and K: a K that is not a multiple of 32 is
 # padded to the next block, an N to the next tile; no layer is refused.
 BLOCK = 32
 TILE_ROWS = 16
-BLOCK_RECORD_BYTES = {4: 320, 8: 544}  # one tile x one block: 16 rows x 32 columns, with scales
+BLOCK_RECORD_BYTES = {4: 320, 5: 352, 8: 544}  # one tile x one block: 16 rows x 32 columns, with scales
 
 
 def block_packed_bytes(out_features: int, in_features: int, bits: int) -> int:
     """Resident bytes of an ``[out_features, in_features]`` matrix in edgectl's blocks."""
     if bits not in BLOCK_RECORD_BYTES:
-        raise ValueError(f"edgectl's blocks are 4 or 8 bits, not {bits}")
+        raise ValueError(f"edgectl's blocks are 4, 5 or 8 bits, not {bits}")
     tiles = -(-out_features // TILE_ROWS)
     blocks = -(-in_features // BLOCK)
     return tiles * blocks * BLOCK_RECORD_BYTES[bits]

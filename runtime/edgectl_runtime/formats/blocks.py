@@ -7,6 +7,8 @@ Arithmetic (GGUF's, so a GGUF-derived checkpoint is represented exactly):
   computed against the fp16-rounded ``d`` and ``m`` (the values the kernel uses).
 - **W8** (Q8_0): ``w = d * q`` with ``q`` in -127..127 (never -128, so ``|q|`` fits the
   unsigned side of the AVX2 dot product), ``d = fp16(max|w| / 127)``, ``q = round(w / d)``.
+- **W5** (Q5_0): ``w = d * (q - 16)`` with ``q`` in 0..31. Only a GGUF's Q5_0 or Q4_0 blocks
+  become W5, as they are (``ggml.to_w5``); nothing is quantized to it.
 
 Rounding is half to even. A K that is not a multiple of 32 is **padded, not refused**: the
 last block is quantized over its real columns only, its padding holds q = 0, and the kernel
@@ -15,7 +17,8 @@ quantized activations behind the W4 minimum's term only count real columns). N i
 the 16-row tile with zero rows (d = m = 0), never written to the output.
 
 Layout (``ops/csrc/kernels.h`` is the authority): uint8 ``[ceil(N/16), ceil(K/32), record]``;
-W4 record 320 bytes (nibbles by quad, row, j; then d[16], m[16] as fp16), W8 record 544 bytes.
+W4 record 320 bytes (nibbles by quad, row, j; then d[16], m[16] as fp16), W5 record 352 bytes
+(W4's nibbles of the low four bits, 64 bytes of fifth bits, d[16]), W8 record 544 bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import torch
 from edgectl.contract.int4_layout import BLOCK, BLOCK_RECORD_BYTES, TILE_ROWS
 
 W4_RECORD = BLOCK_RECORD_BYTES[4]
+W5_RECORD = BLOCK_RECORD_BYTES[5]
 W8_RECORD = BLOCK_RECORD_BYTES[8]
+W5_ZERO = 16  # w = d * (q - W5_ZERO)
 # Rows quantized and packed at a time: bounds the fp32 transient to ROWS x K x 4 bytes.
 PACK_ROWS = 256
 
@@ -36,7 +41,7 @@ def ceil_div(a: int, b: int) -> int:
 
 def packed_shape(n: int, k: int, bits: int) -> tuple[int, int, int]:
     """The shape of the packed uint8 tensor of an ``[n, k]`` matrix."""
-    return (ceil_div(n, TILE_ROWS), ceil_div(k, BLOCK), W4_RECORD if bits == 4 else W8_RECORD)
+    return (ceil_div(n, TILE_ROWS), ceil_div(k, BLOCK), BLOCK_RECORD_BYTES[bits])
 
 
 def packed_bytes(n: int, k: int, bits: int) -> int:
@@ -93,6 +98,11 @@ def dequantize_w4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, k: int) -> 
     return w.reshape(n, -1)[:, :k]
 
 
+def dequantize_w5(q: torch.Tensor, d: torch.Tensor, k: int) -> torch.Tensor:
+    """fp32 ``[n, k]`` of W5 values ``q`` (0..31) and ``d``: ``d * (q - 16)``, one rounding."""
+    return dequantize_w8(q.to(torch.int16) - W5_ZERO, d, k)
+
+
 def dequantize_w8(q: torch.Tensor, d: torch.Tensor, k: int) -> torch.Tensor:
     n = q.shape[0]
     w = q.to(torch.float32).reshape(n, -1, BLOCK) * d.to(torch.float32).unsqueeze(-1)
@@ -128,6 +138,21 @@ def pack_w4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
                       _fp16_bytes(_tiles(m, tiles * TILE_ROWS), tiles, kb)], dim=-1).contiguous()
 
 
+def pack_w5(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """W5 values ``q`` uint8 ``[n, kb * 32]`` (0..31) and ``d`` fp16 ``[n, kb]`` -> uint8 ``[tiles, kb, 352]``:
+    the low four bits as :func:`pack_w4`'s nibbles, then the fifth bits, byte ``row * 4 + j`` holding in bit
+    ``quad`` that of value ``4 quad + j`` and in bit ``4 + quad`` that of value ``16 + 4 quad + j``."""
+    n, kp = q.shape
+    kb = kp // BLOCK
+    tiles = ceil_div(n, TILE_ROWS)
+    low = pack_w4(q & 0x0F, d, d)[:, :, :256]
+    fifth = (_tiles(q, tiles * TILE_ROWS) >> 4).to(torch.int32).reshape(tiles, TILE_ROWS, kb, 2, 4, 4)
+    shifts = (torch.arange(2).view(2, 1, 1) * 4 + torch.arange(4).view(1, 4, 1))  # half, quad, 1
+    high = (fifth << shifts).sum(dim=(3, 4))  # tile, row, block, j
+    high = high.permute(0, 2, 1, 3).reshape(tiles, kb, 64).to(torch.uint8)
+    return torch.cat([low, high, _fp16_bytes(_tiles(d, tiles * TILE_ROWS), tiles, kb)], dim=-1).contiguous()
+
+
 def pack_w8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """:func:`quantize_w8`'s output -> uint8 ``[tiles, kb, 544]``."""
     n, kp = q.shape
@@ -151,6 +176,17 @@ def unpack_w4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor,
     return q.contiguous(), _unfp16(packed[:, :, 256:288], n), _unfp16(packed[:, :, 288:320], n)
 
 
+def unpack_w5(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`pack_w5` for the first ``n`` rows: ``(q [n, kb*32] in 0..31, d [n, kb])``."""
+    tiles, kb, _ = packed.shape
+    low, _, _ = unpack_w4(torch.cat([packed[:, :, :256], packed[:, :, :64]], dim=-1), tiles * TILE_ROWS)
+    high = packed[:, :, 256:320].reshape(tiles, kb, TILE_ROWS, 1, 1, 4).to(torch.int32)  # tile, block, row, -, -, j
+    shifts = (torch.arange(2).view(2, 1, 1) * 4 + torch.arange(4).view(1, 4, 1))  # half, quad, 1
+    fifth = ((high >> shifts) & 1).permute(0, 2, 1, 3, 4, 5)  # tile, row, block, half, quad, j
+    q = low.reshape(tiles, TILE_ROWS, kb, 2, 4, 4) | (fifth << 4).to(torch.uint8)
+    return q.reshape(tiles * TILE_ROWS, kb * BLOCK)[:n].contiguous(), _unfp16(packed[:, :, 320:352], n)
+
+
 def unpack_w8(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     tiles, kb, _ = packed.shape
     qs = packed[:, :, :512].contiguous().view(torch.int8).reshape(tiles, kb, 8, TILE_ROWS, 4)
@@ -164,6 +200,8 @@ def quantize_and_pack(w: torch.Tensor, bits: int, n_total: int | None = None,
     block in fp32). Rows past ``w``'s own up to ``n_total`` (vLLM's vocabulary padding) are zero."""
     if block_rows % TILE_ROWS:
         raise ValueError(f"block_rows must be a multiple of {TILE_ROWS}")
+    if bits not in (4, 8):
+        raise ValueError(f"weights are quantized to 4 or 8 bits, not {bits} (W5 holds a GGUF's Q5_0 blocks only)")
     real, k = w.shape
     n = real if n_total is None else n_total
     out = torch.empty(packed_shape(n, k, bits), dtype=torch.uint8)

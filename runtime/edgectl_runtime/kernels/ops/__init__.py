@@ -16,7 +16,8 @@ follows from them, see ``formats/blocks.py``):
   from there on (prefill), the weight is dequantized a chunk of rows at a time and multiplied by
   PyTorch's dense GEMM (no activation quantization: W4A16 arithmetic, the faster one at those
   sizes; the crossover per ISA level is measured, docs/kernels.md).
-- ``linear_w8a8(x, w, n, k) -> y``: the same with a packed W8 weight.
+- ``linear_w8a8(x, w, n, k) -> y``: the same with a packed W8 weight; ``linear_w5a8`` with a packed
+  W5 weight (a GGUF's Q5_0 or Q4_0 blocks as they are).
 - ``dequantize(w, n, k, bits, dtype) -> W``: the whole matrix, dequantized.
 - ``set_dense_from_m(m) -> previous``: the crossover (-1 = the level's measured default, 0 = never).
 - ``dense_rows(m) -> rows``: the row count the dense path runs its GEMM with for ``m`` rows (``m``
@@ -171,6 +172,10 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("edgectl::linear_w4a8")
     def _linear_w4a8(x, w, n, k):
+        return x.new_empty(out_shape(x, n))
+
+    @torch.library.register_fake("edgectl::linear_w5a8")
+    def _linear_w5a8(x, w, n, k):
         return x.new_empty(out_shape(x, n))
 
     @torch.library.register_fake("edgectl::linear_w8a8")

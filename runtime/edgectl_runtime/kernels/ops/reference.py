@@ -60,6 +60,12 @@ def linear_w8a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tens
     return y.to(x.dtype)
 
 
+def linear_w5a8(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``y = sum_b dw*dx * ((qw - 16) . qx)`` for a W5 weight (``q`` uint8 ``[n, kb*32]`` in 0..31, ``d``
+    fp16 ``[n, kb]``; GGUF Q5_0's ``w = d (q - 16)``): the integer sums exact, as W8's."""
+    return linear_w8a8(x, q.to(torch.int16) - 16, d)
+
+
 def embedding_w4(ids: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, k: int,
                  dtype: torch.dtype) -> torch.Tensor:
     """Rows ``ids`` of the W4 matrix: ``d * q + m`` in fp32, rounded once to ``dtype``."""

@@ -4,8 +4,9 @@
 
 For each layer shape, every arm multiplies ``[M, K]`` activations by the layer's weights:
 
-- ``w4a8/<level>``, ``w8a8/<level>``: edgectl's integer kernels at each ISA level this CPU runs
-  (the level is read back from the library while the arm runs); ``w4a8-dense/<level>``: the same
+- ``w4a8/<level>``, ``w5a8/<level>``, ``w8a8/<level>``: edgectl's integer kernels at each ISA level this
+  CPU runs (the level is read back from the library while the arm runs; W5 holds a GGUF's Q5_0 as it is,
+  so its weights here are the Q5_0 blocks gguf-py writes); ``w4a8-dense/<level>``: the same
   op forced onto its large-batch path (dequantize + PyTorch's dense GEMM), for the crossover;
 - ``torch-int4``: PyTorch's ``_weight_int4pack_mm_for_cpu`` (the ``w4a16`` format), groups of 32,
   bf16 activations — the control arm;
@@ -42,6 +43,10 @@ SHAPES = {
     # the catalog's synth-llama-1b (edgectl/models/catalog.py), the bench's 1B-class model.
     "1b": (("qkv_proj", 3072, 2048), ("o_proj", 2048, 2048), ("gate_up_proj", 16384, 2048),
            ("down_proj", 2048, 8192), ("lm_head", 128256, 2048)),
+    # Gemma-3-270M (hidden 640, 4 query heads and 1 KV head of 256, FFN 2048): the catalog's Q4_K_M file
+    # holds most of these layers in Q5_0 (640 is no multiple of 256), edgectl's W5 blocks.
+    "gemma3": (("qkv_proj", 1536, 640), ("o_proj", 640, 1024), ("gate_up_proj", 4096, 640),
+               ("down_proj", 640, 2048)),
 }
 MIB = 1024 * 1024
 
@@ -80,7 +85,7 @@ def _copies(make, bytes_each: int, footprint: int) -> list:
 
 
 def _arms(n: int, k: int, levels: list[str], footprint: int, include: set[str]) -> list[Arm]:
-    from edgectl_runtime.formats import blocks, groups
+    from edgectl_runtime.formats import blocks, ggml, groups
     from edgectl_runtime.kernels.ops import tinygemm
 
     gen = torch.Generator().manual_seed(n * 31 + k)
@@ -100,6 +105,18 @@ def _arms(n: int, k: int, levels: list[str], footprint: int, include: set[str]) 
         for level in levels:
             arms.append(Arm(f"w8a8/{level}", level, packed8.numel(), copies8,
                             lambda x, p: torch.ops.edgectl.linear_w8a8(x, p, n, k)))
+    if "w5a8" in include and k % 32 == 0:
+        from gguf import (  # gguf-py, llama.cpp's own Python quantizer
+            GGMLQuantizationType,
+            quants,
+        )
+
+        raw = torch.from_numpy(quants.quantize(w.float().numpy(), GGMLQuantizationType.Q5_0))
+        packed5 = blocks.pack_w5(*ggml.to_w5(raw, "Q5_0", k))
+        copies5 = _copies(packed5.clone, packed5.numel(), footprint)
+        for level in levels:
+            arms.append(Arm(f"w5a8/{level}", level, packed5.numel(), copies5,
+                            lambda x, p: torch.ops.edgectl.linear_w5a8(x, p, n, k)))
     if "torch-int4" in include and n % 16 == 0 and k % 32 == 0:
         q, s, z = groups.quantize_int4(w, 32, torch.bfloat16)
         pk, sz = tinygemm.kernel_pack(q), tinygemm.scales_and_zeros(s, z, torch.bfloat16)
@@ -241,7 +258,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--m", type=int, nargs="+", default=[1], help="activation rows (1 = one decoded token)")
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--levels", default=None, help="comma list of ISA levels (default: every level this CPU runs)")
-    p.add_argument("--arms", default="w4a8,w8a8,torch-int4,bf16", help="comma list of w4a8, w4a8-dense, w8a8, torch-int4, bf16, fp32")
+    p.add_argument("--arms", default="w4a8,w8a8,torch-int4,bf16", help="comma list of w4a8, w4a8-dense, w5a8, w8a8, torch-int4, bf16, fp32")
     p.add_argument("--activations", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--footprint-mib", type=int, default=None,

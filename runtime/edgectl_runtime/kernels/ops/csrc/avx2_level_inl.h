@@ -191,6 +191,59 @@ void tile_w4(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + mi * kTileRows + 8 * h, acc[mi][h]);
 }
 
+// MB activation rows x one 16-row W5 tile: W4's nibbles with the fifth bits merged in at bit 4 (kernels.h),
+// q in 0..31 unsigned against the s8 activations, then sum - 16 s per block (w = d (q - 16)).
+template <int MB>
+void tile_w5(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0, float* out) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);  // not with AVX-VNNI
+  __m256 acc[MB][2];
+  for (int mi = 0; mi < MB; ++mi) acc[mi][0] = acc[mi][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    const uint8_t* rec = recs + b * kW5Record;
+    prefetch_ahead(rec, kW5Record);
+    ActBlock act[MB];
+    load_acts<MB>(a, i0, b, act);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + kW5ScaleOffset + 16 * h)));
+      const __m256i high = _mm256_loadu_si256((const __m256i*)(rec + kW5HighOffset + h * 32));
+      __m256i lo[4], hi[4];
+      for (int quad = 0; quad < 4; ++quad) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i*)(rec + quad * 64 + h * 32));
+        // Bit `quad` of each high byte to bit 4 (a 16-bit shift by at most 4 brings nothing across
+        // bytes into bit 4), and bit 4 + quad to bit 4.
+        lo[quad] = _mm256_or_si256(_mm256_and_si256(raw, low4),
+                                   _mm256_and_si256(_mm256_slli_epi16(high, 4 - quad), bit4));
+        hi[quad] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                                   _mm256_and_si256(_mm256_srli_epi16(high, quad), bit4));
+      }
+      for (int mi = 0; mi < MB; ++mi) {
+#if defined(__AVXVNNI__)
+        __m256i sl = _mm256_setzero_si256(), sh = _mm256_setzero_si256();
+        for (int quad = 0; quad < 4; ++quad) {
+          sl = _mm256_dpbusd_avx_epi32(sl, lo[quad], _mm256_set1_epi32(load_i32(act[mi].q + 4 * quad)));
+          sh = _mm256_dpbusd_avx_epi32(sh, hi[quad], _mm256_set1_epi32(load_i32(act[mi].q + 16 + 4 * quad)));
+        }
+        const __m256i sum = _mm256_add_epi32(sl, sh);
+#else
+        // Four u5 x s8 pairs summed in s16 per chain: at most 4 * 2 * 31 * 127 = 31496, no saturation
+        // (eight, as W4 sums, could reach 62992).
+        __m256i sl = _mm256_setzero_si256(), sh = _mm256_setzero_si256();
+        for (int quad = 0; quad < 4; ++quad) {
+          sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[quad], _mm256_set1_epi32(load_i32(act[mi].q + 4 * quad))));
+          sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi[quad], _mm256_set1_epi32(load_i32(act[mi].q + 16 + 4 * quad))));
+        }
+        const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(sl, ones), _mm256_madd_epi16(sh, ones));
+#endif
+        const __m256i dot = _mm256_sub_epi32(sum, _mm256_set1_epi32(kW5Zero * act[mi].sum));
+        acc[mi][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, act[mi].d), acc[mi][h]);
+      }
+    }
+  }
+  for (int mi = 0; mi < MB; ++mi)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + mi * kTileRows + 8 * h, acc[mi][h]);
+}
+
 // MB activation rows x one 16-row W8 tile. s8 x s8 through vpmaddubsw needs an unsigned side:
 // |w| and sign(w) * x (vpsignb), llama.cpp's mul_sum_i8_pairs_float. Pairs reach 2 * 127 * 127
 // = 32258, so each vpmaddubsw result goes to s32 at once.
@@ -229,12 +282,13 @@ void tile_w8(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0
 
 using TileFn = void (*)(const uint8_t*, int64_t, const QuantizedActs&, int64_t, float*);
 
-template <bool kW4>
+template <int kBits>
 void linear(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
   static const TileFn w4[kMB + 1] = {nullptr, tile_w4<1>, tile_w4<2>, tile_w4<3>, tile_w4<4>};
+  static const TileFn w5[kMB + 1] = {nullptr, tile_w5<1>, tile_w5<2>, tile_w5<3>, tile_w5<4>};
   static const TileFn w8[kMB + 1] = {nullptr, tile_w8<1>, tile_w8<2>, tile_w8<3>, tile_w8<4>};
-  const TileFn* fns = kW4 ? w4 : w8;
-  const int64_t record = kW4 ? kW4Record : kW8Record, kb = a.kblocks;
+  const TileFn* fns = kBits == 4 ? w4 : kBits == 5 ? w5 : w8;
+  const int64_t record = kBits == 4 ? kW4Record : kBits == 5 ? kW5Record : kW8Record, kb = a.kblocks;
 #pragma omp parallel num_threads(threads_for(tiles * kb * record))
   {
     int64_t t0, t1;
@@ -257,11 +311,15 @@ void linear(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, 
 }
 
 void linear_w4(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
-  linear<true>(a, w, tiles, n, y, yd, ldy);
+  linear<4>(a, w, tiles, n, y, yd, ldy);
+}
+
+void linear_w5(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
+  linear<5>(a, w, tiles, n, y, yd, ldy);
 }
 
 void linear_w8(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
-  linear<false>(a, w, tiles, n, y, yd, ldy);
+  linear<8>(a, w, tiles, n, y, yd, ldy);
 }
 
 // One row's 16 nibble bytes of a W4 record: four 4-byte groups, one per quad (kernels.h).
@@ -300,6 +358,35 @@ void dequantize_w4(const uint8_t* w, int64_t kb, int64_t rows, int64_t k, void* 
       __m256 v[4] = {bytes_to_ps(lo, false), bytes_to_ps(_mm_srli_si128(lo, 8), false), bytes_to_ps(hi, false),
                      bytes_to_ps(_mm_srli_si128(hi, 8), false)};
       for (int j = 0; j < 4; ++j) v[j] = _mm256_add_ps(_mm256_mul_ps(v[j], d), m);  // d*q, then + m: the reference's two roundings
+      store_block(out, dt, i * k, b * kBlock, k, v);
+    }
+  }
+}
+
+// One row's 32 values of a W5 record as bytes 0..31: (columns 0-3, 4-7, 8-11, 12-15; columns 16-19, ...).
+// Lane `quad` of the high plane's row, shifted right by quad, has the low value's fifth bit at bit 0 and the
+// high value's at bit 4 of each byte (kernels.h).
+inline void w5_row(const uint8_t* rec, int r, __m128i* lo, __m128i* hi) {
+  const __m128i low4 = _mm_set1_epi8(0x0F), one = _mm_set1_epi8(0x01), bit4 = _mm_set1_epi8(0x10);
+  const __m128i raw = row_bytes(rec, r, 0);
+  const __m128i high = _mm_srlv_epi32(_mm_set1_epi32(load_i32(rec + kW5HighOffset + r * 4)), _mm_setr_epi32(0, 1, 2, 3));
+  *lo = _mm_or_si128(_mm_and_si128(raw, low4), _mm_slli_epi16(_mm_and_si128(high, one), 4));
+  *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(high, bit4));
+}
+
+void dequantize_w5(const uint8_t* w, int64_t kb, int64_t rows, int64_t k, void* out, DType dt) {
+  const __m256 zero = _mm256_set1_ps((float)kW5Zero);
+#pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
+  for (int64_t i = 0; i < rows; ++i) {
+    const int r = (int)(i % kTileRows);
+    for (int64_t b = 0; b < kb; ++b) {
+      const uint8_t* rec = w + ((i / kTileRows) * kb + b) * kW5Record;
+      const __m256 d = _mm256_set1_ps(half_to_float(load_u16(rec + kW5ScaleOffset + 2 * r)));
+      __m128i lo, hi;
+      w5_row(rec, r, &lo, &hi);
+      __m256 v[4] = {bytes_to_ps(lo, false), bytes_to_ps(_mm_srli_si128(lo, 8), false), bytes_to_ps(hi, false),
+                     bytes_to_ps(_mm_srli_si128(hi, 8), false)};
+      for (int j = 0; j < 4; ++j) v[j] = _mm256_mul_ps(_mm256_sub_ps(v[j], zero), d);  // (q - 16) exact, one rounding
       store_block(out, dt, i * k, b * kBlock, k, v);
     }
   }
@@ -610,7 +697,8 @@ void decode_attention(const DecodeAttention& a) {
 KernelTable level_table(const char* name) {
   return {name,          quantize_activations, linear_w4,        linear_w8,
           dequantize_w4, dequantize_w8,        add_rms_norm,     decode_attention,
-          decode_attention_int8,               kv_write_int8_rows};
+          decode_attention_int8,               kv_write_int8_rows, linear_w5,
+          dequantize_w5};
 }
 
 }  // namespace

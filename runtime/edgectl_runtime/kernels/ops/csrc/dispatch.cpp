@@ -237,7 +237,17 @@ int64_t dense_rows(int64_t m) {
   return ceil_div(m, step) * step;
 }
 
-void dense_linear(const at::Tensor& x2, const at::Tensor& w, int64_t n, int64_t k, bool w4, at::Tensor& y) {
+// The record of a packed W4, W5 or W8 matrix (kernels.h).
+int64_t record_bytes(int64_t bits) {
+  return bits == 4 ? kW4Record : bits == 5 ? kW5Record : kW8Record;
+}
+
+DequantizeFn dequantizer(int64_t bits) {
+  const KernelTable& t = active();
+  return bits == 4 ? t.dequantize_w4 : bits == 5 ? t.dequantize_w5 : t.dequantize_w8;
+}
+
+void dense_linear(const at::Tensor& x2, const at::Tensor& w, int64_t n, int64_t k, int64_t bits, at::Tensor& y) {
   const at::ScalarType ct = dense_dtype(x2);
   const int64_t m = x2.size(0), mp = dense_rows(m);
   at::Tensor xc = x2.scalar_type() == ct ? x2 : x2.to(ct);
@@ -253,7 +263,7 @@ void dense_linear(const at::Tensor& x2, const at::Tensor& w, int64_t n, int64_t 
   const int64_t chunk = std::max<int64_t>(kTileRows, ((2 << 20) / (k * elem)) / kTileRows * kTileRows);
   at::Tensor scratch = at::empty({std::min(chunk, n), k}, xc.options());
   const DType st = dtype_of(scratch, "scratch");
-  const auto dequantize = w4 ? active().dequantize_w4 : active().dequantize_w8;
+  const DequantizeFn dequantize = dequantizer(bits);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
     dequantize(w.data_ptr<uint8_t>() + (r0 / kTileRows) * kb * record, kb, rows, k, scratch.data_ptr(), st);
@@ -262,8 +272,8 @@ void dense_linear(const at::Tensor& x2, const at::Tensor& w, int64_t n, int64_t 
   }
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k, bool w4, const char* op) {
-  check_packed(w, n, k, w4 ? kW4Record : kW8Record, op);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k, int64_t bits, const char* op) {
+  check_packed(w, n, k, record_bytes(bits), op);
   const at::Tensor x2 = rows_of(x, k, op);
   const DType dt = dtype_of(x2, "x");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -271,30 +281,34 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k
   at::Tensor y = at::empty({x2.size(0), n}, x2.options());
   const int64_t m = x2.size(0), from = dense_from_m();
   if (m > 0 && from > 0 && m >= from) {
-    dense_linear(x2, w, n, k, w4, y);
+    dense_linear(x2, w, n, k, bits, y);
   } else if (m > 0) {
     const ActBuffers a = quantize(x2, k);
     const KernelTable& t = active();
-    (w4 ? t.linear_w4 : t.linear_w8)(a.acts, w.data_ptr<uint8_t>(), w.size(0), n, y.data_ptr(), dt, n);
+    const LinearFn fn = bits == 4 ? t.linear_w4 : bits == 5 ? t.linear_w5 : t.linear_w8;
+    fn(a.acts, w.data_ptr<uint8_t>(), w.size(0), n, y.data_ptr(), dt, n);
   }
   return y.view(shape);
 }
 
 at::Tensor dequantize(const at::Tensor& w, int64_t n, int64_t k, int64_t bits, at::ScalarType dtype) {
-  TORCH_CHECK(bits == 4 || bits == 8, "edgectl::dequantize: bits must be 4 or 8, got ", bits);
-  check_packed(w, n, k, bits == 4 ? kW4Record : kW8Record, "edgectl::dequantize");
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 8, "edgectl::dequantize: bits must be 4, 5 or 8, got ", bits);
+  check_packed(w, n, k, record_bytes(bits), "edgectl::dequantize");
   at::Tensor out = at::empty({n, k}, w.options().dtype(dtype));
-  (bits == 4 ? active().dequantize_w4 : active().dequantize_w8)(w.data_ptr<uint8_t>(), w.size(1), n, k,
-                                                                out.data_ptr(), dtype_of(out, "dtype"));
+  dequantizer(bits)(w.data_ptr<uint8_t>(), w.size(1), n, k, out.data_ptr(), dtype_of(out, "dtype"));
   return out;
 }
 
 at::Tensor linear_w4a8(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k) {
-  return linear(x, w, n, k, true, "edgectl::linear_w4a8");
+  return linear(x, w, n, k, 4, "edgectl::linear_w4a8");
+}
+
+at::Tensor linear_w5a8(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k) {
+  return linear(x, w, n, k, 5, "edgectl::linear_w5a8");
 }
 
 at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t k) {
-  return linear(x, w, n, k, false, "edgectl::linear_w8a8");
+  return linear(x, w, n, k, 8, "edgectl::linear_w8a8");
 }
 
 at::Tensor embedding(const at::Tensor& ids, const at::Tensor& w, int64_t n, int64_t k, at::ScalarType dtype,
@@ -532,6 +546,7 @@ TORCH_LIBRARY(edgectl, m) {
   m.def("set_kernel_isa(str level) -> str");
   m.def("quantize_activations(Tensor x) -> (Tensor, Tensor, Tensor)");
   m.def("linear_w4a8(Tensor x, Tensor w, int n, int k) -> Tensor");
+  m.def("linear_w5a8(Tensor x, Tensor w, int n, int k) -> Tensor");
   m.def("linear_w8a8(Tensor x, Tensor w, int n, int k) -> Tensor");
   m.def("embedding_w4(Tensor ids, Tensor w, int n, int k, ScalarType dtype) -> Tensor");
   m.def("embedding_w8(Tensor ids, Tensor w, int n, int k, ScalarType dtype) -> Tensor");
@@ -552,6 +567,7 @@ TORCH_LIBRARY(edgectl, m) {
 TORCH_LIBRARY_IMPL(edgectl, CPU, m) {
   m.impl("quantize_activations", edgectl::quantize_activations);
   m.impl("linear_w4a8", edgectl::linear_w4a8);
+  m.impl("linear_w5a8", edgectl::linear_w5a8);
   m.impl("linear_w8a8", edgectl::linear_w8a8);
   m.impl("embedding_w4", edgectl::embedding_w4);
   m.impl("embedding_w8", edgectl::embedding_w8);

@@ -102,6 +102,7 @@ struct ActBlock {
   __m512 d;   // dx
   __m512 ds;  // dx * sum(qx): the W4 minimum's term
   __m512i offset;  // 128 * sum(qx): the W8 unsigned shift's term
+  __m512i zero;    // 16 * sum(qx): the W5 zero's term
 };
 
 template <int MB>
@@ -112,6 +113,7 @@ inline void load_acts(const QuantizedActs& a, int64_t i0, int64_t b, ActBlock ac
     act[mi].d = _mm512_set1_ps(a.d[j]);
     act[mi].ds = _mm512_set1_ps(a.d[j] * a.s[j]);
     act[mi].offset = _mm512_set1_epi32(128 * (int32_t)a.s[j]);
+    act[mi].zero = _mm512_set1_epi32(kW5Zero * (int32_t)a.s[j]);
   }
 }
 
@@ -151,6 +153,42 @@ void tile_w4(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0
   for (int mi = 0; mi < MB; ++mi) _mm512_storeu_ps(out + mi * kTileRows, acc[mi]);
 }
 
+// MB activation rows x one 16-row W5 tile: W4's nibbles with the fifth bits merged in at bit 4 (kernels.h),
+// q in 0..31 unsigned for vpdpbusd, then sum - 16 s per block (w = d (q - 16)).
+template <int MB>
+void tile_w5(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0, float* out) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+  __m512 acc[MB];
+  for (int mi = 0; mi < MB; ++mi) acc[mi] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    const uint8_t* rec = recs + b * kW5Record;
+    prefetch_ahead(rec, kW5Record);
+    ActBlock act[MB];
+    load_acts<MB>(a, i0, b, act);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + kW5ScaleOffset)));
+    const __m512i high = _mm512_loadu_si512((const void*)(rec + kW5HighOffset));
+    __m512i lo[4], hi[4];
+    for (int quad = 0; quad < 4; ++quad) {
+      const __m512i raw = _mm512_loadu_si512((const void*)(rec + quad * 64));
+      // Bit `quad` of each high byte to bit 4 (a 16-bit shift by at most 4 brings nothing across bytes
+      // into bit 4), and bit 4 + quad to bit 4.
+      lo[quad] = _mm512_or_si512(_mm512_and_si512(raw, low4), _mm512_and_si512(_mm512_slli_epi16(high, 4 - quad), bit4));
+      hi[quad] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4),
+                                 _mm512_and_si512(_mm512_srli_epi16(high, quad), bit4));
+    }
+    for (int mi = 0; mi < MB; ++mi) {
+      __m512i sl = _mm512_setzero_si512(), sh = _mm512_setzero_si512();
+      for (int quad = 0; quad < 4; ++quad) {
+        sl = _mm512_dpbusd_epi32(sl, lo[quad], bcast4(act[mi].q + 4 * quad));
+        sh = _mm512_dpbusd_epi32(sh, hi[quad], bcast4(act[mi].q + 16 + 4 * quad));
+      }
+      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(sl, sh), act[mi].zero);
+      acc[mi] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, act[mi].d), acc[mi]);
+    }
+  }
+  for (int mi = 0; mi < MB; ++mi) _mm512_storeu_ps(out + mi * kTileRows, acc[mi]);
+}
+
 // MB activation rows x one 16-row W8 tile. vpdpbusd wants unsigned weights: w ^ 0x80 = w + 128
 // as u8, and the extra 128 * sum(qx) per block is subtracted from the s32 sum.
 template <int MB>
@@ -182,14 +220,16 @@ void tile_w8(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0
 
 using TileFn = void (*)(const uint8_t*, int64_t, const QuantizedActs&, int64_t, float*);
 
-template <bool kW4>
+template <int kBits>
 void linear(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
   static const TileFn w4[kMB + 1] = {nullptr,    tile_w4<1>, tile_w4<2>, tile_w4<3>, tile_w4<4>,
                                      tile_w4<5>, tile_w4<6>, tile_w4<7>, tile_w4<8>};
+  static const TileFn w5[kMB + 1] = {nullptr,    tile_w5<1>, tile_w5<2>, tile_w5<3>, tile_w5<4>,
+                                     tile_w5<5>, tile_w5<6>, tile_w5<7>, tile_w5<8>};
   static const TileFn w8[kMB + 1] = {nullptr,    tile_w8<1>, tile_w8<2>, tile_w8<3>, tile_w8<4>,
                                      tile_w8<5>, tile_w8<6>, tile_w8<7>, tile_w8<8>};
-  const TileFn* fns = kW4 ? w4 : w8;
-  const int64_t record = kW4 ? kW4Record : kW8Record, kb = a.kblocks;
+  const TileFn* fns = kBits == 4 ? w4 : kBits == 5 ? w5 : w8;
+  const int64_t record = kBits == 4 ? kW4Record : kBits == 5 ? kW5Record : kW8Record, kb = a.kblocks;
 #pragma omp parallel num_threads(threads_for(tiles * kb * record))
   {
     int64_t t0, t1;
@@ -216,11 +256,15 @@ void linear(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, 
 }
 
 void linear_w4(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
-  linear<true>(a, w, tiles, n, y, yd, ldy);
+  linear<4>(a, w, tiles, n, y, yd, ldy);
+}
+
+void linear_w5(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
+  linear<5>(a, w, tiles, n, y, yd, ldy);
 }
 
 void linear_w8(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd, int64_t ldy) {
-  linear<false>(a, w, tiles, n, y, yd, ldy);
+  linear<8>(a, w, tiles, n, y, yd, ldy);
 }
 
 // One row's 16 bytes of a record: four 4-byte groups, one per quad from quad0 (kernels.h).
@@ -255,6 +299,28 @@ void dequantize_w4(const uint8_t* w, int64_t kb, int64_t rows, int64_t k, void* 
       const __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
       const __m512 v0 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d), m);
       const __m512 v1 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d), m);  // two roundings, as the reference
+      store_block(out, dt, i * k, b * kBlock, k, v0, v1);
+    }
+  }
+}
+
+void dequantize_w5(const uint8_t* w, int64_t kb, int64_t rows, int64_t k, void* out, DType dt) {
+  const __m128i low4 = _mm_set1_epi8(0x0F), one = _mm_set1_epi8(0x01), bit4 = _mm_set1_epi8(0x10);
+  const __m512 zero = _mm512_set1_ps((float)kW5Zero);
+#pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
+  for (int64_t i = 0; i < rows; ++i) {
+    const int r = (int)(i % kTileRows);
+    for (int64_t b = 0; b < kb; ++b) {
+      const uint8_t* rec = w + ((i / kTileRows) * kb + b) * kW5Record;
+      const __m512 d = _mm512_set1_ps(half_to_float(load_u16(rec + kW5ScaleOffset + 2 * r)));
+      // Lane `quad` of the row's high bytes shifted right by quad: the low value's fifth bit at bit 0 of
+      // each byte, the high value's at bit 4 (kernels.h).
+      const __m128i raw = row_bytes(rec, r, 0);
+      const __m128i high = _mm_srlv_epi32(_mm_set1_epi32(load_i32(rec + kW5HighOffset + r * 4)), _mm_setr_epi32(0, 1, 2, 3));
+      const __m128i lo = _mm_or_si128(_mm_and_si128(raw, low4), _mm_slli_epi16(_mm_and_si128(high, one), 4));
+      const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(high, bit4));
+      const __m512 v0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), zero), d);
+      const __m512 v1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), zero), d);
       store_block(out, dt, i * k, b * kBlock, k, v0, v1);
     }
   }
@@ -549,7 +615,8 @@ const KernelTable& kernel_table_avx512vnni() {
   static const KernelTable table = {"avx512vnni",  quantize_activations, linear_w4, linear_w8,
                                     dequantize_w4, dequantize_w8,        add_rms_norm,
                                     decode_attention,    decode_attention_int8,
-                                    kv_write_int8_rows};
+                                    kv_write_int8_rows,  linear_w5,
+                                    dequantize_w5};
   return table;
 }
 

@@ -35,6 +35,26 @@ int32_t dot_w4(const uint8_t* rec, int r, const int8_t* xq) {
   return acc;
 }
 
+// The two 5-bit values of nibble byte (quad, r, j) of a W5 record: q[r][4 quad + j], q[r][16 + 4 quad + j].
+inline void w5_pair(const uint8_t* rec, int quad, int r, int j, int32_t* lo, int32_t* hi) {
+  const uint8_t byte = rec[quad * 64 + r * 4 + j], high = rec[kW5HighOffset + r * 4 + j];
+  *lo = (byte & 0x0F) | (((high >> quad) & 1) << 4);
+  *hi = (byte >> 4) | (((high >> (4 + quad)) & 1) << 4);
+}
+
+// sum_j q * xq over one block (q in 0..31, before the -16 of w = d * (q - 16)).
+int32_t dot_w5(const uint8_t* rec, int r, const int8_t* xq) {
+  int32_t acc = 0;
+  for (int quad = 0; quad < 4; ++quad) {
+    for (int j = 0; j < 4; ++j) {
+      int32_t lo, hi;
+      w5_pair(rec, quad, r, j, &lo, &hi);
+      acc += lo * xq[4 * quad + j] + hi * xq[16 + 4 * quad + j];
+    }
+  }
+  return acc;
+}
+
 int32_t dot_w8(const uint8_t* rec, int r, const int8_t* xq) {
   int32_t acc = 0;
   for (int quad = 0; quad < 8; ++quad)
@@ -42,10 +62,10 @@ int32_t dot_w8(const uint8_t* rec, int r, const int8_t* xq) {
   return acc;
 }
 
-template <bool kW4>
+template <int kBits>
 void linear_rows(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y,
                  DType ydtype, int64_t ldy) {
-  const int64_t record = kW4 ? kW4Record : kW8Record;
+  const int64_t record = kBits == 4 ? kW4Record : kBits == 5 ? kW5Record : kW8Record;
   const int64_t kb = a.kblocks;
   const int nthreads = threads_for(tiles * kb * record);
 #pragma omp parallel num_threads(nthreads)
@@ -61,10 +81,14 @@ void linear_rows(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_
           const int8_t* xq = a.q + (i * kb + b) * kBlock;
           const float dx = a.d[i * kb + b];
           for (int r = 0; r < rows; ++r) {
-            if (kW4) {
+            if (kBits == 4) {
               const float dw = half_to_float(load_u16(rec + kW4ScaleOffset + 2 * r));
               const float mw = half_to_float(load_u16(rec + kW4MinOffset + 2 * r));
               acc[r] += (dw * dx) * (float)dot_w4(rec, r, xq) + mw * (dx * a.s[i * kb + b]);
+            } else if (kBits == 5) {
+              const float dw = half_to_float(load_u16(rec + kW5ScaleOffset + 2 * r));
+              const int32_t dot = dot_w5(rec, r, xq) - kW5Zero * (int32_t)a.s[i * kb + b];
+              acc[r] += (dw * dx) * (float)dot;
             } else {
               const float dw = half_to_float(load_u16(rec + kW8ScaleOffset + 2 * r));
               acc[r] += (dw * dx) * (float)dot_w8(rec, r, xq);
@@ -79,12 +103,17 @@ void linear_rows(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_
 
 void linear_w4(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd,
                int64_t ldy) {
-  linear_rows<true>(a, w, tiles, n, y, yd, ldy);
+  linear_rows<4>(a, w, tiles, n, y, yd, ldy);
 }
 
 void linear_w8(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd,
                int64_t ldy) {
-  linear_rows<false>(a, w, tiles, n, y, yd, ldy);
+  linear_rows<8>(a, w, tiles, n, y, yd, ldy);
+}
+
+void linear_w5(const QuantizedActs& a, const uint8_t* w, int64_t tiles, int64_t n, void* y, DType yd,
+               int64_t ldy) {
+  linear_rows<5>(a, w, tiles, n, y, yd, ldy);
 }
 
 // vLLM's fused_add_rms_norm and rms_norm (vllm/ir/ops/layernorm.py), weight in the dtype of x:
@@ -162,6 +191,25 @@ void dequant_row_w8(const uint8_t* w, int64_t kblocks, int64_t row, int64_t k, v
   }
 }
 
+void dequant_row_w5(const uint8_t* w, int64_t kblocks, int64_t row, int64_t k, void* out, int64_t out_row,
+                    DType dtype) {
+  const int64_t tile = row / kTileRows;
+  const int r = (int)(row % kTileRows);
+  for (int64_t b = 0; b < kblocks; ++b) {
+    const uint8_t* rec = w + (tile * kblocks + b) * kW5Record;
+    const float d = half_to_float(load_u16(rec + kW5ScaleOffset + 2 * r));
+    for (int quad = 0; quad < 4; ++quad) {
+      for (int j = 0; j < 4; ++j) {
+        int32_t qlo, qhi;
+        w5_pair(rec, quad, r, j, &qlo, &qhi);
+        const int64_t lo = b * kBlock + 4 * quad + j, hi = lo + 16;
+        if (lo < k) store_from_float(out, dtype, out_row * k + lo, d * (float)(qlo - kW5Zero));
+        if (hi < k) store_from_float(out, dtype, out_row * k + hi, d * (float)(qhi - kW5Zero));
+      }
+    }
+  }
+}
+
 void dequantize_w4(const uint8_t* w, int64_t kblocks, int64_t rows, int64_t k, void* out, DType dtype) {
 #pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
   for (int64_t i = 0; i < rows; ++i) dequant_row_w4(w, kblocks, i, k, out, i, dtype);
@@ -170,6 +218,11 @@ void dequantize_w4(const uint8_t* w, int64_t kblocks, int64_t rows, int64_t k, v
 void dequantize_w8(const uint8_t* w, int64_t kblocks, int64_t rows, int64_t k, void* out, DType dtype) {
 #pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
   for (int64_t i = 0; i < rows; ++i) dequant_row_w8(w, kblocks, i, k, out, i, dtype);
+}
+
+void dequantize_w5(const uint8_t* w, int64_t kblocks, int64_t rows, int64_t k, void* out, DType dtype) {
+#pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
+  for (int64_t i = 0; i < rows; ++i) dequant_row_w5(w, kblocks, i, k, out, i, dtype);
 }
 
 void decode_attention(const DecodeAttention& a) { decode_attention_by_blocks(a, attend_block_scalar); }
@@ -194,7 +247,8 @@ const KernelTable& kernel_table_scalar() {
   static const KernelTable table = {"scalar",      quantize_activations, linear_w4, linear_w8,
                                     dequantize_w4, dequantize_w8,        add_rms_norm,
                                     decode_attention,    decode_attention_int8,
-                                    kv_write_int8_rows};
+                                    kv_write_int8_rows,  linear_w5,
+                                    dequantize_w5};
   return table;
 }
 

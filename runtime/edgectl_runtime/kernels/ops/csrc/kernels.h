@@ -21,6 +21,13 @@
 // W8 record (544 bytes), GGUF Q8_0 arithmetic w = d * q, q in -127..127:
 //   bytes [0, 512):   byte (quad, row, j) at quad * 64 + row * 4 + j (quad 0..7) holds q[row][4 quad + j];
 //   bytes [512, 544): d[16] fp16.
+// W5 record (352 bytes), GGUF Q5_0 arithmetic w = d * (q - 16), q in 0..31 (a Q5_0 or Q4_0 block as it is):
+//   bytes [0, 256):   the low four bits of q, as W4's nibbles;
+//   bytes [256, 320): the fifth bits. Byte p of this plane goes with byte p of every quad (p = row * 4 + j):
+//                     its bit `quad` is the fifth bit of that quad's low-nibble value (q[row][4 quad + j]),
+//                     its bit 4 + quad that of its high-nibble value (q[row][16 + 4 quad + j]);
+//   bytes [320, 352): d[16] fp16.
+// 5.5 bits a weight, Q5_0's own size (W8 would be 8.5).
 //
 // Why rows interleaved by 4 bytes: one 32-bit lane of a vector register then holds four
 // weights of one row, and a broadcast of four activation bytes multiplies all 16 (AVX-512) or
@@ -32,7 +39,8 @@
 // Activations are quantized once per call (quantize_activations): per row of x and per block
 // of 32 columns, d = max|x| / 127, q = round_half_even(x * (127 / max|x|)) in -127..127 (0 for
 // an all-zero block), s = sum(q). Columns past K are 0. Then
-//   y[i][n] = sum_b dw[n][b] * dx[i][b] * sum_j qw * qx  (+ mw[n][b] * dx[i][b] * s[i][b] for W4)
+//   y[i][n] = sum_b dw[n][b] * dx[i][b] * sum_j qw * qx  (+ mw[n][b] * dx[i][b] * s[i][b] for W4;
+//             for W5 the integer sum is sum_j qw * qx - 16 s[i][b], exact in int32)
 // accumulated in fp32. runtime/edgectl_runtime/kernels/ops/reference.py is the same in plain PyTorch.
 #pragma once
 #include <stdint.h>
@@ -46,6 +54,10 @@ constexpr int64_t kW8Record = 544;  // bytes per (tile, block), 8-bit
 constexpr int64_t kW4ScaleOffset = 256;
 constexpr int64_t kW4MinOffset = 288;
 constexpr int64_t kW8ScaleOffset = 512;
+constexpr int64_t kW5Record = 352;  // bytes per (tile, block), 5-bit
+constexpr int64_t kW5HighOffset = 256;
+constexpr int64_t kW5ScaleOffset = 320;
+constexpr int32_t kW5Zero = 16;  // w = d * (q - kW5Zero)
 
 // Element types of activations and outputs (the dispatcher maps torch dtypes to these).
 enum DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
@@ -175,6 +187,8 @@ struct KernelTable {
   DecodeAttentionFn decode_attention;
   DecodeAttentionFn decode_attention_int8;
   KvWriteFn kv_write_int8;
+  LinearFn linear_w5;
+  DequantizeFn dequantize_w5;
 };
 
 // One per ISA file. The dispatcher calls only those the CPU and the OS support.

@@ -65,6 +65,37 @@ def test_symmetric_blocks_become_w8_exactly(type_name: str) -> None:
     assert torch.equal(blocks.dequantize_w8(q, d, 256), ggml.dequantize(raw, type_name, 256))
 
 
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q4_0"])
+def test_q5_0_and_q4_0_blocks_become_w5_exactly(type_name: str) -> None:
+    raw = random_raw(type_name, 7, 256, seed=8)
+    q, d = ggml.to_w5(raw, type_name, 256)
+    assert q.dtype == torch.uint8 and int(q.max()) <= 31
+    if type_name == "Q4_0":
+        assert 8 <= int(q.min()) and int(q.max()) <= 23  # Q4_0's q + 8
+    assert torch.equal(blocks.dequantize_w5(q, d, 256), ggml.dequantize(raw, type_name, 256))
+    # and through the packed record, bit for bit
+    packed_q, packed_d = blocks.unpack_w5(blocks.pack_w5(q, d), 7)
+    assert torch.equal(packed_q, q) and torch.equal(packed_d, d)
+
+
+def test_only_blocks_without_a_minimum_become_w5() -> None:
+    with pytest.raises(ValueError, match="not W5 blocks as it is"):
+        ggml.to_w5(random_raw("Q5_1", 2, 64, seed=9), "Q5_1", 64)
+
+
+def test_a_layers_bits_follow_all_its_parts() -> None:
+    """vLLM merges q/k/v and gate/up: the planner sizes and the runtime installs the layer by one rule."""
+    bits = gguf_types.layer_bits
+    assert bits(["Q5_0", "Q5_0", "Q5_0"], 4) == 5
+    assert bits(["Q5_0", "Q4_0"], 4) == 5  # Q4_0's blocks are W5 blocks too
+    assert bits(["Q5_0", "Q8_0"], 4) == 8
+    assert bits(["Q5_0", "Q4_K"], 4) == 8  # a minimum: no W5 block holds it
+    assert bits(["Q5_0", "F32"], 4) == 8  # a float beside it: quantized to W8, as before W5
+    assert bits(["Q4_K", "Q4_0"], 4) == 4
+    assert bits(["Q6_K"], 4) == 8
+    assert bits(["F16", "BF16"], 8) == 8 and bits(["F16"], 4) == 4
+
+
 def test_q4_k_becomes_w4_up_to_fp16_scales() -> None:
     raw = random_raw("Q4_K", 6, 512, seed=5)
     want = ggml.dequantize(raw, "Q4_K", 512)
@@ -87,6 +118,7 @@ def test_other_types_requantize_to_w8_within_half_a_step(type_name: str) -> None
 
 def test_conversion_names_the_loss() -> None:
     assert ggml.conversion("Q4_1", 4) == "Q4_1 as W4 (exact)"
+    assert ggml.conversion("Q5_0", 5) == "Q5_0 as W5 (exact)"
     assert "rounded" in ggml.conversion("Q4_K", 4)
     assert "re-quantized" in ggml.conversion("Q6_K", 8)
     assert "re-quantized" in ggml.conversion("Q8_0", 4)

@@ -2,7 +2,8 @@
 Gemma terms accepted), served as it is by edgectl's loader in a real vLLM engine.
 
 Its file mixes Q5_0 (q/k/gate/up: Gemma's 640-wide rows are not a multiple of the K-quants' 256),
-Q8_0, Q4_K and Q6_K; the engine must hold each layer as docs/gguf.md says and answer sense. The
+Q8_0, Q4_K and Q6_K; the engine must hold each layer as docs/gguf.md says (Q5_0 in edgectl's W5 blocks)
+and answer sense. The
 older transformers path produced a model that answered "енененен"; the tokenizer made from this
 GGUF must also add Gemma's <bos> (tokenizer.ggml.add_bos_token), as llama.cpp does.
 """
@@ -89,3 +90,9 @@ def test_each_layer_is_held_as_its_gguf_type_says(served) -> None:
     down = layers["model.layers.0.mlp.down_proj"]  # Q6_K
     assert down["format"] == "w8a8/b32" and down["reason"] == "Q6_K re-quantized to W8", down
     assert layers["model.embed_tokens"]["reason"] == "Q8_0 as W8 (exact)"
+    gate_up = layers["model.layers.0.mlp.gate_up_proj"]  # Q5_0 gate and up: Q5_0's own 5.5 bits a weight
+    assert gate_up["format"] == "w5a8/b32" and gate_up["reason"] == "Q5_0 as W5 (exact)", gate_up
+    # the rule the planner sizes by (gguf_types.layer_bits): W5 exactly where every part is Q5_0 (or Q4_0)
+    for name, layer in layers.items():
+        if layer.get("source") == "gguf" and name != "model.embed_tokens":
+            assert (layer["format"] == "w5a8/b32") == (layer["reason"] == "Q5_0 as W5 (exact)"), layer

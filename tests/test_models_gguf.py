@@ -285,3 +285,48 @@ def test_a_gguf_file_is_pulled_like_a_catalog_model(tmp_path):
     plan = run_cli(["plan", str(model), "--json"], env=units, timeout=120)
     assert plan.returncode == 0, plan.stderr
     assert json.loads(plan.stdout)["model"]["checkpoint_format"] == "gguf"
+
+
+def test_a_q4_k_m_files_q5_0_layers_are_planned_at_their_own_size(tmp_path):
+    """Gemma-3-270M's Q4_K_M file (the catalog's, from its shipped header: no pull) holds most of its layers in
+    Q5_0 (640 columns are no multiple of 256): those become edgectl's W5 blocks at the file's 22 bytes per 32
+    values, not W8's 34; a merged layer with a part in another type takes the block its widest part needs."""
+    import json
+    from collections import defaultdict
+
+    from edgectl import paths
+    from edgectl.contract import int4_layout
+    from edgectl.inputs import model_facts
+
+    facts, pulled = model_facts("gemma3-270m", {**os.environ, "EDGECTL_MODEL_CACHE": str(tmp_path)})
+    assert not pulled
+    header = json.loads((paths.data_dir() / "catalog" / "gemma3-270m" / "gguf-header.json").read_text())
+    merged = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "ffn_gate": "gate_up", "ffn_up": "gate_up"}
+    parts: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)  # (block, layer) -> (type, bytes)
+    for name, _, kind, _, nbytes in header["tensors"]:
+        bits = name.split(".")
+        if bits[0] == "blk" and bits[2] in (*merged, "attn_output", "ffn_down"):
+            parts[(bits[1], merged.get(bits[2], bits[2]))].append((kind, nbytes))
+    by_name = {layer.name: layer for layer in facts.linear_layers}
+    vllm = {"attn_q": "self_attn.q_proj", "ffn_gate": "mlp.gate_proj", "attn_output": "self_attn.o_proj",
+            "ffn_down": "mlp.down_proj"}
+    first = {"qkv": "attn_q", "gate_up": "ffn_gate", "attn_output": "attn_output", "ffn_down": "ffn_down"}
+    all_q5 = 0
+    for (block, layer), types in parts.items():
+        planned = by_name[f"model.layers.{block}.{vllm[first[layer]]}"].gguf_bits
+        kinds = {k for k, _ in types}
+        if kinds == {"Q5_0"}:
+            all_q5 += 1
+            assert planned == 5, (block, layer)
+        elif kinds & {"Q8_0", "Q6_K"} or "Q5_0" in kinds:
+            assert planned == 8, (block, layer, kinds)
+        else:
+            assert planned == 4, (block, layer, kinds)
+    assert all_q5 >= 18  # every block's gate_up at least
+    q5 = [layer for layer in facts.linear_layers if layer.gguf_bits == 5]
+    file_q5 = sum(nbytes for name, _, kind, _, nbytes in header["tensors"] if kind == "Q5_0"
+                  and any(name == f"blk.{layer.name.split('.')[2]}.{g}.weight" for layer in q5
+                          for g, v in vllm.items() | {("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
+                                                      ("ffn_up", "mlp.up_proj")} if layer.name.endswith(v)))
+    planned_q5 = sum(int4_layout.block_packed_bytes(x.out_features, x.in_features, 5) for x in q5)
+    assert planned_q5 == file_q5  # 352 bytes per 16 x 32 values: Q5_0's 22 per 32

@@ -35,7 +35,8 @@ class LinearLayer:
     out_features: int
     in_features: int
     # A GGUF served as it is: the bits of the edgectl block its file's type becomes (4 for
-    # Q4_0/Q4_1/Q4_K, 8 for 5-8-bit types), the widest of the layers vLLM merges with it; None
+    # Q4_0/Q4_1/Q4_K, 5 for Q5_0, 8 for other 5-8-bit types; gguf_types.layer_bits over the
+    # layers vLLM merges with it); None
     # for a checkpoint quantized at load (the plan's format decides).
     gguf_bits: int | None = None
 

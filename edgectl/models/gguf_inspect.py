@@ -18,7 +18,7 @@ from typing import Any
 
 from edgectl.contract.gguf_header import GGUFHeader, read_gguf
 from edgectl.contract.gguf_names import LINEAR_NAMES
-from edgectl.contract.gguf_types import NATIVE_BITS, SERVED_TYPES
+from edgectl.contract.gguf_types import SERVED_TYPES, layer_bits
 from edgectl.models import architectures
 from edgectl.models.facts import LinearLayer, ModelFacts, ParamBytes, natural_key
 from edgectl.models.gguf_metadata import (
@@ -140,11 +140,12 @@ def _weights(header: GGUFHeader) -> tuple[tuple[LinearLayer, ...], ParamBytes, s
             lm_head += t.nbytes
         else:
             other += t.nbytes
-    # vLLM merges q/k/v and gate/up into one layer: it gets the widest block of its parts.
-    group_bits: dict[tuple[str, str], int] = {}
+    # vLLM merges q/k/v and gate/up into one layer: its block follows all its parts' types (layer_bits,
+    # which the runtime installs it by).
+    group_types: dict[tuple[str, str], list[str]] = {}
     for block, base, kind, _, _ in found:
-        key = (block, _MERGED.get(base, base))
-        group_bits[key] = max(group_bits.get(key, 4), NATIVE_BITS.get(kind, 4))  # a float takes the plan's 4
+        group_types.setdefault((block, _MERGED.get(base, base)), []).append(kind)
+    group_bits = {key: layer_bits(types, 4) for key, types in group_types.items()}  # floats take the plan's 4
     linear = [LinearLayer(f"model.layers.{block}.{LINEAR_NAMES[base]}", out_features=rows, in_features=cols,
                           gguf_bits=group_bits[(block, _MERGED.get(base, base))])
               for block, base, kind, rows, cols in found]

@@ -187,9 +187,11 @@ def _weights(model: ModelFacts, profile: Profile, fmt: WeightFormat, group_size:
     detail = f"{model.param_bytes.total / MiB:.0f} MiB {stored} as {fmt}"
     source = Source.MODEL_CONFIG
     wide = sum(1 for layer in model.linear_layers if (layer.gguf_bits or 4) == 8)
-    if fmt is WeightFormat.W4A8 and wide:
-        detail += (f": {n_quant - wide} linear layers in edgectl's 4-bit blocks of 32, {wide} in its 8-bit "
-                   "blocks (the GGUF holds them in 5 to 8 bits)")
+    five = sum(1 for layer in model.linear_layers if layer.gguf_bits == 5)
+    if fmt is WeightFormat.W4A8 and (wide or five):
+        detail += f": {n_quant - wide - five} linear layers in edgectl's 4-bit blocks of 32"
+        detail += f", {five} in its 5-bit blocks (the GGUF's Q5_0 as it is)" if five else ""
+        detail += f", {wide} in its 8-bit blocks (the GGUF holds them in 5 to 8 bits)" if wide else ""
         detail += ", the output head in 8-bit blocks" if quantize_lm_head else ""
     elif fmt in (WeightFormat.W4A8, WeightFormat.W8A8):
         bits = 8 if fmt is WeightFormat.W8A8 else 4

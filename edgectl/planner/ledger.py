@@ -167,8 +167,8 @@ def weights_bytes_for(model: ModelFacts, weight_format: WeightFormat | str, grou
         return pb.total, 0, len(model.linear_layers)
     if weight_format in (WeightFormat.W4A8, WeightFormat.W8A8):
         # edgectl's blocks hold every linear layer (any N and K) of the language model; the head as
-        # int8 blocks. A GGUF served as it is keeps its 5-8-bit layers in 8-bit blocks
-        # (LinearLayer.gguf_bits). A vision-language model's tower and connector stay bf16.
+        # int8 blocks. A GGUF served as it is keeps its Q5_0 layers in 5-bit blocks and its other
+        # 5-8-bit layers in 8-bit blocks (LinearLayer.gguf_bits). A vision-language model's tower and connector stay bf16.
         packed = model.language_model_layers
         dense = [layer for layer in model.linear_layers if layer not in packed]
         bits = 8 if weight_format is WeightFormat.W8A8 else 4

@@ -20,8 +20,9 @@ Block layouts (ggml ``src/ggml-common.h``, the ``block_*`` structs; values ``w``
 - ``Q6_K`` 210 bytes / 256: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales (one per
   16 values), d; ``w = d sc (q - 32)`` (``dequantize_row_q6_K``).
 
-Into edgectl's blocks (``to_w4`` / ``to_w8``): Q4_0 and Q4_1 are W4 as they are (Q4_0's
-``m = -8 d`` is exact in fp16), Q8_0 and Q5_0 are W8 as they are (``q - 16`` fits int8); Q4_K's
+Into edgectl's blocks (``to_w4`` / ``to_w5`` / ``to_w8``): Q4_0 and Q4_1 are W4 as they are (Q4_0's
+``m = -8 d`` is exact in fp16), Q5_0 is W5 as it is (and Q4_0, its ``q + 8``), Q8_0 and Q5_0 are
+W8 as they are (``q - 16`` fits int8); Q4_K's
 sub-blocks become W4 blocks with ``d = fp16(d sc)`` and ``m = fp16(-dmin mn)`` (the only loss: those
 two products rounded to fp16's 11 bits); anything else is dequantized here and quantized again
 (``blocks.quantize_w4`` / ``quantize_w8``), which loses what a re-quantization loses.
@@ -32,17 +33,19 @@ from __future__ import annotations
 import torch
 
 # The types, their block sizes and the bits each becomes are the contract's (read by the control
-# plane too). NATIVE_BITS is also read here by cpu_int4/method.py.
+# plane too). layer_bits is also read here by cpu_int4/method.py.
 from edgectl.contract.gguf_types import (  # noqa: F401
     BLOCK_SIZES,
     FLOAT_TYPES,
     NATIVE_BITS,
     SUPER_BLOCK,
+    W5_TYPES,
+    layer_bits,
 )
 from edgectl_runtime.formats import blocks
 
-# The types whose blocks are edgectl's W4 / W8 blocks as they are, with those bits.
-EXACT = {("Q4_0", 4), ("Q4_1", 4), ("Q8_0", 8), ("Q5_0", 8)}
+# The types whose blocks are edgectl's W4 / W5 / W8 blocks as they are, with those bits.
+EXACT = {("Q4_0", 4), ("Q4_1", 4), ("Q8_0", 8), ("Q5_0", 8), ("Q5_0", 5), ("Q4_0", 5)}
 
 
 def row_bytes(type_name: str, k: int) -> int:
@@ -192,6 +195,18 @@ def to_w4(raw: torch.Tensor, type_name: str, k: int) -> tuple[torch.Tensor, torc
         return (q.to(torch.uint8).reshape(rows, -1), d.to(torch.float16).reshape(rows, -1),
                 m.to(torch.float16).reshape(rows, -1))
     return blocks.quantize_w4(dequantize(raw, type_name, k))
+
+
+def to_w5(raw: torch.Tensor, type_name: str, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """edgectl's W5 fields ``(q uint8 [rows, kb*32] in 0..31, d fp16 [rows, kb])`` of a Q5_0 or Q4_0
+    tensor, as they are (``blocks.pack_w5`` takes them); any other type is refused (a W5 block has no
+    minimum: ``layer_bits`` gives such a layer 8 bits)."""
+    if (type_name, 5) not in EXACT:
+        raise ValueError(f"a {type_name} tensor is not W5 blocks as it is (only {', '.join(sorted(W5_TYPES))})")
+    b = _check(raw, type_name, k)
+    q, d, _ = _FIELDS[type_name](b)  # q - 16 (Q5_0) or q - 8 (Q4_0), both w / d
+    rows = raw.shape[0]
+    return (q + blocks.W5_ZERO).to(torch.uint8).reshape(rows, -1), d.to(torch.float16).reshape(rows, -1)
 
 
 def to_w8(raw: torch.Tensor, type_name: str, k: int) -> tuple[torch.Tensor, torch.Tensor]:

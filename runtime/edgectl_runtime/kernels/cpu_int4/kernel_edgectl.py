@@ -2,7 +2,7 @@
 and a minimum (GGUF Q4_1, ``formats/blocks.py``), activations quantized to int8 per call; W8
 blocks (GGUF Q8_0) for an int8 LM head next to any linear kernel. Any N and K (the blocks pad
 both); a group-wise source keeps its q (``blocks.from_groups``); a GGUF file's blocks are
-installed as they are."""
+installed as they are (Q5_0 in W5 blocks)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class EdgectlBlocksKernel(Int4Kernel):
     @classmethod
     def pack_gguf(cls, parts: list[tuple[str, torch.Tensor, int]], n: int, k: int, bits: int) -> torch.Tensor:
         kp = blocks.ceil_div(k, blocks.BLOCK) * blocks.BLOCK
-        q = torch.zeros((n, kp), dtype=torch.uint8 if bits == 4 else torch.int8)
+        q = torch.zeros((n, kp), dtype=torch.int8 if bits == 8 else torch.uint8)
         d = torch.zeros((n, kp // blocks.BLOCK), dtype=torch.float16)
         m = torch.zeros_like(d) if bits == 4 else None
         r0 = 0
@@ -61,6 +61,8 @@ class EdgectlBlocksKernel(Int4Kernel):
                 a, b = r0 + c0, r0 + c0 + chunk.shape[0]
                 if bits == 4:
                     q[a:b], d[a:b], m[a:b] = ggml.to_w4(chunk, type_name, part_k)
+                elif bits == 5:
+                    q[a:b], d[a:b] = ggml.to_w5(chunk, type_name, part_k)
                 else:
                     q[a:b], d[a:b] = ggml.to_w8(chunk, type_name, part_k)
             r0 += raw.shape[0]
@@ -68,7 +70,10 @@ class EdgectlBlocksKernel(Int4Kernel):
         for a in range(0, n, blocks.PACK_ROWS):
             b = min(n, a + blocks.PACK_ROWS)
             t0, t1 = a // blocks.TILE_ROWS, blocks.ceil_div(b, blocks.TILE_ROWS)
-            packed[t0:t1] = blocks.pack_w4(q[a:b], d[a:b], m[a:b]) if bits == 4 else blocks.pack_w8(q[a:b], d[a:b])
+            if bits == 4:
+                packed[t0:t1] = blocks.pack_w4(q[a:b], d[a:b], m[a:b])
+            else:
+                packed[t0:t1] = (blocks.pack_w5 if bits == 5 else blocks.pack_w8)(q[a:b], d[a:b])
         return packed
 
     def process_weights(self, module: torch.nn.Module, dtype: torch.dtype) -> bool:
@@ -93,7 +98,9 @@ class EdgectlBlocksKernel(Int4Kernel):
         return True
 
     def apply(self, holder: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        op = torch.ops.edgectl.linear_w4a8 if self.layer.bits == 4 else torch.ops.edgectl.linear_w8a8
+        bits = self.layer.bits
+        lib = torch.ops.edgectl
+        op = lib.linear_w4a8 if bits == 4 else lib.linear_w5a8 if bits == 5 else lib.linear_w8a8
         return op(x, getattr(holder, W_ATTR), self.layer.n, self.layer.k)
 
     def embedding(self, module: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -102,11 +109,14 @@ class EdgectlBlocksKernel(Int4Kernel):
 
     def unpack(self, module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.layer.bits != 4:
-            raise ValueError(f"{self.layer.prefix} holds 8-bit weights; use dequantized_weight()")
+            raise ValueError(f"{self.layer.prefix} holds {self.layer.bits}-bit weights; use dequantized_weight()")
         return blocks.to_groups(*blocks.unpack_w4(getattr(module, W_ATTR), self.layer.n))
 
     def dequantize(self, module: torch.nn.Module) -> torch.Tensor:
         if self.layer.bits == 8:
             q, d = blocks.unpack_w8(getattr(module, W_ATTR), self.layer.n)
             return blocks.dequantize_w8(q, d, self.layer.k)
+        if self.layer.bits == 5:
+            q, d = blocks.unpack_w5(getattr(module, W_ATTR), self.layer.n)
+            return blocks.dequantize_w5(q, d, self.layer.k)
         return super().dequantize(module)

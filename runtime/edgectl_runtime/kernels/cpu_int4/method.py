@@ -204,15 +204,12 @@ class CpuInt4LinearMethod(LinearMethodBase):
     def load_gguf(self, layer: torch.nn.Module, parts: list[tuple[str, torch.Tensor, int]]) -> None:
         """Install a layer from GGUF tensors: ``(ggml type, raw uint8 rows, k)`` per part, in
         output order (q, k, v). A linear layer keeps its file's precision — W4 where every part
-        is a 4-bit type, W8 where one is 5 to 8 bits (Q5_0, Q8_0, Q6_K, ...), the plan's bits for
-        floats; the embedding / head takes the plan's head format. How each part converts is the
+        is a 4-bit type, W5 where its parts are Q5_0 (or Q4_0 beside it), W8 where one is 5 to 8 bits
+        otherwise (Q8_0, Q6_K, Q5_K, ...), the plan's bits for floats (``gguf_types.layer_bits``, which
+        the planner sizes the layer by); the embedding / head takes the plan's head format. How each part converts is the
         layer's read-back reason (``formats.ggml.conversion``)."""
         types = [t for t, _, _ in parts]
-        if self.role == "linear":
-            native = {ggml.NATIVE_BITS.get(t) for t in types}
-            bits = 8 if 8 in native else 4 if 4 in native else self.bits
-        else:
-            bits = self.bits
+        bits = ggml.layer_bits(types, self.bits) if self.role == "linear" else self.bits
         rows = sum(raw.shape[0] for _, raw, _ in parts)
         if any(k != self.k for _, _, k in parts) or rows > self.n:
             raise ValueError(f"cpu_int4: {self.prefix}: GGUF tensors {[tuple(r.shape) for _, r, _ in parts]} "

@@ -151,6 +151,11 @@ def test_a_gguf_keeps_its_wider_layers_in_8_bit_blocks():
     got = read_back(_gguf(base))
     got["linear_formats"]["model.layers.0.mlp.down_proj"] = "bf16"
     assert len(mismatches(_gguf(base), got)) == 1
+    # its Q5_0 layers in edgectl's W5 blocks, likewise
+    for p, n in ((_gguf(base), 0), (base, 1)):
+        got = read_back(p)
+        got["linear_formats"]["model.layers.0.mlp.gate_up_proj"] = "w5a8/b32"
+        assert len(mismatches(p, got)) == n
 
 
 def test_a_w8a8_plan_wants_every_linear_layer_in_8_bit_blocks():

@@ -338,9 +338,10 @@ def _int4_body(plan: Plan, formats: Mapping[str, str], int4: list[str], effectiv
     out: list[str] = []
     body = {n: f for n, f in formats.items() if n != "lm_head"}
 
-    # a GGUF served as it is keeps its 5-8-bit layers in edgectl's 8-bit blocks (docs/gguf.md)
+    # a GGUF served as it is keeps its Q5_0 layers in edgectl's 5-bit blocks and its other 5-8-bit layers
+    # in its 8-bit blocks (docs/gguf.md)
     def held(fmt: str) -> bool:
-        return is_int4(fmt) or (plan.model.checkpoint_format == "gguf" and fmt.startswith("w8a8"))
+        return is_int4(fmt) or (plan.model.checkpoint_format == "gguf" and fmt.startswith(("w5a8", "w8a8")))
 
     not_int4 = sorted(n for n, f in body.items() if not held(f))
     if not int4:

@@ -9,6 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kernel_levels import skip_reason  # noqa: E402
+
 from edgectl_runtime.formats import blocks  # noqa: E402
 from edgectl_runtime.kernels import ops  # noqa: E402
 from edgectl_runtime.kernels.ops import reference  # noqa: E402
@@ -27,9 +29,11 @@ def library():
 
 @pytest.fixture(params=ops.LEVELS)
 def level(request):
-    """The integer kernels at each level (the dense large-batch path is tested on its own)."""
-    if request.param not in ops.supported_levels():
-        pytest.skip(f"this CPU cannot run the {request.param} kernels (it runs {ops.supported_levels()})")
+    """The integer kernels at each level (the dense large-batch path is tested on its own); in the AVX2 tier
+    nothing above AVX2 (tests/kernel_levels.py)."""
+    why = skip_reason(request.param)
+    if why:
+        pytest.skip(why)
     with ops.use_level(request.param), ops.dense_from(0):
         assert ops.active_level() == request.param
         yield request.param

@@ -27,9 +27,6 @@ import torch
 
 from edgectl.contract.int4_layout import BLOCK, BLOCK_RECORD_BYTES, TILE_ROWS
 
-W4_RECORD = BLOCK_RECORD_BYTES[4]
-W5_RECORD = BLOCK_RECORD_BYTES[5]
-W8_RECORD = BLOCK_RECORD_BYTES[8]
 W5_ZERO = 16  # w = d * (q - W5_ZERO)
 # Rows quantized and packed at a time: bounds the fp32 transient to ROWS x K x 4 bytes.
 PACK_ROWS = 256
@@ -138,6 +135,11 @@ def pack_w4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
                       _fp16_bytes(_tiles(m, tiles * TILE_ROWS), tiles, kb)], dim=-1).contiguous()
 
 
+def _fifth_bit_shifts() -> torch.Tensor:
+    """[half, quad, 1]: the bit of a W5 record's fifth-bit byte that holds value ``16 half + 4 quad + j``."""
+    return torch.arange(2).view(2, 1, 1) * 4 + torch.arange(4).view(1, 4, 1)
+
+
 def pack_w5(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """W5 values ``q`` uint8 ``[n, kb * 32]`` (0..31) and ``d`` fp16 ``[n, kb]`` -> uint8 ``[tiles, kb, 352]``:
     the low four bits as :func:`pack_w4`'s nibbles, then the fifth bits, byte ``row * 4 + j`` holding in bit
@@ -147,8 +149,7 @@ def pack_w5(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     tiles = ceil_div(n, TILE_ROWS)
     low = pack_w4(q & 0x0F, d, d)[:, :, :256]
     fifth = (_tiles(q, tiles * TILE_ROWS) >> 4).to(torch.int32).reshape(tiles, TILE_ROWS, kb, 2, 4, 4)
-    shifts = (torch.arange(2).view(2, 1, 1) * 4 + torch.arange(4).view(1, 4, 1))  # half, quad, 1
-    high = (fifth << shifts).sum(dim=(3, 4))  # tile, row, block, j
+    high = (fifth << _fifth_bit_shifts()).sum(dim=(3, 4))  # tile, row, block, j
     high = high.permute(0, 2, 1, 3).reshape(tiles, kb, 64).to(torch.uint8)
     return torch.cat([low, high, _fp16_bytes(_tiles(d, tiles * TILE_ROWS), tiles, kb)], dim=-1).contiguous()
 
@@ -181,8 +182,7 @@ def unpack_w5(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]
     tiles, kb, _ = packed.shape
     low, _, _ = unpack_w4(torch.cat([packed[:, :, :256], packed[:, :, :64]], dim=-1), tiles * TILE_ROWS)
     high = packed[:, :, 256:320].reshape(tiles, kb, TILE_ROWS, 1, 1, 4).to(torch.int32)  # tile, block, row, -, -, j
-    shifts = (torch.arange(2).view(2, 1, 1) * 4 + torch.arange(4).view(1, 4, 1))  # half, quad, 1
-    fifth = ((high >> shifts) & 1).permute(0, 2, 1, 3, 4, 5)  # tile, row, block, half, quad, j
+    fifth = ((high >> _fifth_bit_shifts()) & 1).permute(0, 2, 1, 3, 4, 5)  # tile, row, block, half, quad, j
     q = low.reshape(tiles, TILE_ROWS, kb, 2, 4, 4) | (fifth << 4).to(torch.uint8)
     return q.reshape(tiles * TILE_ROWS, kb * BLOCK)[:n].contiguous(), _unfp16(packed[:, :, 320:352], n)
 

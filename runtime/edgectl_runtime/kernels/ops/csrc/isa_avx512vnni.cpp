@@ -102,7 +102,6 @@ struct ActBlock {
   __m512 d;   // dx
   __m512 ds;  // dx * sum(qx): the W4 minimum's term
   __m512i offset;  // 128 * sum(qx): the W8 unsigned shift's term
-  __m512i zero;    // 16 * sum(qx): the W5 zero's term
 };
 
 template <int MB>
@@ -113,7 +112,6 @@ inline void load_acts(const QuantizedActs& a, int64_t i0, int64_t b, ActBlock ac
     act[mi].d = _mm512_set1_ps(a.d[j]);
     act[mi].ds = _mm512_set1_ps(a.d[j] * a.s[j]);
     act[mi].offset = _mm512_set1_epi32(128 * (int32_t)a.s[j]);
-    act[mi].zero = _mm512_set1_epi32(kW5Zero * (int32_t)a.s[j]);
   }
 }
 
@@ -182,7 +180,9 @@ void tile_w5(const uint8_t* recs, int64_t kb, const QuantizedActs& a, int64_t i0
         sl = _mm512_dpbusd_epi32(sl, lo[quad], bcast4(act[mi].q + 4 * quad));
         sh = _mm512_dpbusd_epi32(sh, hi[quad], bcast4(act[mi].q + 16 + 4 * quad));
       }
-      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(sl, sh), act[mi].zero);
+      // 16 * sum(qx) = offset / 8 (the W8 tile's 128 * sum(qx)), exact in int32
+      static_assert(kW5Zero * 8 == 128, "the W5 zero's term is the W8 offset shifted right by 3");
+      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(sl, sh), _mm512_srai_epi32(act[mi].offset, 3));
       acc[mi] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, act[mi].d), acc[mi]);
     }
   }

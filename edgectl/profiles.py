@@ -71,6 +71,9 @@ class Source:
     model: str | None
     model_weights_bytes: int | None
     notes: str | None
+    # The parameters of the model's linear layers, the LM head not among them: what each prompt token
+    # multiplies (the head runs once per sequence in a prefill). None: not recorded (older sources).
+    model_linear_params: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,11 @@ class CompiledFigures:
     ready_warm_s: Figure | None
     extra_bytes: Figure | None
     cold_peak_ratio: Figure | None = None
+    # The rate a decode step reads one more byte of weights at, in GB/s: the slope of the time per token
+    # over the weight bytes per token, between two models decoded on this class in one occasion. The rest
+    # of a step (vLLM's Python around the graph, attention, sampling) does not grow with the weights; a
+    # decode figure scaled by bytes alone treats all of it as if it did (planner/speed.py).
+    decode_weight_gbps: Figure | None = None
 
 
 @dataclass(frozen=True)
@@ -249,6 +257,7 @@ class _SourceEntry:
     model: str | None = None
     model_weights_bytes: int | None = None
     notes: str | None = None
+    model_linear_params: int | None = None
 
     @classmethod
     def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
@@ -266,6 +275,7 @@ class _SourceEntry:
             command=self.command, vllm=self.vllm, torch=self.torch, edgectl_commit=self.edgectl_commit,
             external=bool(self.external), reference=self.reference, artifact=self.artifact, model=self.model,
             model_weights_bytes=self.model_weights_bytes, notes=self.notes,
+            model_linear_params=self.model_linear_params,
         )
 
 
@@ -298,6 +308,13 @@ class _CompiledEntry:
     ready_warm_s: _FigureEntry | None = None
     extra_bytes: _FigureEntry | None = None
     cold_peak_ratio: _FigureEntry | None = None
+    decode_weight_gbps: _FigureEntry | None = None
+
+    @classmethod
+    def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        rate = v.get("decode_weight_gbps")
+        if rate is not None and not rate.median > 0:
+            yield "decode_weight_gbps", f"{rate.median} is not a rate (GB/s above 0)"
 
 
 @dataclass(frozen=True)
@@ -466,7 +483,8 @@ class _Resolver:
             weight_format=entry.weight_format, decode_tok_s=self.figure(entry.decode_tok_s),
             prefill_tok_s=self.figure(entry.prefill_tok_s), ready_cold_s=self.figure(entry.ready_cold_s),
             ready_warm_s=self.figure(entry.ready_warm_s), extra_bytes=self.figure(entry.extra_bytes),
-            cold_peak_ratio=self.figure(entry.cold_peak_ratio))
+            cold_peak_ratio=self.figure(entry.cold_peak_ratio),
+            decode_weight_gbps=self.figure(entry.decode_weight_gbps))
 
 
     def speech(self, entry: _SpeechEntry | None) -> SpeechFigures | None:

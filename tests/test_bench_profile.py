@@ -16,6 +16,7 @@ from edgectl.bench.prediction import memory_prediction
 from edgectl.contract.plan import ProfileKind, ProfileRef, Request
 from edgectl.errors import EdgectlError
 from edgectl.inputs import make_plan
+from edgectl.models.inspect import inspect_model
 from edgectl.probe import probe
 from edgectl.profiles import load_profile, parse_profile
 
@@ -53,6 +54,8 @@ def test_a_recorded_profile_validates_and_the_plan_then_matches_the_measured_mem
     assert src.artifact == result.path.name and src.edgectl_commit and src.vllm and src.torch
     assert src.model_weights_bytes == planned["plan"]["memory"]["weights_bytes"]
     assert profile.formats["bf16"].decode_tok_s.source.model_weights_bytes == bf16["plan"]["memory"]["weights_bytes"]
+    # and the parameters a prompt token multiplies (planner/speed.py moves prefill figures by them)
+    assert src.model_linear_params == inspect_model(model_dir).linear_params > 0
     peaks = [max(p["pss_peak_bytes"], p["pss_steady_bytes"]) / p["pss_steady_bytes"] for p in planned["passes"]]
     assert profile.load_peak_ratio.median == pytest.approx(stats.median(peaks), abs=1e-4)
     assert profile.load_peak_ratio.min >= 1.0

@@ -94,7 +94,7 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
     fmt = str(plan.weight_format)  # plain text: it becomes a YAML key
     planned_key = f"bench-{date}-{fmt}"
 
-    base_source = _base_source(prov, facts, artifact_path.name, date)
+    base_source = _base_source(prov, facts, model, artifact_path.name, date)
     sources: dict[str, Any] = {}
     formats = _formats_section(arms, base_name, fmt, base_source, sources, date, prov["max_model_len"], existing_raw)
     runtime = _runtime_section(planned, plan, model, existing_raw, planned_key)
@@ -144,8 +144,9 @@ def _eager_arm_name(arms: dict[str, Any]) -> str:
     return "eager"
 
 
-def _base_source(prov: dict[str, Any], facts: Any, artifact_name: str, date: str) -> dict[str, Any]:
-    """What every source of this run says: the host, the versions, the command, the artifact."""
+def _base_source(prov: dict[str, Any], facts: Any, model: Any, artifact_name: str, date: str) -> dict[str, Any]:
+    """What every source of this run says: the host, the versions, the command, the artifact, the model (and
+    the parameters its prefill figures are moved to another model by: planner/speed.py)."""
     return {
         "cpu_model": facts.cpu.model_name or "unknown",
         "cores": len(facts.topology.usable_cpus or []),
@@ -157,6 +158,7 @@ def _base_source(prov: dict[str, Any], facts: Any, artifact_name: str, date: str
         "edgectl_commit": _commit(prov.get("edgectl") or {}),
         "artifact": str(artifact_name),
         "model": prov["model"],
+        **({"model_linear_params": model.linear_params} if model.linear_params else {}),
     }
 
 

@@ -2,9 +2,10 @@
 vs the arm's medians.
 
 ``edgectl plan`` prints a decode and prefill rate and a time to ready from the device profile
-(planner/service.py ``predict``: the profile's figures for the plan's format and mode, decode
-scaled by the bytes a token reads). A profile recorded before a kernel or engine change keeps its
-old figures, and the plan keeps quoting them: a bench run on the box is where that shows. Each
+(planner/speed.py ``predict``: the profile's figures for the plan's format and mode, moved to
+the model by the bytes a token reads and its linear layers' parameters). A profile recorded before
+a kernel or engine change keeps its old figures, and the plan keeps quoting them: a bench run on the
+box is where that shows. Each
 arm with a text plan gets its three pairs; a figure off by more than STALE_AT is named, with the
 way to bring the profile up to date (``--record-profile``).
 """

@@ -176,6 +176,12 @@ class ModelFacts:
             return self.linear_layers
         return tuple(layer for layer in self.linear_layers if layer.name.startswith(TEXT_MODEL_PREFIX))
 
+    @property
+    def linear_params(self) -> int | None:
+        """The parameters of the language model's linear layers (the LM head is not among them): what each
+        prompt token multiplies. None when the layers are not known."""
+        return sum(layer.out_features * layer.in_features for layer in self.language_model_layers) or None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

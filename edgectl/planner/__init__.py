@@ -15,7 +15,8 @@ the model's config, the user's flag, the probe, edgectl's default, or a stated f
                                                 with bf16 KV, else fp8 KV
     batched tokens                 engine.py
     KV cache, RoPE rows, limits    ledger.py    the memory ledger
-    predictions, timeouts, env     service.py
+    predicted speeds               speed.py     the profile's figures, moved to this model
+    timeouts, env                  service.py
 
 A speech-to-text model (``model.speech``) is planned by :mod:`edgectl.planner.speech`, which shares
 the profile, topology, CPU and lever decisions and sizes an encoder-decoder instead of a context.
@@ -60,8 +61,9 @@ from edgectl.planner.formats import (
 from edgectl.planner.kv_dtype import decode_attention_for, kv_dtype_candidates
 from edgectl.planner.profile import choose_profile
 from edgectl.planner.request import check_request
-from edgectl.planner.service import choose_timeouts, predict, worker_environment
+from edgectl.planner.service import choose_timeouts, worker_environment
 from edgectl.planner.speech import plan_speech
+from edgectl.planner.speed import predict
 from edgectl.planner.vision import plan_vision
 
 if TYPE_CHECKING:
@@ -103,8 +105,9 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     why.take(ledger.kv_cache(model, request, fit.memory, fit.max_model_len, fit.kv_dtype))
     rope_rows = why.take(ledger.rope(model, fit.max_model_len, levers.value.rope_cap))
     why.take(ledger.memory_limit(fit.memory, costs))
-    predicted = predict(profile, fit.weight_format, fit.weights_bytes, compilation)
-    timeouts = why.take(choose_timeouts(request, profile, fit.weight_format, fit.weights_bytes, batched, compilation))
+    predicted = why.take(predict(profile, fit.weight_format, fit.weights_bytes, model.linear_params, compilation))
+    timeouts = why.take(choose_timeouts(request, profile, fit.weight_format, fit.weights_bytes, model.linear_params,
+                                        batched, compilation))
     plan_levers = memory_levers.levers(rope_cap=levers.value.rope_cap, layerwise_repack=levers.value.layerwise_repack,
                                        topology=topology, reserve_frontend_core=cpus.reserve_frontend_core,
                                        thread_wait=cpus.thread_wait)

@@ -1,4 +1,5 @@
-"""What the service will do and how systemd supervises it: predictions, timeouts, environment."""
+"""How systemd supervises the service: its timeouts and the worker's environment (the speeds it will run at:
+speed.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from edgectl.contract import environment
 from edgectl.contract.plan import (
     Compilation,
     Levers,
-    Predicted,
     Reason,
     Request,
     Source,
@@ -19,6 +19,7 @@ from edgectl.contract.plan import (
     WeightFormat,
 )
 from edgectl.planner.decided import Decided
+from edgectl.planner.speed import prefill_at
 from edgectl.probe.formats import format_cpu_list
 
 if TYPE_CHECKING:
@@ -44,27 +45,6 @@ UNMEASURED_STEP_S = 120.0
 UNMEASURED_READY_S = 300
 
 
-def predict(profile: Profile, weight_format: WeightFormat, weights_bytes: int,
-            compilation: Compilation = Compilation.EAGER) -> Predicted:
-    """Speeds and time to ready from the profile's figures (decode is bandwidth-bound: a figure
-    measured on another model is scaled by the bytes read per token). In compiled mode, the
-    compiled figures of the same format where the profile has them, and a start that loads the
-    saved graph (``ready_warm_s``)."""
-    figures = profile.formats.get(weight_format)
-    decode_fig = figures.decode_tok_s if figures else None
-    prefill_fig = figures.prefill_tok_s if figures else None
-    ready_fig = profile.ready_s
-    compiled = profile.compiled
-    if compilation is Compilation.DEFAULT and compiled is not None and compiled.weight_format is weight_format:
-        decode_fig = compiled.decode_tok_s or decode_fig
-        prefill_fig = compiled.prefill_tok_s or prefill_fig
-        ready_fig = compiled.ready_warm_s or ready_fig
-    decode = round(_scale(decode_fig, weights_bytes), 2) if decode_fig else None
-    prefill = round(_scale(prefill_fig, weights_bytes), 2) if prefill_fig else None
-    ready = round(ready_fig.median, 1) if ready_fig else None
-    return Predicted(decode_tok_s=decode, prefill_tok_s=prefill, ready_s=ready)
-
-
 def longest_step_s(batched_tokens: int, slowest_prefill_tok_s: float | None) -> float:
     """The longest engine step the plan allows: one chunk of ``batched_tokens`` prefill tokens."""
     if not slowest_prefill_tok_s:
@@ -83,7 +63,8 @@ def start_for_ready(ready_s: float | None) -> int:
 
 
 def choose_timeouts(request: Request, profile: Profile, weight_format: WeightFormat, weights_bytes: int,
-                    batched_tokens: int, compilation: Compilation = Compilation.EAGER) -> Decided[Timeouts]:
+                    linear_params: int | None, batched_tokens: int,
+                    compilation: Compilation = Compilation.EAGER) -> Decided[Timeouts]:
     """The watchdog from the longest single engine step, the start timeout from the time to ready.
 
     Each figure is the profile's, named with its provenance in the reason: measured by edgectl,
@@ -92,8 +73,8 @@ def choose_timeouts(request: Request, profile: Profile, weight_format: WeightFor
     figures = profile.formats.get(weight_format)
     prefill = figures.prefill_tok_s if figures else None
     # The slowest pass, not the median: a step must fit even on the worst measured run.
-    slowest = _scale_value(prefill.min if prefill.min is not None else prefill.median, prefill, weights_bytes) \
-        if prefill else None
+    slowest = prefill_at(prefill.min if prefill.min is not None else prefill.median, prefill, weights_bytes,
+                         linear_params) if prefill else None
     step_s = longest_step_s(batched_tokens, slowest)
     watchdog_s = request.watchdog_s if request.watchdog_s is not None else watchdog_for_step(step_s)
     # In compiled mode the first start compiles: the start timeout is sized from that start.
@@ -110,7 +91,7 @@ def choose_timeouts(request: Request, profile: Profile, weight_format: WeightFor
                 f"one prefill chunk of {batched_tokens} tokens")
         if prefill:
             watchdog_why = (f"{rule}: {step_s:.1f} s at the slowest prefill rate {slowest:.0f} tok/s "
-                            f"({_figure_provenance(profile, prefill, 'tok/s', weights_bytes)})")
+                            f"({_figure_provenance(profile, prefill, 'tok/s', weights_bytes, linear_params)})")
         else:
             watchdog_why = (f"{rule}: taken as {UNMEASURED_STEP_S:.0f} s, because {profile.name} has no prefill "
                             f"figure for {weight_format}")
@@ -131,11 +112,16 @@ def choose_timeouts(request: Request, profile: Profile, weight_format: WeightFor
                                     source, f"{watchdog_why}; {start_why}"))
 
 
-def _figure_provenance(profile: Profile, fig: Figure, unit: str, weights_bytes: int | None = None) -> str:
-    """How a figure was obtained, in words: measured by edgectl here, emulated, or external."""
+def _figure_provenance(profile: Profile, fig: Figure, unit: str, weights_bytes: int | None = None,
+                       linear_params: int | None = None) -> str:
+    """How a figure was obtained, in words: measured by edgectl here, emulated, or external; a prefill
+    figure (``weights_bytes`` given) moved from another model as speed.prefill_at moves it."""
     src = fig.source
     scaled = ""
-    if weights_bytes and src.model_weights_bytes and src.model_weights_bytes != weights_bytes:
+    if weights_bytes and src.model_linear_params and linear_params:
+        if src.model_linear_params != linear_params:
+            scaled = f", scaled from {src.model or 'another model'} by linear-layer parameters"
+    elif weights_bytes and src.model_weights_bytes and src.model_weights_bytes != weights_bytes:
         scaled = f", scaled from {src.model or 'another model'} by weight bytes"
     if src.external:
         where = f"an external figure, not measured with edgectl: {src.reference or src.command}"
@@ -168,15 +154,3 @@ def worker_environment(cpus: Cpus, levers: Levers) -> dict[str, str]:
     if levers.topology is Topology.STOCK:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "1" if cpus.reserve_frontend_core else "0"
     return env
-
-
-def _scale(fig: Figure, weights_bytes: int) -> float:
-    """A throughput measured on one model, scaled to this one by resident weight bytes."""
-    return _scale_value(fig.median, fig, weights_bytes)
-
-
-def _scale_value(value: float, fig: Figure, weights_bytes: int) -> float:
-    ref = fig.source.model_weights_bytes
-    if ref:
-        return value * ref / max(weights_bytes, 1)
-    return value

@@ -100,6 +100,26 @@ def test_a_non_positive_rate_is_refused(tmp_path: Path):
         _profile(tmp_path, rate=-1.0)
 
 
+def test_the_shipped_amx_profile_moves_its_decode_at_its_rate():
+    """The shipped x86_64-amx profile and a Qwen2.5-0.5B shape: decode is the profile's SmolLM2 figure moved
+    at the profile's rate (its figures disagree nowhere: the part that does not read weights is positive),
+    prefill scaled by the two models' linear parameters; recomputed here from the profile's own figures."""
+    model = shape(QWEN25_05B)
+    (prof,) = (x for x in shipped_profiles() if x.name == "x86_64-amx")
+    compiled = prof.compiled
+    assert compiled is not None and compiled.decode_tok_s and compiled.prefill_tok_s and compiled.decode_weight_gbps
+    weights = 500 * MB
+    got = predict(prof, compiled.weight_format, weights, model.linear_params, Compilation.DEFAULT).value
+    ref_bytes = compiled.decode_tok_s.source.model_weights_bytes
+    rate = compiled.decode_weight_gbps.median * 1e9
+    assert ref_bytes and 1 / compiled.decode_tok_s.median - ref_bytes / rate > 0
+    step = 1 / compiled.decode_tok_s.median - ref_bytes / rate + weights / rate
+    assert got.decode_tok_s == pytest.approx(1 / step, abs=0.01)
+    params = compiled.prefill_tok_s.source.model_linear_params
+    assert params and model.linear_params and params != model.linear_params
+    assert got.prefill_tok_s == pytest.approx(compiled.prefill_tok_s.median * params / model.linear_params, abs=0.01)
+
+
 def test_every_text_plan_says_how_its_speeds_were_predicted():
     """The published x86_64-amx profile (a 2-socket Sapphire Rapids fixture): its figures name no model
     size, so the plan quotes them as they are and says so."""

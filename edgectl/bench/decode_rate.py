@@ -4,7 +4,10 @@ A decode step on a CPU is the weights read once plus a part that does not grow w
 Python around the graph, attention, sampling). One model cannot tell the two apart; two models of
 different sizes, decoded on the same class in one occasion with the same format and mode, can: the
 slope of the time per token over the weight bytes per token is the rate the profile's
-``compiled.decode_weight_gbps`` records (planner/speed.py moves a decode figure with it).
+``compiled.decode_weight_gbps`` records (planner/speed.py moves a decode figure with it). The
+farther apart the two are in bytes, and the more of the difference is layers rather than an LM head
+(one long GEMV streams faster than many small layers), the better the slope describes the bigger
+models a box serves (docs/facts.md "The plan's speed figures, checked").
 
     python -m edgectl.bench.decode_rate SMALL.json BIG.json [--arm planned]
 

@@ -71,3 +71,18 @@ def test_nothing_is_checked_without_a_prediction_a_text_plan_or_a_complete_run()
     for a in (speech, unpredicted, incomplete):
         assert "speed, the plan's prediction" not in report.render_text(a, None, [])
     assert "speed, the plan's prediction" in report.render_text(base, None, [])
+
+
+def test_a_miss_on_another_model_than_the_profiles_is_named_the_rules():
+    """The plan's figures were measured on the profile's model and moved to this one (planner/speed.py):
+    the report says so and points at the decode rate's fit, not at recording the profile from this model."""
+    a = _run({"decode_tok_s": 100.0, "prefill_tok_s": 1000.0, "measured_on": "smollm2-135m"},
+             {"decode_tok_s": 140.0, "prefill_tok_s": 1000.0})
+    assert speed_prediction(a["arms"])["planned"]["measured_on"] == "smollm2-135m"
+    text = report.render_text(a, None, [])
+    line = next(ln for ln in text.splitlines() if "off by more than" in ln)
+    assert "planned decode — figures measured on smollm2-135m, moved to m by the planner's rule" in line
+    assert "python -m edgectl.bench.decode_rate" in line and "--record-profile" not in line
+    # measured on this very model: the profile's age, as before
+    same = _run({"decode_tok_s": 100.0, "measured_on": "m"}, {"decode_tok_s": 140.0})
+    assert "--record-profile` measures it again" in report.render_text(same, None, [])

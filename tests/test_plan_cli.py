@@ -53,7 +53,7 @@ LEVERS = {"rope_cap", "kv_exact", "layerwise_repack", "topology", "reserve_front
           "cpp_wrapper"}
 MEMORY = {"weights_bytes", "kv_cache_bytes", "rope_bytes", "runtime_bytes", "workspace_bytes", "total_bytes",
           "high_bytes", "limit_bytes"}
-PREDICTED = {"decode_tok_s", "prefill_tok_s", "ready_s"}
+PREDICTED = {"decode_tok_s", "prefill_tok_s", "ready_s", "measured_on"}
 SERVE = {"name", "host", "port"}
 TIMEOUTS = {"start_s", "watchdog_s", "stop_s"}
 SOURCES = {"profile", "model-config", "flag", "probe", "default", "fallback"}
@@ -71,7 +71,8 @@ def check_plan_json(d: dict) -> None:
     assert set(d["levers"]) == LEVERS
     assert set(d["memory"]) == MEMORY and all(isinstance(v, int) for v in d["memory"].values())
     assert set(d["predicted"]) == PREDICTED
-    assert all(v is None or isinstance(v, float | int) for v in d["predicted"].values())
+    assert all(v is None or isinstance(v, float | int) for k, v in d["predicted"].items() if k != "measured_on")
+    assert d["predicted"]["measured_on"] is None or isinstance(d["predicted"]["measured_on"], str)
     assert set(d["serve"]) == SERVE and set(d["timeouts"]) == TIMEOUTS
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in d["env"].items())
     assert "VLLM_CPU_OMP_THREADS_BIND" in d["env"]

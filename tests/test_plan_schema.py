@@ -35,6 +35,7 @@ ADDED_SINCE = {
     "request": {"kv_cache_dtype": None, "embedding_pack": None, "optional_imports": None, "tokenizer": None, "idle_trim": None,
                 "python_optimize": None, "thread_wait": None, "huge_pages": None, "decode_attention": None, "cpp_wrapper": None, "speech_head": None, "speech_dtype": None,
                 "tower_tiles": None},
+    "predicted": {"measured_on": None},
 }
 
 

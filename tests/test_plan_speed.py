@@ -55,6 +55,7 @@ def test_decode_moves_by_the_bytes_at_the_measured_rate(tmp_path: Path):
     assert got.value.decode_tok_s == pytest.approx(100.0)
     (reason,) = got.reasons
     assert reason.decision == "predicted" and reason.value["decode_tok_s"] == pytest.approx(100.0)
+    assert got.value.measured_on == "small"  # the profile's model, which the report names beside a miss
     for cited in ("10.00 ms a token", "2.50 ms of it not reading weights", "300.0 MB at 40 GB/s", "on small"):
         assert cited in reason.detail, (cited, reason.detail)
     # a smaller model: 2.5 + 1.25 = 3.75 ms → 266.67 tok/s; the measured model itself: its figure

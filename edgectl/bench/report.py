@@ -407,12 +407,23 @@ def _speed_prediction_lines(a: dict[str, Any]) -> list[str]:
         f"{n} " + ", ".join(f"{what} {f['predicted']:.4g} vs {f['measured']:.4g} {f['unit']} ({f['error']:+.0%})"
                             for what, f in v["figures"].items())
         for n, v in checked.items())]
+    model = a["provenance"]["model"]
     off = {n: figures for n, v in checked.items() if (figures := stale(v))}
-    if off:
-        profiles = sorted({checked[n]["profile"] or "?" for n in off})
-        lines.append(f"  off by more than {STALE_AT:.0%}: " + "; ".join(f"{n} {', '.join(w)}" for n, w in off.items())
+    # figures measured on another model were moved to this one by the planner's rule: a miss may be the rule's
+    moved = {n: w for n, w in off.items() if checked[n].get("measured_on") not in (None, model)}
+    same = {n: w for n, w in off.items() if n not in moved}
+    if same:
+        profiles = sorted({checked[n]["profile"] or "?" for n in same})
+        lines.append(f"  off by more than {STALE_AT:.0%}: " + "; ".join(f"{n} {', '.join(w)}" for n, w in same.items())
                      + f" — the profile ({', '.join(profiles)}) no longer describes this box as it runs now; "
-                     f"`edgectl bench {a['provenance']['model']} --record-profile` measures it again")
+                     f"`edgectl bench {model} --record-profile` measures it again")
+    if moved:
+        sources = sorted({checked[n]["measured_on"] for n in moved})
+        lines.append(f"  off by more than {STALE_AT:.0%}: " + "; ".join(f"{n} {', '.join(w)}" for n, w in moved.items())
+                     + f" — figures measured on {', '.join(sources)}, moved to {model} by the planner's rule "
+                     "(edgectl/planner/speed.py; the time to ready is not moved): on another model a miss can be the rule's, not the profile's age "
+                     "(docs/facts.md \"The plan's speed figures, checked\"); `python -m edgectl.bench.decode_rate` "
+                     f"fits the decode rate from this run and one of {', '.join(sources)} on the same occasion")
     return lines
 
 

@@ -44,7 +44,8 @@ def speed_prediction(arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any
             if want and got:
                 figures[what] = {"predicted": want, "measured": got, "error": got / want - 1, "unit": unit}
         if figures:
-            out[name] = {"profile": (plan.get("profile") or {}).get("name"), "figures": figures}
+            out[name] = {"profile": (plan.get("profile") or {}).get("name"), "figures": figures,
+                         "measured_on": predicted.get("measured_on")}
     return out
 
 

@@ -341,6 +341,9 @@ class Predicted:
     decode_tok_s: float | None
     prefill_tok_s: float | None
     ready_s: float | None
+    # The model the profile's figures were measured on (None: not recorded, or no figures). A plan for
+    # another model has them moved to it by planner/speed.py's rule.
+    measured_on: str | None = None
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,11 @@ def predict(profile: Profile, weight_format: WeightFormat, weights_bytes: int, l
     prefill, prefill_why = ((prefill_at(prefill_fig.median, prefill_fig, weights_bytes, linear_params),
                              _prefill_rule(prefill_fig, weights_bytes, linear_params)) if prefill_fig
                             else (None, "no prefill figure"))
+    measured = decode_fig or prefill_fig
     predicted = Predicted(decode_tok_s=round(decode, 2) if decode else None,
                           prefill_tok_s=round(prefill, 2) if prefill else None,
-                          ready_s=round(ready_fig.median, 1) if ready_fig else None)
+                          ready_s=round(ready_fig.median, 1) if ready_fig else None,
+                          measured_on=measured.source.model if measured else None)
     detail = (f"decode {decode_why}; prefill {prefill_why}; ready "
               + (f"the profile's {ready_fig.describe('s')}" if ready_fig else "not measured"))
     return Decided(predicted, Reason("predicted", {"decode_tok_s": predicted.decode_tok_s,

@@ -698,5 +698,6 @@ def _unavailable(spec: ArmSpec, ctx: BenchContext) -> str | None:
             return ctx.llama_unavailable or "llama-server not found"
         if not ctx.gguf_path or not Path(ctx.gguf_path).is_file():
             return (f"the GGUF {ctx.gguf_path} is missing: `edgectl models pull {ctx.model_name}` keeps it"
-                    if ctx.gguf_path else "the model has no GGUF in the catalog")
+                    if ctx.gguf_path else "the model has no GGUF: neither a catalog GGUF nor a directory "
+                    "pulled from one")
     return None

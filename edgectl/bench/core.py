@@ -36,6 +36,7 @@ from edgectl.bench.prompts import PREFILL_TOKENS, prompt_set
 from edgectl.bench.runner import attach_fidelity, interleaved, run_grid, utc_now
 from edgectl.contract import environment
 from edgectl.contract.fidelity import PromptSet
+from edgectl.contract.gguf_names import DIRECT_GGUF
 from edgectl.errors import EdgectlError
 from edgectl.llamacpp import LlamaServer, find_llama_server, held_isa
 
@@ -399,11 +400,18 @@ def _stock_model_for(plan: Plan, names: Collection[str], model: str, environ: Ma
 
 
 def _gguf_for(model: str, environ: Mapping[str, str]) -> Path | None:
-    from edgectl.models.cache import gguf_path
+    """The GGUF llama.cpp's arms read: a catalog model's kept file, or the one a directory pulled from a
+    user's GGUF serves as it is (its manifest's layout ``gguf-direct``: the same weights as the plan's)."""
+    from edgectl.models.cache import LAYOUT, gguf_path, read_manifest, resolve_model
     from edgectl.models.catalog import CATALOG
 
     entry = CATALOG.get(model)
-    return gguf_path(entry, environ) if entry else None
+    if entry is not None:
+        return gguf_path(entry, environ)
+    path = resolve_model(model, environ)
+    manifest = read_manifest(path)
+    direct = path / DIRECT_GGUF
+    return direct if manifest and manifest.get("layout") == LAYOUT and direct.is_file() else None
 
 
 def _check_writable(directory: Path, what: str) -> None:

@@ -23,20 +23,30 @@ import statistics
 import sys
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
 from edgectl.errors import EdgectlError
+from edgectl.planner.speed import GB, fixed_step_s
 
-GB = 1e9
 # Two models whose bytes per token differ by less than this factor leave the slope to the noise: a 25%
 # spread in one run's decode (the bench's noise gate) moves it by more than the difference.
 MIN_BYTES_RATIO = 1.5
 
 
-def _passes(artifact: dict[str, Any], arm: str, path: str) -> tuple[dict[str, Any], list[tuple[float, int]]]:
-    """The arm's plan and its passes as (decode tok/s, weight bytes a token)."""
+class _Run(NamedTuple):
+    """One model's run: its arm's medians and passes (decode tok/s, weight bytes a token)."""
+
+    model: str | None
+    path: str
+    plan: dict[str, Any]
+    decode_tok_s: float
+    weights_bytes: int
+    passes: list[tuple[float, int]]
+
+
+def _run(artifact: dict[str, Any], arm: str, path: str) -> _Run:
     entry = (artifact.get("arms") or {}).get(arm)
     if not entry or not entry.get("passes"):
         raise EdgectlError(f"{path}: no arm {arm!r} with passes")
@@ -44,7 +54,8 @@ def _passes(artifact: dict[str, Any], arm: str, path: str) -> tuple[dict[str, An
               if p.get("decode_tok_s") and p.get("weights_bytes_per_token")]
     if len(passes) < len(entry["passes"]) or not passes:
         raise EdgectlError(f"{path}: arm {arm!r} has a pass without a decode rate or weight bytes (an incomplete run)")
-    return entry.get("plan") or {}, passes
+    return _Run((artifact.get("provenance") or {}).get("model"), path, entry.get("plan") or {},
+                statistics.median(d for d, _ in passes), int(statistics.median(w for _, w in passes)), passes)
 
 
 def _slope_gbps(small: tuple[float, int], big: tuple[float, int]) -> float | None:
@@ -55,34 +66,30 @@ def _slope_gbps(small: tuple[float, int], big: tuple[float, int]) -> float | Non
 
 def fit(a: dict[str, Any], b: dict[str, Any], arm: str = "planned", paths: tuple[str, str] = ("A", "B")) -> dict[str, Any]:
     """The figure and what it was fitted from; EdgectlError when the runs do not make one."""
-    (plan_a, passes_a), (plan_b, passes_b) = _passes(a, arm, paths[0]), _passes(b, arm, paths[1])
     classes = {(x.get("provenance") or {}).get("probe", {}).get("device_class") for x in (a, b)}
+    small, big = sorted((_run(a, arm, paths[0]), _run(b, arm, paths[1])), key=lambda r: r.weights_bytes)
     if len(classes) != 1:
         raise EdgectlError(f"the two runs are of different device classes ({', '.join(sorted(map(str, classes)))})")
     for key in ("weight_format", "compilation"):
-        if plan_a.get(key) != plan_b.get(key):
-            raise EdgectlError(f"the two arms' plans differ in {key} ({plan_a.get(key)} and {plan_b.get(key)}): "
+        if small.plan.get(key) != big.plan.get(key):
+            raise EdgectlError(f"the two arms' plans differ in {key} ({small.plan.get(key)} and {big.plan.get(key)}): "
                                "the rate is one format's in one mode")
-    models = [(statistics.median(d for d, _ in ps), int(statistics.median(w for _, w in ps)), ps, x, path)
-              for ps, x, path in ((passes_a, a, paths[0]), (passes_b, b, paths[1]))]
-    small, big = sorted(models, key=lambda m: m[1])
-    if big[1] < MIN_BYTES_RATIO * small[1]:
-        raise EdgectlError(f"the two models read {small[1] / 1e6:.1f} and {big[1] / 1e6:.1f} MB a token: less than "
-                           f"{MIN_BYTES_RATIO}× apart, the slope would be the runs' noise")
-    median = _slope_gbps((small[0], small[1]), (big[0], big[1]))
-    pairs = [_slope_gbps(s, g) for s, g in product(small[2], big[2])]
+    if big.weights_bytes < MIN_BYTES_RATIO * small.weights_bytes:
+        raise EdgectlError(f"the two models read {small.weights_bytes / 1e6:.1f} and {big.weights_bytes / 1e6:.1f} MB "
+                           f"a token: less than {MIN_BYTES_RATIO}× apart, the slope would be the runs' noise")
+    median = _slope_gbps((small.decode_tok_s, small.weights_bytes), (big.decode_tok_s, big.weights_bytes))
+    pairs = [_slope_gbps(s, g) for s, g in product(small.passes, big.passes)]
     if median is None or any(p is None for p in pairs):
-        raise EdgectlError(f"{big[4]} decoded as fast as {small[4]} or faster in some passes, with more bytes: "
+        raise EdgectlError(f"{big.path} decoded as fast as {small.path} or faster in some passes, with more bytes: "
                            "the host changed between the runs (measure the two again, one after the other)")
     rates = [p for p in pairs if p is not None]
-    names = [(m[3].get("provenance") or {}).get("model") for m in (small, big)]
     return {
         "figure": {"median": round(median, 2), "min": round(min(rates), 2), "max": round(max(rates), 2),
-                   "passes": min(len(small[2]), len(big[2]))},
-        "models": {name: {"decode_tok_s": round(m[0], 2), "weights_bytes_per_token": m[1], "artifact": m[4]}
-                   for name, m in zip(names, (small, big), strict=True)},
-        "fixed_ms": round(1e3 * (1.0 / small[0] - small[1] / (median * GB)), 3),
-        "weight_format": plan_a.get("weight_format"), "compilation": plan_a.get("compilation"),
+                   "passes": min(len(small.passes), len(big.passes))},
+        "models": {r.model: {"decode_tok_s": round(r.decode_tok_s, 2), "weights_bytes_per_token": r.weights_bytes,
+                             "artifact": r.path} for r in (small, big)},
+        "fixed_ms": round(1e3 * fixed_step_s(small.decode_tok_s, small.weights_bytes, median), 3),
+        "weight_format": small.plan.get("weight_format"), "compilation": small.plan.get("compilation"),
     }
 
 

@@ -421,7 +421,8 @@ def _speed_prediction_lines(a: dict[str, Any]) -> list[str]:
         sources = sorted({checked[n]["measured_on"] for n in moved})
         lines.append(f"  off by more than {STALE_AT:.0%}: " + "; ".join(f"{n} {', '.join(w)}" for n, w in moved.items())
                      + f" — figures measured on {', '.join(sources)}, moved to {model} by the planner's rule "
-                     "(edgectl/planner/speed.py; the time to ready is not moved): on another model a miss can be the rule's, not the profile's age "
+                     "(edgectl/planner/speed.py; the time to ready is not moved): on another model a miss can be "
+                     "the rule's, not the profile's age "
                      "(docs/facts.md \"The plan's speed figures, checked\"); `python -m edgectl.bench.decode_rate` "
                      f"fits the decode rate from this run and one of {', '.join(sources)} on the same occasion")
     return lines

@@ -19,7 +19,7 @@ from edgectl.contract.plan import (
     WeightFormat,
 )
 from edgectl.planner.decided import Decided
-from edgectl.planner.speed import prefill_at
+from edgectl.planner.speed import prefill_at, prefill_scale
 from edgectl.probe.formats import format_cpu_list
 
 if TYPE_CHECKING:
@@ -118,11 +118,9 @@ def _figure_provenance(profile: Profile, fig: Figure, unit: str, weights_bytes: 
     figure (``weights_bytes`` given) moved from another model as speed.prefill_at moves it."""
     src = fig.source
     scaled = ""
-    if weights_bytes and src.model_linear_params and linear_params:
-        if src.model_linear_params != linear_params:
-            scaled = f", scaled from {src.model or 'another model'} by linear-layer parameters"
-    elif weights_bytes and src.model_weights_bytes and src.model_weights_bytes != weights_bytes:
-        scaled = f", scaled from {src.model or 'another model'} by weight bytes"
+    by = prefill_scale(fig, weights_bytes, linear_params)[1] if weights_bytes else None
+    if by:
+        scaled = f", scaled from {src.model or 'another model'} by {by}"
     if src.external:
         where = f"an external figure, not measured with edgectl: {src.reference or src.command}"
     else:

@@ -62,13 +62,24 @@ def predict(profile: Profile, weight_format: WeightFormat, weights_bytes: int, l
 
 
 def prefill_at(value: float, fig: Figure, weights_bytes: int, linear_params: int | None) -> float:
-    """A prefill rate ``value`` of ``fig``'s model, moved to this one: by the linear layers' parameters
-    where both are known, else by the weight bytes."""
-    ref_params = fig.source.model_linear_params
-    if ref_params and linear_params:
-        return value * ref_params / linear_params
-    ref_bytes = fig.source.model_weights_bytes
-    return value * ref_bytes / max(weights_bytes, 1) if ref_bytes else value
+    """A prefill rate ``value`` of ``fig``'s model, moved to this one (prefill_scale)."""
+    return value * prefill_scale(fig, weights_bytes, linear_params)[0]
+
+
+def prefill_scale(fig: Figure, weights_bytes: int, linear_params: int | None) -> tuple[float, str | None]:
+    """What a prefill figure of ``fig``'s model is multiplied by for this one, and by what measure (None:
+    not moved): the linear layers' parameters where both are known, else the weight bytes."""
+    src = fig.source
+    if src.model_linear_params and linear_params:
+        if src.model_linear_params == linear_params:
+            return 1.0, None
+        return (src.model_linear_params / linear_params,
+                f"the linear layers' parameters but the LM head ({src.model_linear_params / 1e6:.1f}M → "
+                f"{linear_params / 1e6:.1f}M)")
+    if src.model_weights_bytes and src.model_weights_bytes != weights_bytes:
+        return (src.model_weights_bytes / max(weights_bytes, 1),
+                f"weight bytes ({src.model_weights_bytes / 1e6:.1f} → {weights_bytes / 1e6:.1f} MB)")
+    return 1.0, None
 
 
 def fixed_step_s(decode_tok_s: float, ref_bytes: int, rate_gbps: float) -> float:
@@ -98,13 +109,6 @@ def _decode(fig: Figure | None, rate: Figure | None, weights_bytes: int) -> tupl
 
 
 def _prefill_rule(fig: Figure, weights_bytes: int, linear_params: int | None) -> str:
-    src = fig.source
-    measured = f"the profile's {fig.describe('tok/s')} on {src.model or 'the profile model'}"
-    if src.model_linear_params and linear_params:
-        if src.model_linear_params == linear_params:
-            return measured
-        return (f"{measured} scaled by the linear layers' parameters but the LM head "
-                f"({src.model_linear_params / 1e6:.1f}M → {linear_params / 1e6:.1f}M)")
-    if src.model_weights_bytes and src.model_weights_bytes != weights_bytes:
-        return f"{measured} scaled by weight bytes ({src.model_weights_bytes / 1e6:.1f} → {weights_bytes / 1e6:.1f} MB)"
-    return measured
+    measured = f"the profile's {fig.describe('tok/s')} on {fig.source.model or 'the profile model'}"
+    _, by = prefill_scale(fig, weights_bytes, linear_params)
+    return f"{measured} scaled by {by}" if by else measured

@@ -123,6 +123,22 @@ class CompiledFigures:
     # of a step (vLLM's Python around the graph, attention, sampling) does not grow with the weights; a
     # decode figure scaled by bytes alone treats all of it as if it did (planner/speed.py).
     decode_weight_gbps: Figure | None = None
+    # The same compiled plan with inductor's graph wrapper in C++ (levers.cpp_wrapper), measured against the
+    # Python wrapper in one run: the planner turns the lever on where it paid (planner/engine.py).
+    cpp_wrapper: CppWrapperFigures | None = None
+
+
+@dataclass(frozen=True)
+class CppWrapperFigures:
+    """The compiled plan with inductor's C++ graph wrapper (the bench's ``cpp-wrapper`` arm) beside the
+    Python one (its control, ``planned`` or ``python-wrapper``), interleaved in one run: decode with each,
+    and what the C++ wrapper's first start costs (it compiles a C++ file of the whole graph: longer,
+    and g++ holds more memory beside the model than the Python wrapper's kernels do)."""
+
+    decode_tok_s: Figure
+    control_decode_tok_s: Figure
+    ready_cold_s: Figure | None = None
+    cold_peak_ratio: Figure | None = None
 
 
 @dataclass(frozen=True)
@@ -309,12 +325,31 @@ class _CompiledEntry:
     extra_bytes: _FigureEntry | None = None
     cold_peak_ratio: _FigureEntry | None = None
     decode_weight_gbps: _FigureEntry | None = None
+    cpp_wrapper: _CppWrapperEntry | None = None
 
     @classmethod
     def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
         rate = v.get("decode_weight_gbps")
         if rate is not None and not rate.median > 0:
             yield "decode_weight_gbps", f"{rate.median} is not a rate (GB/s above 0)"
+
+
+@dataclass(frozen=True)
+class _CppWrapperEntry:
+    decode_tok_s: _FigureEntry
+    control_decode_tok_s: _FigureEntry
+    ready_cold_s: _FigureEntry | None = None
+    cold_peak_ratio: _FigureEntry | None = None
+
+    @classmethod
+    def _cross_check(cls, v: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        ours, control = v.get("decode_tok_s"), v.get("control_decode_tok_s")
+        if ours is not None and control is not None and ours.source != control.source:
+            yield "control_decode_tok_s", (f"from {control.source}, the C++ wrapper's figure from {ours.source}: "
+                                           "the two wrappers are compared within one run")
+        ratio = v.get("cold_peak_ratio")
+        if ratio is not None and not ratio.median >= 1:
+            yield "cold_peak_ratio", f"{ratio.median} is below 1 (a peak over the steady PSS)"
 
 
 @dataclass(frozen=True)
@@ -421,6 +456,8 @@ def _figure_entries(v: dict[str, Any]) -> Iterator[tuple[str, _FigureEntry]]:
         yield "bandwidth_gbps", v["bandwidth_gbps"]
     sections = [(f"formats.{name}", entry) for name, entry in (v.get("formats") or {}).items()]
     sections += [(key, v[key]) for key in ("runtime", "compiled", "speech") if v.get(key) is not None]
+    if v.get("compiled") is not None and v["compiled"].cpp_wrapper is not None:
+        sections.append(("compiled.cpp_wrapper", v["compiled"].cpp_wrapper))
     for prefix, section in sections:
         for f in fields(section):
             value = getattr(section, f.name)
@@ -484,7 +521,17 @@ class _Resolver:
             prefill_tok_s=self.figure(entry.prefill_tok_s), ready_cold_s=self.figure(entry.ready_cold_s),
             ready_warm_s=self.figure(entry.ready_warm_s), extra_bytes=self.figure(entry.extra_bytes),
             cold_peak_ratio=self.figure(entry.cold_peak_ratio),
-            decode_weight_gbps=self.figure(entry.decode_weight_gbps))
+            decode_weight_gbps=self.figure(entry.decode_weight_gbps),
+            cpp_wrapper=self.cpp_wrapper(entry.cpp_wrapper))
+
+    def cpp_wrapper(self, entry: _CppWrapperEntry | None) -> CppWrapperFigures | None:
+        if entry is None:
+            return None
+        ours, control = self.figure(entry.decode_tok_s), self.figure(entry.control_decode_tok_s)
+        assert ours is not None and control is not None
+        return CppWrapperFigures(decode_tok_s=ours, control_decode_tok_s=control,
+                                 ready_cold_s=self.figure(entry.ready_cold_s),
+                                 cold_peak_ratio=self.figure(entry.cold_peak_ratio))
 
 
     def speech(self, entry: _SpeechEntry | None) -> SpeechFigures | None:

@@ -200,3 +200,38 @@ def test_the_compiled_section_is_for_the_format_the_planner_will_pick() -> None:
     assert out["weight_format"] == "w4a16" and out["extra_bytes"]["median"] == 100
     # no format measured compiled: no section
     assert _compiled({"planned": arms["planned"]}, {"w4a16": "planned"}, {}, {}, "2026-12-01") is None
+
+
+def test_the_cpp_wrapper_is_recorded_beside_the_python_one_and_carried_over() -> None:
+    """A run with the plan on inductor's C++ wrapper (``planned``) and the ``python-wrapper`` control: the
+    compiled figures are the Python wrapper's (an arm on the C++ one is never taken for them), and
+    ``compiled.cpp_wrapper`` holds both decodes, the C++ wrapper's first start and its compile-time peak;
+    a run without the pair carries the installed profile's block over, its source with it."""
+    import json
+
+    from edgectl.bench.profile_record import _compiled, _compiled_section
+
+    plan = json.loads((REPO / "tests" / "fixtures" / "plans" / "deployed-w4a16.json").read_text())
+    cpp_plan = {**plan, "levers": {**plan["levers"], "cpp_wrapper": True}}
+    arms = {"eager": _arm(plan, "w4a8", "eager", 60.0, 800),
+            "planned": _arm(cpp_plan, "w4a8", "default", 110.0, 850),
+            "python-wrapper": _arm(plan, "w4a8", "default", 100.0, 850)}
+    for p, peak in zip(arms["planned"]["passes"], (1700, 1785, 1870)):
+        p["cold"] = {"pss_peak_bytes": peak}
+    out = _compiled(arms, {"w4a8": "eager"}, {}, {}, "2026-12-07")
+    assert out is not None and out["decode_tok_s"]["median"] == 100.0  # python-wrapper's, not the plan's
+    sources: dict = {}
+    out = _compiled_section(arms, "eager", "w4a8", {"w4a8": {}}, {"cpu_model": "t"}, sources, "2026-12-07", {})
+    cpp = out["cpp_wrapper"]
+    assert cpp["decode_tok_s"]["median"] == 110.0 and cpp["control_decode_tok_s"]["median"] == 100.0
+    assert cpp["ready_cold_s"]["median"] == 90.0
+    assert cpp["cold_peak_ratio"]["median"] == round(1785 / 850, 4)
+    assert "`planned`" in sources["bench-2026-12-07-cpp-wrapper"]["notes"]
+    # no pair in this run: the installed profile's block comes along, with its source
+    installed = {"sources": {"old": {"cpu_model": "t"}},
+                 "compiled": {"weight_format": "w4a8", "cpp_wrapper": {**cpp, "decode_tok_s": {
+                     **cpp["decode_tok_s"], "source": "old"}}}}
+    del arms["python-wrapper"]
+    sources = {}
+    out = _compiled_section(arms, "eager", "w4a8", {"w4a8": {}}, {"cpu_model": "t"}, sources, "2026-12-08", installed)
+    assert out is not None and out["cpp_wrapper"]["decode_tok_s"]["source"] == "old" and "old" in sources

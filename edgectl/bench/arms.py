@@ -136,6 +136,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("cpp-wrapper", "worker", {"cpp_wrapper": True, "compilation": "default"},
             "the plan compiled, with inductor's graph wrapper in C++ instead of Python (TORCHINDUCTOR_CPP_WRAPPER=1, "
             "vLLM's layer names as strings; read back from the worker)"),
+    ArmSpec("python-wrapper", "worker", {"cpp_wrapper": False},
+            "the plan with inductor's graph wrapper in Python (the control where the plan has it in C++; read back "
+            "from the worker)"),
     ArmSpec("kv-fp8", "worker", {"kv_cache_dtype": "fp8_e4m3"},
             "the plan with fp8_e4m3 KV (half the KV bytes at the same context; AVX-512 or AMX only)"),
     ArmSpec("kv-int8", "worker", {"kv_cache_dtype": "int8"},

@@ -23,8 +23,11 @@ each naming a source that carries the run's provenance:
   the one that decodes fastest eager, which the planner picks: decode, prefill, ``ready_cold_s`` (the first start, on an empty compile cache),
   ``ready_warm_s`` (a start that loaded the saved graph), ``cold_peak_ratio`` (the compiling
   start's peak PSS over the steady one) and ``extra_bytes`` (its steady PSS
-  minus the eager arm's, pass by pass). The rest of the profile is eager mode's: a plan in
-  compiled mode needs the ``eager`` arm beside it.
+  minus the eager arm's, pass by pass), all on inductor's Python wrapper; with an arm on its C++
+  wrapper beside one on the Python wrapper (``cpp-wrapper``, ``python-wrapper``, ``planned``),
+  ``compiled.cpp_wrapper``: both decodes, the C++ wrapper's first start and its peak (the planner
+  turns the lever on from them; an installed profile's are carried over otherwise). The rest of
+  the profile is eager mode's: a plan in compiled mode needs the ``eager`` arm beside it.
 
 The document is validated with ``parse_profile``, re-planned to check the ±10% match, and
 written atomically to ``<dir>/<device class>.yaml`` (a local profile of the same name
@@ -226,9 +229,16 @@ def _compiled_section(arms: dict[str, Any], base_name: str, fmt: str, formats: d
     eager_arms = {fmt: base_name, **{other: other for other in formats
                                      if other != fmt and (arms.get(other) or {}).get("median")}}
     compiled = _compiled(arms, eager_arms, base_source, sources, date)
-    if compiled is None and (existing_raw.get("compiled") or {}).get("weight_format") == fmt:
-        compiled = {"weight_format": fmt, **_carry({k: v for k, v in existing_raw["compiled"].items()
-                                                    if k != "weight_format"}, existing_raw, sources)}
+    old = existing_raw.get("compiled") or {}
+    if compiled is None and old.get("weight_format") == fmt:
+        compiled = {"weight_format": fmt, **_carry({k: v for k, v in old.items()
+                                                    if k not in ("weight_format", "cpp_wrapper")}, existing_raw, sources)}
+    if compiled is not None:
+        cpp = _cpp_wrapper(arms, compiled["weight_format"], base_source, sources, date)
+        if cpp is None and old.get("cpp_wrapper") and old.get("weight_format") == compiled["weight_format"]:
+            cpp = _carry(old["cpp_wrapper"], existing_raw, sources)
+        if cpp is not None:
+            compiled["cpp_wrapper"] = cpp
     return compiled
 
 
@@ -333,8 +343,10 @@ def _stock_processes(doc: dict[str, Any], facts: Any, model: Any, arm: dict[str,
     return best
 
 
-# The arms that run a format in vLLM's compiled mode (``planned`` when the plan itself is compiled).
-COMPILED_ARMS = ("compiled", "w4a8-compiled", "planned")
+# The arms that run a format in vLLM's compiled mode (``planned`` when the plan itself is compiled) on
+# inductor's Python wrapper: the compiled figures are that wrapper's, the C++ one's go under
+# ``compiled.cpp_wrapper`` (``_cpp_wrapper``).
+COMPILED_ARMS = ("compiled", "w4a8-compiled", "python-wrapper", "planned")
 
 
 def _compiled(arms: dict[str, Any], eager_arms: dict[str, str], base_source: dict[str, Any],
@@ -351,6 +363,8 @@ def _compiled(arms: dict[str, Any], eager_arms: dict[str, str], base_source: dic
         arm_fmt = str(arm_plan.weight_format)
         eager_name = eager_arms.get(arm_fmt)
         if arm_plan.compilation is not Compilation.DEFAULT or eager_name is None or eager_name == name:
+            continue
+        if arm_plan.levers.cpp_wrapper:
             continue
         if any(m[1] == arm_fmt for m in measured):
             continue
@@ -370,11 +384,50 @@ def _compiled(arms: dict[str, Any], eager_arms: dict[str, str], base_source: dic
             out[metric] = _figure(arm, metric, key, digits)
     extra = [c["pss_steady_bytes"] - e["pss_steady_bytes"] for c, e in zip(arm["passes"], eager["passes"])]
     out["extra_bytes"] = _figure_values(extra, key, digits=0)
-    # the first start's peak (it compiles) over the steady PSS of a start that loaded the graph
+    ratio = _cold_peak_ratio(arm, key)
+    if ratio is not None:
+        out["cold_peak_ratio"] = ratio
+    return out
+
+
+def _cold_peak_ratio(arm: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """The first start's peak (it compiles) over the steady PSS of a start that loaded the graph, per pass."""
     cold_peaks = [(p.get("cold") or {}).get("pss_peak_bytes") for p in arm["passes"]]
-    if all(cold_peaks) and all(p.get("pss_steady_bytes") for p in arm["passes"]):
-        out["cold_peak_ratio"] = _figure_values([peak / p["pss_steady_bytes"] for peak, p in zip(cold_peaks, arm["passes"])],
-                                                key, digits=4)
+    if not (all(cold_peaks) and all(p.get("pss_steady_bytes") for p in arm["passes"])):
+        return None
+    return _figure_values([peak / p["pss_steady_bytes"] for peak, p in zip(cold_peaks, arm["passes"])], key, digits=4)
+
+
+def _cpp_wrapper(arms: dict[str, Any], fmt: str, base_source: dict[str, Any], sources: dict[str, Any],
+                 date: str) -> dict[str, Any] | None:
+    """``compiled.cpp_wrapper`` from this run: an arm of format ``fmt`` compiled on inductor's C++ wrapper
+    (``cpp-wrapper``, or ``planned`` when the plan has it) beside one on the Python wrapper
+    (``python-wrapper``, or ``planned``), interleaved; None unless both ran."""
+    def arm_on(cpp: bool) -> str | None:
+        for name in ("cpp-wrapper" if cpp else "python-wrapper", "planned"):
+            arm = arms.get(name)
+            if not arm or not arm.get("median"):
+                continue
+            arm_plan = _plan_of(arm)
+            if (arm_plan.compilation is Compilation.DEFAULT and bool(arm_plan.levers.cpp_wrapper) is cpp
+                    and str(arm_plan.weight_format) == fmt):
+                return name
+        return None
+
+    ours, control = arm_on(True), arm_on(False)
+    if ours is None or control is None:
+        return None
+    key = f"bench-{date}-cpp-wrapper"
+    sources[key] = {**base_source, "model_weights_bytes": _plan_of(arms[ours]).memory.weights_bytes,
+                    "notes": f"arm `{ours}` (inductor's C++ graph wrapper) beside `{control}` (its Python wrapper), "
+                             "compiled, interleaved: per pass a cold start (it compiles) and a warm start"}
+    out = {"decode_tok_s": _figure(arms[ours], "decode_tok_s", key),
+           "control_decode_tok_s": _figure(arms[control], "decode_tok_s", key)}
+    if all(p.get("ready_cold_s") is not None for p in arms[ours]["passes"]):
+        out["ready_cold_s"] = _figure(arms[ours], "ready_cold_s", key, 1)
+    ratio = _cold_peak_ratio(arms[ours], key)
+    if ratio is not None:
+        out["cold_peak_ratio"] = ratio
     return out
 
 

@@ -50,7 +50,9 @@ from edgectl.planner.engine import (
     choose_lm_head,
     choose_memory_levers,
     choose_topology,
+    cpp_wrapper_default,
     text_decode_attention,
+    with_cpp_wrapper,
 )
 from edgectl.planner.fit import fit_weights_and_context
 from edgectl.planner.formats import (
@@ -85,6 +87,9 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     check_request(request)
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(choose_compilation(request, profile))
+    cpp_wrapper = cpp_wrapper_default(profile, compilation)
+    if (cpp_wrapper[0] if request.bench.cpp_wrapper is None else request.bench.cpp_wrapper):
+        profile = with_cpp_wrapper(profile)  # sized, timed and predicted by the C++ wrapper's figures
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request, compilation))
@@ -94,7 +99,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         request.bench.quantize_lm_head, levers.value.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
     # after the fit: an int8 KV, asked or planned, is read by edgectl's decode attention only
     memory_levers = why.take(choose_memory_levers(request.bench, facts, topology, decode_attention=decode_attention_for(
-        request, fit.kv_dtype, text_decode_attention(facts, model))))
+        request, fit.kv_dtype, text_decode_attention(facts, model)), cpp_wrapper=cpp_wrapper))
     lm_head = choose_lm_head(request.bench, fit.weight_format)
     if fit.weight_format.is_int4:
         if fit.weight_format is not WeightFormat.W4A8:  # edgectl's blocks are 32 columns, whatever the group

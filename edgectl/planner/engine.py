@@ -6,6 +6,7 @@ unless asked; the bench switches them one at a time (``edgectl/bench/arms.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -216,6 +217,45 @@ CPP_WRAPPER_EVIDENCE = ("off: inductor's C++ wrapper (the code that calls a step
                         "in C++\"); `edgectl bench --arms planned,cpp-wrapper` measures it on other boxes")
 
 
+def cpp_wrapper_default(profile: Profile, compilation: Compilation) -> tuple[bool, str]:
+    """Whether a compiled plan's graph keeps inductor's Python wrapper or has it in C++, and why: on where
+    this class's profile measured the C++ wrapper decoding faster than the Python one in one run, beyond the
+    Python wrapper's own range (``compiled.cpp_wrapper``); off where it measured otherwise, off (with the
+    other class's evidence) where it was not measured, and nothing to choose in eager mode."""
+    if compilation is not Compilation.DEFAULT:
+        return False, "off: eager mode has no compiled graph to wrap"
+    figures = profile.compiled.cpp_wrapper if profile.compiled is not None else None
+    if figures is None:
+        return False, f"not measured on {profile.name}; {CPP_WRAPPER_EVIDENCE}"
+    ours, control = figures.decode_tok_s, figures.control_decode_tok_s
+    measured = (f"inductor's C++ wrapper (the code that calls a step's kernels and ops, in C++ instead of Python) "
+                f"decoded at {ours.describe('tok/s')} against {control.describe('tok/s')} on the Python wrapper, "
+                f"interleaved in one run on {profile.name}")
+    if ours.median <= (control.max if control.max is not None else control.median):
+        return False, (f"off: {measured}: not above the Python wrapper's range (docs/kernels.md \"The graph's "
+                       f"wrapper in C++\")")
+    cost = "".join([
+        f"; its first start compiles longer ({figures.ready_cold_s.describe('s')} to ready)"
+        if figures.ready_cold_s else "",
+        f" and peaks at {figures.cold_peak_ratio.describe('x')} the steady PSS while g++ builds it (the start "
+        "timeout and the memory limit use these)" if figures.cold_peak_ratio else ""])
+    return True, (f"on: {measured}{cost} (docs/kernels.md \"The graph's wrapper in C++\"); `edgectl bench --arms "
+                  "planned,python-wrapper` measures the other way")
+
+
+def with_cpp_wrapper(profile: Profile) -> Profile:
+    """The profile a plan with the C++ wrapper is sized and timed by: its compiled figures with the C++
+    wrapper's decode, first start and compile-time peak where the profile measured them."""
+    compiled = profile.compiled
+    if compiled is None or compiled.cpp_wrapper is None:
+        return profile
+    figures = compiled.cpp_wrapper
+    return dataclasses.replace(profile, compiled=dataclasses.replace(
+        compiled, decode_tok_s=figures.decode_tok_s,
+        ready_cold_s=figures.ready_cold_s or compiled.ready_cold_s,
+        cold_peak_ratio=figures.cold_peak_ratio or compiled.cold_peak_ratio))
+
+
 # Whether decode steps attend with edgectl's kernel (runtime/edgectl_runtime/vllm_plugin/decode_attention.py).
 DECODE_ATTENTION_VISION = (
     "on: with an image's ~1150 tokens in context a decode step's attention is most of what the image costs; "
@@ -321,12 +361,14 @@ def _embedding_pack_detail(facts: HostFacts) -> str:
 
 
 def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology = Topology.SINGLE_PROCESS,
-                         *, decode_attention: tuple[bool, str] = (False, "")) -> Decided[MemoryLevers]:
+                         *, decode_attention: tuple[bool, str] = (False, ""),
+                         cpp_wrapper: tuple[bool, str] = (False, CPP_WRAPPER_EVIDENCE)) -> Decided[MemoryLevers]:
     """What the worker's runtime holds beyond the model (docs/memory.md: each measured on SmolLM2's
     default plan against the plan without it, 3 interleaved passes on x86_64-amx). The embedding
     lever's saving depends on the host: it says which (``vllm_packs_embeddings``).
     ``decode_attention``: the planner's default for that lever and its evidence (by modality:
-    ``text_decode_attention``, ``vision_decode_attention``, ``DECODE_ATTENTION_NOT_MEASURED``)."""
+    ``text_decode_attention``, ``vision_decode_attention``, ``DECODE_ATTENTION_NOT_MEASURED``); ``cpp_wrapper``
+    likewise (:func:`cpp_wrapper_default`; off with the other class's evidence unless given)."""
     levers = MemoryLevers(
         embedding_pack=EmbeddingPack(asked.embedding_pack or EmbeddingPack.LM_HEAD),
         optional_imports=OptionalImports(asked.optional_imports or OptionalImports.SKIP),
@@ -336,7 +378,7 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
         idle_trim=(topology is Topology.SINGLE_PROCESS) if asked.idle_trim is None else asked.idle_trim,
         huge_pages=bool(asked.huge_pages),
         decode_attention=decode_attention[0] if asked.decode_attention is None else asked.decode_attention,
-        cpp_wrapper=bool(asked.cpp_wrapper),
+        cpp_wrapper=cpp_wrapper[0] if asked.cpp_wrapper is None else asked.cpp_wrapper,
     )
 
     def source(value: object) -> Source:
@@ -364,7 +406,7 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
         Reason("decode_attention", levers.decode_attention, source(asked.decode_attention),
                "asked" if asked.decode_attention is not None else decode_attention[1]),
         Reason("cpp_wrapper", levers.cpp_wrapper, source(asked.cpp_wrapper),
-               "asked" if asked.cpp_wrapper is not None else CPP_WRAPPER_EVIDENCE),
+               "asked" if asked.cpp_wrapper is not None else cpp_wrapper[1]),
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -456,13 +456,14 @@ def _figure_entries(v: dict[str, Any]) -> Iterator[tuple[str, _FigureEntry]]:
         yield "bandwidth_gbps", v["bandwidth_gbps"]
     sections = [(f"formats.{name}", entry) for name, entry in (v.get("formats") or {}).items()]
     sections += [(key, v[key]) for key in ("runtime", "compiled", "speech") if v.get(key) is not None]
-    if v.get("compiled") is not None and v["compiled"].cpp_wrapper is not None:
-        sections.append(("compiled.cpp_wrapper", v["compiled"].cpp_wrapper))
-    for prefix, section in sections:
+    while sections:
+        prefix, section = sections.pop(0)
         for f in fields(section):
             value = getattr(section, f.name)
             if isinstance(value, _FigureEntry):
                 yield f"{prefix}.{f.name}", value
+            elif value is not None and is_dataclass(value):  # a block inside a section (compiled.cpp_wrapper)
+                sections.append((f"{prefix}.{f.name}", value))
 
 
 def _default_source(sources: dict[str, _SourceEntry]) -> str | None:

@@ -46,13 +46,12 @@ from edgectl.planner.decided import Reasons
 from edgectl.planner.engine import (
     choose_batched_tokens,
     choose_compilation,
+    choose_graph_wrapper,
     choose_levers,
     choose_lm_head,
     choose_memory_levers,
     choose_topology,
-    cpp_wrapper_default,
     text_decode_attention,
-    with_cpp_wrapper,
 )
 from edgectl.planner.fit import fit_weights_and_context
 from edgectl.planner.formats import (
@@ -87,9 +86,7 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
     check_request(request)
     topology = why.take(choose_topology(request.bench))
     compilation = why.take(choose_compilation(request, profile))
-    cpp_wrapper = cpp_wrapper_default(profile, compilation)
-    if (cpp_wrapper[0] if request.bench.cpp_wrapper is None else request.bench.cpp_wrapper):
-        profile = with_cpp_wrapper(profile)  # sized, timed and predicted by the C++ wrapper's figures
+    profile, cpp_wrapper = choose_graph_wrapper(profile, compilation, request.bench.cpp_wrapper)
     cpus = why.take(choose_cpus(facts, request, profile, topology))
     costs = why.take(ledger.fixed_costs(model, profile, topology, compilation))
     formats = why.take(runnable_formats(facts, model, profile, request, compilation))

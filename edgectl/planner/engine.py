@@ -243,6 +243,15 @@ def cpp_wrapper_default(profile: Profile, compilation: Compilation) -> tuple[boo
                   "planned,python-wrapper` measures the other way")
 
 
+def choose_graph_wrapper(profile: Profile, compilation: Compilation,
+                         asked: bool | None) -> tuple[Profile, tuple[bool, str]]:
+    """The profile a plan is sized, timed and predicted by under the wrapper it will have (asked, else
+    :func:`cpp_wrapper_default`), and that default with its evidence for ``choose_memory_levers``."""
+    default = cpp_wrapper_default(profile, compilation)
+    on = default[0] if asked is None else asked
+    return (with_cpp_wrapper(profile) if on else profile), default
+
+
 def with_cpp_wrapper(profile: Profile) -> Profile:
     """The profile a plan with the C++ wrapper is sized and timed by: its compiled figures with the C++
     wrapper's decode, first start and compile-time peak where the profile measured them."""

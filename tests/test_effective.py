@@ -75,6 +75,8 @@ def test_an_engine_that_followed_the_plan_matches(name):
     ("linear_in_features", None, "input widths could not be read back"),
     ("compile", {"mode": "DYNAMO_TRACE_ONCE", "wrapper": "cpp"},
      "the compiled graph's wrapper is 'cpp', the plan says 'python'"),
+    ("lean_attention", {"path": "lean", "calls": {"lean": 300, "vllm": 0}},
+     "the path of the attention's calls into vLLM's ops is 'lean', the plan says 'vllm'"),
 ])
 def test_each_difference_is_named(field, value, says):
     p = plan()

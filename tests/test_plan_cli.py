@@ -50,7 +50,7 @@ MODEL = {"name", "path", "architecture", "checkpoint_format"}
 PROFILE = {"name", "file", "kind"}
 LEVERS = {"rope_cap", "kv_exact", "layerwise_repack", "topology", "reserve_frontend_core", "embedding_pack",
           "optional_imports", "python_optimize", "tokenizer", "idle_trim", "thread_wait", "huge_pages", "decode_attention",
-          "cpp_wrapper"}
+          "lean_attention", "cpp_wrapper"}
 MEMORY = {"weights_bytes", "kv_cache_bytes", "rope_bytes", "runtime_bytes", "workspace_bytes", "total_bytes",
           "high_bytes", "limit_bytes"}
 PREDICTED = {"decode_tok_s", "prefill_tok_s", "ready_s", "measured_on"}

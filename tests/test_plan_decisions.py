@@ -365,6 +365,21 @@ def test_cpp_wrapper_only_when_asked_sets_inductors_and_vllms_variables(asked: b
     assert why["source"] == ("default" if asked is None else "flag")
 
 
+@pytest.mark.parametrize("host", ["kvm-epyc-avx2-2c", "xeon-spr-amx-2s", "arm64-board"])
+@pytest.mark.parametrize("asked", [None, False, True])
+def test_a_text_plan_calls_vllms_attention_ops_the_lean_way_unless_asked_otherwise(host: str, asked: bool | None):
+    """On by default (the same ops with the same arguments: nothing an ISA changes), its measurement in the
+    reason; the runtime's variable follows the lever."""
+    from edgectl.contract import environment
+
+    p = make_plan(host_facts(host), shape(SMOLLM2), lean_attention=asked)
+    assert p.levers.lean_attention is (asked is not False)
+    assert environment.runtime_levers(p)["EDGECTL_LEAN_ATTENTION"] == ("0" if asked is False else "1")
+    why = reasons_by_decision(p)["lean_attention"][0]
+    assert why["source"] == ("default" if asked is None else "flag")
+    assert asked is not None or ("pairs" in why["detail"] and "x86_64-amx" in why["detail"])
+
+
 @pytest.mark.parametrize("asked", [None, False, True])
 def test_a_text_plan_attends_with_edgectls_kernel_where_it_takes_the_calls(asked: bool | None):
     from edgectl.contract import environment

@@ -31,9 +31,9 @@ ADDED_SINCE = {
     None: {"kv_cache_dtype": "auto"},
     "levers": {"embedding_pack": "vllm", "optional_imports": "load", "python_optimize": 0, "tokenizer": "vllm",
                "idle_trim": False, "thread_wait": "spin", "huge_pages": False,
-               "decode_attention": False, "cpp_wrapper": False},
+               "decode_attention": False, "lean_attention": False, "cpp_wrapper": False},
     "request": {"kv_cache_dtype": None, "embedding_pack": None, "optional_imports": None, "tokenizer": None, "idle_trim": None,
-                "python_optimize": None, "thread_wait": None, "huge_pages": None, "decode_attention": None, "cpp_wrapper": None, "speech_head": None, "speech_dtype": None,
+                "python_optimize": None, "thread_wait": None, "huge_pages": None, "decode_attention": None, "lean_attention": None, "cpp_wrapper": None, "speech_head": None, "speech_dtype": None,
                 "tower_tiles": None},
     "predicted": {"measured_on": None},
 }
@@ -113,7 +113,7 @@ def test_unknown_fields_are_refused_by_name(plan_dict):
     plan_dict["levers"]["warp"] = 9
     found = problems_of(plan_dict)
     assert any(p.startswith("plan.turbo: unknown field (known: ") for p in found), found
-    assert any(p.startswith("plan.levers.warp: unknown field (known: cpp_wrapper, decode_attention, embedding_pack, huge_pages, idle_trim, kv_exact, layerwise_repack, ") for p in found), found
+    assert any(p.startswith("plan.levers.warp: unknown field (known: cpp_wrapper, decode_attention, embedding_pack, huge_pages, idle_trim, kv_exact, layerwise_repack, lean_attention, ") for p in found), found
     assert len(found) == 2
 
 

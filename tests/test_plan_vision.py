@@ -91,6 +91,14 @@ def test_decode_steps_take_edgectls_attention_unless_asked_otherwise(vlm, asked)
     assert asked is not None or "interleaved" in why.detail
 
 
+@pytest.mark.parametrize("asked", [None, True])
+def test_the_lean_attention_path_waits_for_a_measurement_in_a_vision_engine(vlm, asked):
+    p = vision_plan(vlm, bench=BenchLevers(lean_attention=asked))
+    assert p.levers.lean_attention is bool(asked)
+    why = [r for r in p.reasons if r.decision == "lean_attention"][0]
+    assert asked is not None or "off until measured" in why.detail
+
+
 @pytest.mark.parametrize("asked", [None, 0, 4])
 def test_the_tower_encodes_two_tiles_at_a_time_unless_asked_otherwise(vlm, asked):
     """The plan's vision.tower_tiles, the runtime's variable, the reason; the room for the tower's work

@@ -133,6 +133,12 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("edgectl-attention", "worker", {"decode_attention": True},
             "the plan with decode steps on edgectl's attention kernel over the bf16 KV (on AMX hosts vLLM then writes "
             "its KV in the \"vec\" layout, its prefill on vLLM's vec kernel; read back from the worker)"),
+    ArmSpec("lean-attention", "worker", {"lean_attention": True},
+            "the plan with a decoder layer's calls into vLLM's attention ops made the lean way (the same ops and "
+            "arguments, less Python; read back from the worker)"),
+    ArmSpec("vllm-attention-calls", "worker", {"lean_attention": False},
+            "the plan with every attention call through vLLM's own methods (the control where the plan has the "
+            "lean path; read back from the worker)"),
     ArmSpec("cpp-wrapper", "worker", {"cpp_wrapper": True, "compilation": "default"},
             "the plan compiled, with inductor's graph wrapper in C++ instead of Python (TORCHINDUCTOR_CPP_WRAPPER=1, "
             "vLLM's layer names as strings; read back from the worker)"),

@@ -150,6 +150,8 @@ class Effective:
     attention_isa: tuple[str, ...] | None = None
     # whose kernel attention calls take in the worker: {"kernel": "edgectl" | "vllm", "calls": {"edgectl": n, "vllm": n}}
     decode_attention: dict[str, Any] | None = None
+    # how a decoder layer's attention reaches vLLM's ops: {"path": "lean" | "vllm", "calls": {"lean": n, "vllm": n}}
+    lean_attention: dict[str, Any] | None = None
     embedding_pack: dict[str, EmbeddingPackState] | None = None
     rope_rows: dict[str, int] | None = None
     linear_formats: dict[str, str] | None = None
@@ -264,6 +266,9 @@ def mismatches(plan: Plan, effective: Effective | Mapping[str, Any]) -> list[str
     if effective.decode_attention is not None:  # reported by workers since the lever exists
         differ("the decode attention's kernel", "edgectl" if plan.levers.decode_attention else "vllm",
                effective.decode_attention.get("kernel"))
+    if effective.lean_attention is not None:  # reported by workers since the lever exists
+        differ("the path of the attention's calls into vLLM's ops", "lean" if plan.levers.lean_attention else "vllm",
+               effective.lean_attention.get("path"))
     if effective.compile and "wrapper" in effective.compile:  # a compiled graph, reported since the lever exists
         differ("the compiled graph's wrapper", "cpp" if plan.levers.cpp_wrapper else "python",
                effective.compile["wrapper"])

@@ -83,6 +83,9 @@ _VARS = [
         "window, soft cap, ALiBi or sinks) attend with edgectl's kernel (torch.ops.edgectl.decode_attention) instead "
         "of vLLM's CPU attention op; any other call stays on vLLM's (runtime/edgectl_runtime/vllm_plugin/"
         "decode_attention.py); 0: vLLM's for every call", "0", _BOOL),
+    Var("EDGECTL_LEAN_ATTENTION", Role.OWN, "1: a decoder layer's KV write and attention call vLLM's same two CPU "
+        "ops with the same arguments and less Python (cache views made once, no keyword wrappers; "
+        "runtime/edgectl_runtime/vllm_plugin/lean_attention.py); 0: through vLLM's methods", "0", _BOOL),
     Var("EDGECTL_KV_INT8", Role.OWN, "1 (with EDGECTL_DECODE_ATTENTION=1 and vLLM's --kv-cache-dtype fp8_e4m3, "
         "which allocates one byte per value): every decoder layer's KV is edgectl's int8, a scale per token and "
         "KV head, written and read by edgectl (runtime/edgectl_runtime/vllm_plugin/kv_int8.py); 0: vLLM's KV",
@@ -268,7 +271,7 @@ def runtime_python(environ: Mapping[str, str]) -> str:
 
 # -- the plan's side of the runtime's variables -----------------------------------------------------
 
-_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_DECODE_ATTENTION", "EDGECTL_KV_INT8", "EDGECTL_TOWER_TILES",
+_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_LEAN_ATTENTION", "EDGECTL_DECODE_ATTENTION", "EDGECTL_KV_INT8", "EDGECTL_TOWER_TILES",
                    "EDGECTL_LAYERWISE_REPACK",
                    "EDGECTL_LM_HEAD",
                    "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_LINEAR_BITS", "EDGECTL_INT4_PARTS",
@@ -286,6 +289,7 @@ def runtime_levers(plan: Plan) -> dict[str, str]:
     """
     env = {
         "EDGECTL_ROPE_CAP": "1" if plan.levers.rope_cap else "0",
+        "EDGECTL_LEAN_ATTENTION": "1" if plan.levers.lean_attention else "0",
         "EDGECTL_DECODE_ATTENTION": "1" if plan.levers.decode_attention else "0",
         "EDGECTL_KV_INT8": "1" if str(plan.kv_cache_dtype) == "int8" else "0",
         "EDGECTL_LAYERWISE_REPACK": "1" if plan.levers.layerwise_repack else "0",

@@ -213,6 +213,7 @@ class BenchLevers:
     thread_wait: str | None = None  # spin | passive | spin-short
     huge_pages: bool | None = None  # PyTorch's allocations of 2 MiB or more on transparent huge pages
     decode_attention: bool | None = None  # decode steps on edgectl's attention kernel (else vLLM's)
+    lean_attention: bool | None = None  # vLLM's attention ops called with less Python (else through its methods)
     cpp_wrapper: bool | None = None  # the compiled graph's wrapper in C++ (inductor's cpp_wrapper), else Python
     speech_head: str | None = None  # a speech model's: dense | w8-scan
     speech_dtype: str | None = None  # a speech model's activations with --format w8a8: float16 | bfloat16 | float32
@@ -245,7 +246,8 @@ class Request:
                    "threads", "name", "host", "port", "topology", "rope_cap", "layerwise_repack",
                    "reserve_frontend_core", "compilation", "quantize_lm_head", "kv_cache_bytes", "kv_cache_dtype",
                    "embedding_pack", "optional_imports", "tokenizer", "idle_trim", "python_optimize", "thread_wait",
-                   "huge_pages", "decode_attention", "cpp_wrapper", "speech_head", "speech_dtype", "tower_tiles", "watchdog_s")
+                   "huge_pages", "decode_attention", "lean_attention", "cpp_wrapper", "speech_head", "speech_dtype",
+                   "tower_tiles", "watchdog_s")
 
     @classmethod
     def from_flat(cls, **values: Any) -> Request:
@@ -311,6 +313,8 @@ class Levers:
     huge_pages: bool = field(default=False, kw_only=True)
     # decode steps attend with edgectl's kernel over the bf16 KV (EDGECTL_DECODE_ATTENTION), vLLM's otherwise
     decode_attention: bool = field(default=False, kw_only=True)
+    # a decoder layer's KV write and attention call vLLM's C++ ops directly, with less Python (EDGECTL_LEAN_ATTENTION)
+    lean_attention: bool = field(default=False, kw_only=True)
     # compiled mode: inductor writes the graph's wrapper (the code calling each kernel and op of a step) in C++
     # instead of Python (TORCHINDUCTOR_CPP_WRAPPER, with vLLM's layer names as plain strings: VLLM_USE_LAYERNAME=0)
     cpp_wrapper: bool = field(default=False, kw_only=True)

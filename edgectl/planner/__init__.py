@@ -44,6 +44,7 @@ from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Reasons
 from edgectl.planner.engine import (
+    LEAN_ATTENTION_TEXT,
     choose_batched_tokens,
     choose_compilation,
     choose_graph_wrapper,
@@ -95,8 +96,9 @@ def plan(facts: HostFacts, model: ModelFacts, profiles: Sequence[Profile], reque
         facts.memory.budget_bytes, model, profile, request, formats, group_size.value,
         request.bench.quantize_lm_head, levers.value.rope_cap, costs, kv_dtype_candidates(facts, model, request)))
     # after the fit: an int8 KV, asked or planned, is read by edgectl's decode attention only
-    memory_levers = why.take(choose_memory_levers(request.bench, facts, topology, decode_attention=decode_attention_for(
-        request, fit.kv_dtype, text_decode_attention(facts, model)), cpp_wrapper=cpp_wrapper))
+    memory_levers = why.take(choose_memory_levers(
+        request.bench, facts, topology, cpp_wrapper=cpp_wrapper, lean_attention=(True, LEAN_ATTENTION_TEXT),
+        decode_attention=decode_attention_for(request, fit.kv_dtype, text_decode_attention(facts, model))))
     lm_head = choose_lm_head(request.bench, fit.weight_format)
     if fit.weight_format.is_int4:
         if fit.weight_format is not WeightFormat.W4A8:  # edgectl's blocks are 32 columns, whatever the group

@@ -180,6 +180,7 @@ class MemoryLevers:
     idle_trim: bool = True
     huge_pages: bool = False
     decode_attention: bool = False
+    lean_attention: bool = False
     cpp_wrapper: bool = False
 
     def levers(self, *, rope_cap: bool, layerwise_repack: bool, topology: Topology,
@@ -190,7 +191,7 @@ class MemoryLevers:
                       optional_imports=self.optional_imports, python_optimize=self.python_optimize,
                       tokenizer=self.tokenizer, idle_trim=self.idle_trim, thread_wait=thread_wait,
                       huge_pages=self.huge_pages, decode_attention=self.decode_attention,
-                      cpp_wrapper=self.cpp_wrapper)
+                      lean_attention=self.lean_attention, cpp_wrapper=self.cpp_wrapper)
 
 
 # Why the worker gives freed heap memory back when it goes quiet (measured, docs/memory.md "Freed but resident").
@@ -263,6 +264,20 @@ def with_cpp_wrapper(profile: Profile) -> Profile:
         compiled, decode_tok_s=figures.decode_tok_s,
         ready_cold_s=figures.ready_cold_s or compiled.ready_cold_s,
         cold_peak_ratio=figures.cold_peak_ratio or compiled.cold_peak_ratio))
+
+
+# Whether a decoder layer's calls reach vLLM's attention ops with less Python
+# (runtime/edgectl_runtime/vllm_plugin/lean_attention.py: the same ops, the same arguments).
+LEAN_ATTENTION_TEXT = (
+    "on: a decoder layer's KV write and attention call vLLM's same two C++ ops with the same arguments, without "
+    "the cache views, slices and keyword wrappers of its methods at every call: SmolLM2-135M 1.05-1.13x decode in "
+    "16 alternating pairs on the C++ graph wrapper and 1.07-1.12x in 8 on the Python one, the same greedy text in "
+    "every pair (x86_64-amx, by hand in one server, docs/kernels.md \"On x86_64-amx the C++ wrapper pays\"); "
+    "`edgectl bench --arms planned,vllm-attention-calls` measures it")
+LEAN_ATTENTION_NOT_MEASURED = (
+    "off until measured in this modality's engine: the lean path into vLLM's attention ops is measured on text "
+    "models (docs/kernels.md \"On x86_64-amx the C++ wrapper pays\"); `edgectl bench --arms "
+    "planned,lean-attention` measures it here")
 
 
 # Whether decode steps attend with edgectl's kernel (runtime/edgectl_runtime/vllm_plugin/decode_attention.py).
@@ -371,13 +386,15 @@ def _embedding_pack_detail(facts: HostFacts) -> str:
 
 def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology = Topology.SINGLE_PROCESS,
                          *, decode_attention: tuple[bool, str] = (False, ""),
+                         lean_attention: tuple[bool, str] = (False, LEAN_ATTENTION_NOT_MEASURED),
                          cpp_wrapper: tuple[bool, str] = (False, CPP_WRAPPER_EVIDENCE)) -> Decided[MemoryLevers]:
     """What the worker's runtime holds beyond the model (docs/memory.md: each measured on SmolLM2's
     default plan against the plan without it, 3 interleaved passes on x86_64-amx). The embedding
     lever's saving depends on the host: it says which (``vllm_packs_embeddings``).
     ``decode_attention``: the planner's default for that lever and its evidence (by modality:
-    ``text_decode_attention``, ``vision_decode_attention``, ``DECODE_ATTENTION_NOT_MEASURED``); ``cpp_wrapper``
-    likewise (:func:`cpp_wrapper_default`; off with the other class's evidence unless given)."""
+    ``text_decode_attention``, ``vision_decode_attention``, ``DECODE_ATTENTION_NOT_MEASURED``); ``lean_attention``
+    likewise (``LEAN_ATTENTION_TEXT``; off, not measured, unless given); ``cpp_wrapper`` likewise
+    (:func:`cpp_wrapper_default`; off with the other class's evidence unless given)."""
     levers = MemoryLevers(
         embedding_pack=EmbeddingPack(asked.embedding_pack or EmbeddingPack.LM_HEAD),
         optional_imports=OptionalImports(asked.optional_imports or OptionalImports.SKIP),
@@ -387,6 +404,7 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
         idle_trim=(topology is Topology.SINGLE_PROCESS) if asked.idle_trim is None else asked.idle_trim,
         huge_pages=bool(asked.huge_pages),
         decode_attention=decode_attention[0] if asked.decode_attention is None else asked.decode_attention,
+        lean_attention=lean_attention[0] if asked.lean_attention is None else asked.lean_attention,
         cpp_wrapper=cpp_wrapper[0] if asked.cpp_wrapper is None else asked.cpp_wrapper,
     )
 
@@ -414,6 +432,8 @@ def choose_memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topolog
                "asked" if asked.huge_pages is not None else HUGE_PAGES_EVIDENCE),
         Reason("decode_attention", levers.decode_attention, source(asked.decode_attention),
                "asked" if asked.decode_attention is not None else decode_attention[1]),
+        Reason("lean_attention", levers.lean_attention, source(asked.lean_attention),
+               "asked" if asked.lean_attention is not None else lean_attention[1]),
         Reason("cpp_wrapper", levers.cpp_wrapper, source(asked.cpp_wrapper),
                "asked" if asked.cpp_wrapper is not None else cpp_wrapper[1]),
     )

@@ -280,6 +280,7 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         compile_cache,
         decode_attention,
         kv_int8,
+        lean_attention,
         tower_tiles,
     )
 
@@ -313,6 +314,8 @@ def collect_worker_facts(worker) -> dict[str, Any]:
         "attention_isa": sorted({str(m.isa) for m in attention_layers if hasattr(m, "isa")}),
         # whose kernel the attention calls of this process took: {"kernel": edgectl | vllm, "calls": {...}}
         "decode_attention": decode_attention.counts(),
+        # how a decoder layer's calls reach vLLM's attention ops: {"path": lean | vllm, "calls": {...}}
+        "lean_attention": lean_attention.counts(),
         # the vision tower's batches: the lever as installed, the tower's calls and the batches they ran as
         "tower_tiles": tower_tiles.counts(),
         "embedding_pack": {p["name"]: {"state": p["state"], "lm_head": p["lm_head"]}

@@ -13,6 +13,8 @@ worker: ``vllm/plugins/__init__.py`` ``load_general_plugins``), before any model
   ``whisper_english.py``: tiny.en prompted without a language and a task);
 - registers edgectl's fused RMSNorm as provider ``edgectl`` of vLLM's norm IR ops
   (``fused_norm.py``), used only by a server whose ``ir_op_priority`` names it;
+- calls vLLM's attention ops with less Python if ``EDGECTL_LEAN_ATTENTION=1`` (``lean_attention.py``;
+  the same ops with the same arguments; off by default for the same reason as the RoPE cap below);
 - puts decode steps on edgectl's attention kernel if ``EDGECTL_DECODE_ATTENTION=1``
   (``decode_attention.py``; off by default for the same reason as the RoPE cap below);
 - has a vision tower encode an image's tiles a few at a time if ``EDGECTL_TOWER_TILES`` is above 0
@@ -42,6 +44,7 @@ def register() -> None:
         decode_attention,
         fused_norm,
         gguf_loader,
+        lean_attention,
         rope,
         tower_tiles,
     )
@@ -49,6 +52,7 @@ def register() -> None:
     register_whisper()
     request_amx()
     capped = rope.install(os.environ)
+    lean = lean_attention.install(os.environ)  # before decode_attention, which wraps the methods it replaces
     attention = decode_attention.install(os.environ)
     tiles = tower_tiles.install(os.environ)
     norms = fused_norm.register()
@@ -56,9 +60,10 @@ def register() -> None:
 
     compile_cache.install(os.environ)
     pack = embedding.install(os.environ)
-    logger.debug("edgectl plugin: %s registered, norms %s, RoPE cap %s, embedding pack %s, decode attention %s, "
-                 "tower tiles a batch %s", cpu_int4.NAME, norms or "unavailable", "on" if capped else "off", pack,
-                 "edgectl" if attention else "vllm", tiles or "all")
+    logger.debug("edgectl plugin: %s registered, norms %s, RoPE cap %s, embedding pack %s, attention calls %s, "
+                 "decode attention %s, tower tiles a batch %s", cpu_int4.NAME, norms or "unavailable",
+                 "on" if capped else "off", pack, "lean" if lean else "vllm", "edgectl" if attention else "vllm",
+                 tiles or "all")
 
 
 def register_whisper() -> None:

@@ -36,6 +36,7 @@ import torch
 from edgectl.contract import environment as runtime_env
 from edgectl.contract.decode_attention import MAX_BLOCK, shape_refused
 from edgectl_runtime.vllm_plugin import kv_int8
+from edgectl_runtime.vllm_plugin.lean_attention import cache_halves
 
 logger = logging.getLogger("edgectl.decode_attention")
 
@@ -44,7 +45,6 @@ _ORIGINAL_ISA: list = []  # vLLM's _get_attn_isa, once installed
 _DECODER: list = []  # vLLM's AttentionType.DECODER, looked up once
 _COUNTS = {"edgectl": 0, "vllm": 0, "edgectl_prefill": 0}  # edgectl_prefill: an int8 KV's other calls
 _FITS = "_edgectl_decode_attention_fits"  # layer_fits' answer, kept on the vLLM attention impl
-_HALVES = "_edgectl_decode_attention_halves"  # (the layer's KV cache, its key and value views), kept likewise
 
 
 def layer_fits(impl, layer) -> bool:
@@ -90,22 +90,11 @@ def _forward(self, layer, query, key, value, kv_cache, attn_metadata, output, ou
         return _ORIGINAL[0](self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                             output_block_scale)
     tokens = attn_metadata.num_actual_tokens
-    key_cache, value_cache = _halves(self, kv_cache)
+    key_cache, value_cache = cache_halves(self, kv_cache)
     torch.ops.edgectl.decode_attention(query[:tokens], key_cache, value_cache, output[:tokens], attn_metadata.seq_lens,
                                        attn_metadata.block_table, self.scale)
     _COUNTS["edgectl"] += 1
     return output
-
-
-def _halves(impl, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The key and value halves of a layer's cache, as vLLM's forward views them; made once per cache
-    tensor (a layer keeps its cache for the engine's life) instead of at every call of every step."""
-    kept = impl.__dict__.get(_HALVES)
-    if kept is None or kept[0] is not kv_cache:
-        blocks, kv_heads, block_size, _ = kv_cache.size()
-        key_cache, value_cache = kv_cache.view(blocks, kv_heads, block_size * 2, -1).chunk(2, dim=2)
-        kept = impl.__dict__[_HALVES] = (kv_cache, key_cache, value_cache)
-    return kept[1], kept[2]
 
 
 def install(environ: Mapping[str, str]) -> bool:

@@ -42,6 +42,9 @@ _orig = wk.one_openmp_thread_by_default
 
 def _hook(*a, **k):
     out = _orig(*a, **k)  # the plan's environment is set and the plugin registered when vLLM is imported
+    from edgectl_runtime.vllm_plugin.lean import skip_optional_imports
+
+    skip_optional_imports()  # as the worker would before vLLM's first import
     from vllm import plugins
 
     plugins.load_general_plugins()

@@ -107,6 +107,7 @@ def test_worker_settings_for_whisper(whisper):
     why = reasons_by_decision(p)
     assert p.levers.python_optimize == 0, why["python_optimize"]  # transformers' Whisper needs its docstrings
     assert p.levers.tokenizer == "vllm"
+    assert p.levers.lean_attention is False and "off until measured" in why["lean_attention"][0]["detail"]
     assert p.compilation == "eager"
     assert p.env["VLLM_MAX_AUDIO_DECODE_DURATION_S"] == "600"
     assert p.env["VLLM_MAX_AUDIO_CLIP_FILESIZE_MB"] == "24"  # 25 MB in MiB, rounded up

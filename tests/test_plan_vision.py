@@ -91,12 +91,15 @@ def test_decode_steps_take_edgectls_attention_unless_asked_otherwise(vlm, asked)
     assert asked is not None or "interleaved" in why.detail
 
 
-@pytest.mark.parametrize("asked", [None, True])
-def test_the_lean_attention_path_waits_for_a_measurement_in_a_vision_engine(vlm, asked):
+@pytest.mark.parametrize("asked", [None, False, True])
+def test_the_language_model_calls_vllms_attention_ops_the_lean_way_unless_asked_otherwise(vlm, asked):
+    from edgectl.contract import environment
+
     p = vision_plan(vlm, bench=BenchLevers(lean_attention=asked))
-    assert p.levers.lean_attention is bool(asked)
+    assert p.levers.lean_attention is (asked is not False)
+    assert environment.runtime_levers(p)["EDGECTL_LEAN_ATTENTION"] == ("0" if asked is False else "1")
     why = [r for r in p.reasons if r.decision == "lean_attention"][0]
-    assert asked is not None or "off until measured" in why.detail
+    assert asked is not None or "synth-smolvlm-256m" in why.detail
 
 
 @pytest.mark.parametrize("asked", [None, 0, 4])

@@ -275,6 +275,12 @@ LEAN_ATTENTION_TEXT = (
     "held to AVX2 (emulated) 236.5 against 218.1 (x86_64-amx, 3 interleaved passes each, every arm quiet, the same "
     "greedy text in 24 pairs by hand; docs/kernels.md \"On x86_64-amx the C++ wrapper pays, and the planner decides "
     "it from the profile\"); `edgectl bench --arms planned,vllm-attention-calls` measures it")
+LEAN_ATTENTION_VISION = (
+    "on: the language model's calls into vLLM's attention ops the lean way (the same ops, the same arguments): "
+    "synth-smolvlm-256m decoded with an image in context at 165.4 [159.1-170.3] tok/s against 153.0 [148.4-154.6] "
+    "through vLLM's methods, text-only 186.3 against 171.6, the time to the first token unchanged (x86_64-amx, "
+    "3 interleaved passes, both arms quiet; docs/vision.md \"The lean path into vLLM's attention ops\"); "
+    "`edgectl bench --arms planned,vllm-attention-calls` measures it")
 LEAN_ATTENTION_NOT_MEASURED = (
     "off until measured in this modality's engine: the lean path into vLLM's attention ops is measured on text "
     "models (docs/kernels.md \"On x86_64-amx the C++ wrapper pays, and the planner decides it from the profile\"); "

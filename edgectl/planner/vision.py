@@ -54,6 +54,7 @@ from edgectl.planner import ledger
 from edgectl.planner.cpus import choose_cpus
 from edgectl.planner.decided import Decided, Reasons
 from edgectl.planner.engine import (
+    LEAN_ATTENTION_VISION,
     MemoryLevers,
     choose_batched_tokens,
     choose_levers,
@@ -285,7 +286,7 @@ def _memory_levers(asked: BenchLevers, facts: HostFacts, model: ModelFacts, topo
                    kv_dtype: KvCacheDtype) -> Decided[MemoryLevers]:
     """The text planner's memory levers, but the tokenizer as vLLM keeps it (a vision model has a processor
     beside its tokenizer, which the lean lever does not handle) and no python -OO (not tried with it)."""
-    levers = choose_memory_levers(asked, facts, topology,
+    levers = choose_memory_levers(asked, facts, topology, lean_attention=(True, LEAN_ATTENTION_VISION),
                                   decode_attention=decode_attention_for(request, kv_dtype, vision_decode_attention(facts, model)))
     kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
     optimize = 0 if asked.python_optimize is None else asked.python_optimize

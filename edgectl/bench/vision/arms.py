@@ -35,6 +35,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgectl.bench.arms import ARMS as TEXT_ARMS
 from edgectl.bench.arms import (
     ArmSpec,
     BenchContext,
@@ -56,11 +57,8 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("edgectl-attention", "worker", {"decode_attention": True},
             "edgectl's vision plan with decode steps on edgectl's attention kernel (on AMX hosts vLLM then writes its "
             "KV in the \"vec\" layout, its prefill on vLLM's vec kernel; read back from the worker)"),
-    ArmSpec("lean-attention", "worker", {"lean_attention": True},
-            "edgectl's vision plan with its language model's calls into vLLM's attention ops made the lean way (the "
-            "same ops and arguments, less Python; read back from the worker)"),
-    ArmSpec("vllm-attention-calls", "worker", {"lean_attention": False},
-            "edgectl's vision plan with every attention call through vLLM's own methods"),
+    # the language model's lever as the text bench has it (a decoder layer's calls; the tower never takes them)
+    TEXT_ARMS["lean-attention"], TEXT_ARMS["vllm-attention-calls"],
     ArmSpec("w4a8", "worker", {"weight_format": "w4a8"},
             "edgectl's vision plan with its language model in edgectl's 4-bit blocks (int8 activations, int8 head), "
             "the tower and connector bf16"),

@@ -271,7 +271,8 @@ def runtime_python(environ: Mapping[str, str]) -> str:
 
 # -- the plan's side of the runtime's variables -----------------------------------------------------
 
-_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_LEAN_ATTENTION", "EDGECTL_DECODE_ATTENTION", "EDGECTL_KV_INT8", "EDGECTL_TOWER_TILES",
+_RUNTIME_LEVERS = ("EDGECTL_ROPE_CAP", "EDGECTL_LEAN_ATTENTION", "EDGECTL_DECODE_ATTENTION", "EDGECTL_KV_INT8",
+                   "EDGECTL_TOWER_TILES",
                    "EDGECTL_LAYERWISE_REPACK",
                    "EDGECTL_LM_HEAD",
                    "EDGECTL_INT4_GROUP_SIZE", "EDGECTL_INT4_KERNEL", "EDGECTL_LINEAR_BITS", "EDGECTL_INT4_PARTS",

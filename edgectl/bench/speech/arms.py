@@ -64,6 +64,9 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("planned-head-dense", "worker", {"speech_head": "dense"},
             "edgectl's plan with the logits from the dense table in the model's dtype (no int8 scan)"),
     ArmSpec("planned-1-thread", "worker", {"threads": 1}, "edgectl's plan on one OpenMP thread"),
+    ArmSpec("planned-lean-attention", "worker", {"lean_attention": True},
+            "edgectl's plan with the decoder's self-attention calls into vLLM's attention ops made the lean way "
+            "(the same ops, the same arguments; cross-attention and the encoder keep vLLM's methods)"),
     ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
                                        "with its defaults (the served name, host and port only; edgectl's plugin "
                                        "left out)"),

@@ -107,7 +107,12 @@ def test_worker_settings_for_whisper(whisper):
     why = reasons_by_decision(p)
     assert p.levers.python_optimize == 0, why["python_optimize"]  # transformers' Whisper needs its docstrings
     assert p.levers.tokenizer == "vllm"
-    assert p.levers.lean_attention is False and "off until measured" in why["lean_attention"][0]["detail"]
+    assert p.levers.lean_attention is True and "planned-vllm-attention-calls" in why["lean_attention"][0]["detail"]
+    from edgectl.contract.environment import runtime_levers
+
+    assert runtime_levers(p)["EDGECTL_LEAN_ATTENTION"] == "1"
+    asked = speech_plan(whisper, lean_attention=False)  # the bench's planned-vllm-attention-calls arm
+    assert asked.levers.lean_attention is False and runtime_levers(asked)["EDGECTL_LEAN_ATTENTION"] == "0"
     assert p.compilation == "eager"
     assert p.env["VLLM_MAX_AUDIO_DECODE_DURATION_S"] == "600"
     assert p.env["VLLM_MAX_AUDIO_CLIP_FILESIZE_MB"] == "24"  # 25 MB in MiB, rounded up

@@ -293,10 +293,23 @@ def _compilation(request: Request) -> Decided[Compilation]:
         "eager: the profile's compiled-mode figures are for a text model; no compile at the first start"))
 
 
+# Whether the decoder's self-attention calls vLLM's attention ops the lean way (the text plan's lever,
+# engine.LEAN_ATTENTION_TEXT; docs/speech.md "The lean path into vLLM's attention ops").
+LEAN_ATTENTION_SPEECH = (
+    "on: the decoder's self-attention calls vLLM's same two C++ ops with the same arguments, with less Python "
+    "(cross-attention and the encoder keep vLLM's methods): whisper-base's 30 s clip at RTF 0.032 [0.031-0.033] "
+    "against 0.038 [0.035-0.043] through vLLM's methods, four clips at once 49.8 [47.2-51.6] against 44.8 "
+    "[42.2-44.9] audio-s/s (both arms quiet); in a run an hour before, vLLM's arm noisy, 0.037 against 0.033 "
+    "and 46.1 against 51.6 with the ranges overlapping; the same transcripts of all 24 clips in both "
+    "(x86_64-avx512-bf16, 3 interleaved passes each); `edgectl bench --arms planned,planned-vllm-attention-calls` "
+    "measures it")
+
+
 def _memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:
     """The text planner's memory levers, but the tokenizer as vLLM keeps it: a Whisper model has a
     processor (the feature extractor) beside its tokenizer, which the lean lever does not handle."""
-    levers = choose_memory_levers(asked, facts, topology, decode_attention=(False, DECODE_ATTENTION_NOT_MEASURED))
+    levers = choose_memory_levers(asked, facts, topology, decode_attention=(False, DECODE_ATTENTION_NOT_MEASURED),
+                                  lean_attention=(True, LEAN_ATTENTION_SPEECH))
     kept = tuple(r for r in levers.reasons if r.decision not in ("tokenizer", "python_optimize"))
     optimize = 0 if asked.python_optimize is None else asked.python_optimize
     value = replace(levers.value, tokenizer=TokenizerLever.VLLM, python_optimize=optimize)

@@ -67,6 +67,8 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
     ArmSpec("planned-lean-attention", "worker", {"lean_attention": True},
             "edgectl's plan with the decoder's self-attention calls into vLLM's attention ops made the lean way "
             "(the same ops, the same arguments; cross-attention and the encoder keep vLLM's methods)"),
+    ArmSpec("planned-vllm-attention-calls", "worker", {"lean_attention": False},
+            "edgectl's plan with every attention call through vLLM's own methods (the control of the lean path)"),
     ArmSpec("stock", "vllm-stock", {}, "vLLM as it ships: python -m vllm.entrypoints.openai.api_server --model DIR "
                                        "with its defaults (the served name, host and port only; edgectl's plugin "
                                        "left out)"),

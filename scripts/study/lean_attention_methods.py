@@ -5,7 +5,8 @@ compiled graph and one KV cache are measured both ways in alternating requests (
 
 ``kill -USR2 <pid>`` swaps vLLM's two CPU attention methods and the lean ones (it starts on vLLM's); the
 switch's state is appended to /tmp/lean_attention.txt at each switch. Run it as the worker is run, on a
-plan with the lever on and edgectl's decode attention off (its wrapper sits above these methods):
+plan with the lever on; with edgectl's decode attention on too, its wrapper stays and what it falls back to
+(prompts; the KV write is the class's method either way) is swapped:
 
     /opt/edgectl/venv/bin/python -OO -P scripts/study/lean_attention_methods.py --plan PLAN.json
 
@@ -26,13 +27,15 @@ def _switch(*_):
     cls = cpu_attn.CPUAttentionBackendImpl
     from edgectl_runtime.vllm_plugin import decode_attention
 
-    if not lean_attention._ORIGINAL or decode_attention._ORIGINAL:  # the lever off, or a wrapper above it
+    if not lean_attention._ORIGINAL:  # the lever off
         return
     LEAN[0] = not LEAN[0]
-    if LEAN[0]:
-        cls.forward, cls.do_kv_cache_update = lean_attention._forward, lean_attention._update
+    forward = lean_attention._forward if LEAN[0] else lean_attention._ORIGINAL["forward"]
+    cls.do_kv_cache_update = lean_attention._update if LEAN[0] else lean_attention._ORIGINAL["update"]
+    if decode_attention._ORIGINAL:  # edgectl's decode attention wraps the forward: swap what it falls back to
+        decode_attention._ORIGINAL[0] = forward
     else:
-        cls.forward, cls.do_kv_cache_update = lean_attention._ORIGINAL["forward"], lean_attention._ORIGINAL["update"]
+        cls.forward = forward
     with open("/tmp/lean_attention.txt", "a") as f:
         f.write(f"lean {'on' if LEAN[0] else 'off'}\n")
 

@@ -190,3 +190,12 @@ def test_the_precompiled_header_goes_to_the_inductor_cache_when_one_is_set(tmp_p
     got = compile_cache.install_header_dir({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     assert got == str(tmp_path / "inductor" / "precompiled_headers") == codecache._HEADER_DIR
     assert codecache._HEADER_LOCK_DIR == str(tmp_path / "inductor" / "precompiled_headers" / "locks")
+
+
+def test_the_compile_facts_cross_vllms_process_boundary():
+    # in vLLM's multi-process topology the read-back (compile facts among it) returns through vLLM's msgpack,
+    # which refuses a str subclass such as torch's TorchVersion: the engine's output thread died on it
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    for factors in (compile_cache.key_factors({}), compile_cache._isa_candidates_and_factors()[1]):
+        assert MsgpackDecoder().decode(MsgpackEncoder().encode(factors)) == factors

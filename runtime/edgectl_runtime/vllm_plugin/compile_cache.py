@@ -150,7 +150,7 @@ def key_factors(environ: Mapping[str, str]) -> dict[str, Any]:
         "schema": "edgectl.compile-key/2",
         "edgectl": edgectl_version,
         "edgectl_runtime_sources": _runtime_sources_digest(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a TorchVersion, which vLLM's msgpack refuses between processes
         "python": sys.version.split()[0],
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "avx512": bool(torch.cpu._is_avx512_supported()),
@@ -204,7 +204,7 @@ def _isa_candidates_and_factors() -> tuple[list[str], dict[str, Any]]:
     candidates = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list
                   if all(flag in cpu for flag in str(isa).split())]
     compiler = cpp_builder.get_cpp_compiler()
-    return candidates, {"torch": torch.__version__, "machine": platform.machine(), "cpu_isa": cpu,
+    return candidates, {"torch": str(torch.__version__), "machine": platform.machine(), "cpu_isa": cpu,
                         "compiler": compiler, "compiler_version": cpp_builder.get_compiler_version_info(compiler)}
 
 

@@ -8,6 +8,7 @@ process, so a lever that silently did not apply fails here rather than passing f
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import socket
@@ -177,6 +178,20 @@ def test_the_memory_attribution_adds_up_and_reads_the_levers_back(server):
     assert att["details"]["process"]["python_optimize"] == 2
     packs = {p["name"]: p["state"] for p in att["details"]["embedding_pack"]}
     assert packs == _packs_expected(plan), packs
+
+
+@pytest.mark.engine
+def test_a_started_worker_keeps_no_gloo_transport_threads(server):
+    # vLLM opens 13 one-rank gloo groups whose transport threads wake 100 times a second each; the worker
+    # destroys them once the engine has started, and the threads end with them (counted in /proc here)
+    base, plan = server
+    eff = _get(base, "/edgectl/effective")
+    assert eff["gloo_groups"]["released"] >= 2 and eff["gloo_groups"]["transport_threads"] == 0, eff["gloo_groups"]
+    names = [Path(f).read_text().strip() for f in glob.glob(f"/proc/{eff['server_pid']}/task/*/comm")]
+    assert names and "gloo_tcp_loop" not in names, sorted(set(names))
+    comp = _post(base, "/v1/completions", {"model": "smollm2-135m", "prompt": "The capital of France is",
+                                           "max_tokens": 4, "temperature": 0})
+    assert comp["usage"]["completion_tokens"] == 4  # and it still serves
 
 
 @pytest.mark.engine

@@ -167,6 +167,8 @@ class Effective:
     threads: int | None = None
     thread_wait: str | None = None  # spin | passive | active: OMP_WAIT_POLICY as the worker's OpenMP runtime read it
     omp_cpus: tuple[int, ...] | None = None
+    # vLLM's one-rank gloo groups after start: {"released": n, "transport_threads": n left} or {"kept": why, ...}
+    gloo_groups: dict[str, Any] | None = None
     speech_head: str | None = None  # a Whisper's: dense | w8-scan, as its model class computes the logits
     # a vision tower's batches: {"tiles": the lever as installed (0: not), "calls": n, "batches": n}
     tower_tiles: dict[str, int] | None = None

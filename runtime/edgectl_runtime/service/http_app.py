@@ -25,10 +25,16 @@ def add_edgectl_routes(app, service: Service) -> None:
                      "audio_seconds": service.audio_seconds, "transcriptions": service.transcriptions,
                      "images_served": service.images_served, "image_requests": service.image_requests})
         if service.plan.topology is Topology.SINGLE_PROCESS:  # the model runs here: its attention calls so far
-            from edgectl_runtime.vllm_plugin import decode_attention, lean_attention
+            from edgectl_runtime.vllm_plugin import (
+                decode_attention,
+                gloo_groups,
+                lean_attention,
+            )
 
             body["decode_attention"] = decode_attention.counts()
             body["lean_attention"] = lean_attention.counts()
+            if body.get("gloo_groups") is not None:  # counted now, not only when they were released
+                body["gloo_groups"] = {**body["gloo_groups"], "transport_threads": gloo_groups.gloo_transport_threads()}
         return JSONResponse(body)
 
     # For a supervisor that probes instead of listening for sd_notify (Kubernetes):

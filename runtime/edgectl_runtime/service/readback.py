@@ -358,3 +358,9 @@ class ReadbackExtension:
     def edgectl_effective(self) -> dict[str, Any]:
         """What the edgectl worker checks against its plan (``edgectl/contract/effective.py``)."""
         return collect_worker_facts(self)
+
+    def edgectl_release_gloo_groups(self) -> dict[str, int | str]:
+        """vLLM's one-rank gloo groups destroyed, in the worker process (``vllm_plugin/gloo_groups.py``)."""
+        from edgectl_runtime.vllm_plugin.gloo_groups import release_one_rank_groups
+
+        return release_one_rank_groups(self)

@@ -163,6 +163,7 @@ async def serve(plan: Plan, service: Service) -> None:
         service.phase = "checking"
         notifier.status("checking the effective settings against the plan")
         await _check_effective(plan, service, engine_client)
+        await _release_gloo_groups(plan, service, engine_client)
 
         supported_tasks = await engine_client.get_supported_tasks()
         app = build_app(args, supported_tasks, engine_client.model_config)
@@ -230,6 +231,20 @@ async def _check_effective(plan: Plan, service: Service, engine_client) -> None:
             log.error("effective setting differs from the plan: %s", p)
         raise Refused("refusing to serve: " + "; ".join(problems), code=EXIT_MISMATCH)
     log.info("effective settings match the plan: %s", json.dumps(_summary(effective)))
+
+
+async def _release_gloo_groups(plan: Plan, service: Service, engine_client) -> None:
+    """vLLM's one-rank gloo groups destroyed once the engine has started: their transport threads
+    wake 100 times a second each (``vllm_plugin/gloo_groups.py``); what was done is read back."""
+    if plan.topology is Topology.SINGLE_PROCESS:
+        from edgectl_runtime.vllm_plugin.gloo_groups import release_one_rank_groups
+
+        results = await engine_client.collective_rpc(release_one_rank_groups)
+    else:
+        results = await engine_client.collective_rpc("edgectl_release_gloo_groups")
+    done = results[0] if isinstance(results, list) else results
+    service.effective["gloo_groups"] = done
+    log.info("vLLM's gloo groups: %s", json.dumps(done))
 
 
 def _uvicorn_log_kwargs(args) -> dict[str, Any]:

@@ -300,9 +300,11 @@ LEAN_ATTENTION_SPEECH = (
     "(cross-attention and the encoder keep vLLM's methods): whisper-base's 30 s clip at RTF 0.032 [0.031-0.033] "
     "against 0.038 [0.035-0.043] through vLLM's methods, four clips at once 49.8 [47.2-51.6] against 44.8 "
     "[42.2-44.9] audio-s/s (both arms quiet); in a run an hour before, vLLM's arm noisy, 0.037 against 0.033 "
-    "and 46.1 against 51.6 with the ranges overlapping; the same transcripts of all 24 clips in both "
-    "(x86_64-avx512-bf16, 3 interleaved passes each); `edgectl bench --arms planned,planned-vllm-attention-calls` "
-    "measures it")
+    "and 46.1 against 51.6 with the ranges overlapping; in a third, three hours after, vLLM's arm noisy and "
+    "ahead by the medians (0.038 against 0.043, 43.0 against 38.4); the same transcripts of all 24 clips in all "
+    "three (x86_64-avx512-bf16, 3 interleaved passes each): the runs do not separate the arms on that class, and "
+    "it stays on because it computes the same with less Python; `edgectl bench --arms "
+    "planned,planned-vllm-attention-calls` measures it")
 
 
 def _memory_levers(asked: BenchLevers, facts: HostFacts, topology: Topology) -> Decided[MemoryLevers]:

@@ -105,6 +105,14 @@ def refused_test_faults(environ, proc_self_cgroup: str | None = None) -> list[st
             f"remove it (systemctl show {unit} -p Environment)" for name in names]
 
 
+async def _in_model_worker(engine_client, plan: Plan, function, extension_method: str) -> Any:
+    """Run ``function(worker)`` where the model is: handed over directly in the single-process topology, by
+    the name of its ``ReadbackExtension`` method in vLLM's own (the function cannot cross the processes)."""
+    results = await engine_client.collective_rpc(
+        function if plan.topology is Topology.SINGLE_PROCESS else extension_method)
+    return results[0] if isinstance(results, list) else results
+
+
 async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
     """The settings the running engine actually has, read from the process that holds the model."""
     from edgectl_runtime.service.readback import (
@@ -113,11 +121,7 @@ async def read_effective(engine_client, plan: Plan) -> dict[str, Any]:
     )
     from edgectl_runtime.vllm_plugin.lean import optional_imports_state, tokenizer_state
 
-    if plan.topology is Topology.SINGLE_PROCESS:
-        results = await engine_client.collective_rpc(collect_worker_facts)
-    else:
-        results = await engine_client.collective_rpc("edgectl_effective")
-    worker = results[0] if isinstance(results, list) else results
+    worker = await _in_model_worker(engine_client, plan, collect_worker_facts, "edgectl_effective")
     vc = engine_client.vllm_config
     eff = {
         "schema": EFFECTIVE_SCHEMA,
@@ -236,13 +240,9 @@ async def _check_effective(plan: Plan, service: Service, engine_client) -> None:
 async def _release_gloo_groups(plan: Plan, service: Service, engine_client) -> None:
     """vLLM's one-rank gloo groups destroyed once the engine has started: their transport threads
     wake 100 times a second each (``vllm_plugin/gloo_groups.py``); what was done is read back."""
-    if plan.topology is Topology.SINGLE_PROCESS:
-        from edgectl_runtime.vllm_plugin.gloo_groups import release_one_rank_groups
+    from edgectl_runtime.vllm_plugin.gloo_groups import release_one_rank_groups
 
-        results = await engine_client.collective_rpc(release_one_rank_groups)
-    else:
-        results = await engine_client.collective_rpc("edgectl_release_gloo_groups")
-    done = results[0] if isinstance(results, list) else results
+    done = await _in_model_worker(engine_client, plan, release_one_rank_groups, "edgectl_release_gloo_groups")
     service.effective["gloo_groups"] = done
     log.info("vLLM's gloo groups: %s", json.dumps(done))
 

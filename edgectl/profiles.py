@@ -31,6 +31,7 @@ from edgectl.contract.plan import (
     Compilation,
     DeviceClass,
     ProfileKind,
+    ThreadWait,
     Topology,
     WeightFormat,
 )
@@ -194,6 +195,9 @@ class Profile:
     # (edgectl_runtime/introspect/tokenizer_cost.py): the ledger adds a model's own cost minus this one.
     tokenizer_bytes: Figure | None = None
     speech: SpeechFigures | None = None  # measured serving a speech-to-text model
+    # How the OpenMP threads wait between parallel regions on this class, where measured (planner/cpus.py).
+    thread_wait: ThreadWait | None = None
+    thread_wait_evidence: str | None = None
 
     @property
     def reason_source(self) -> ReasonSource:
@@ -381,6 +385,8 @@ class _SpeechEntry:
 class _ThreadsEntry:
     reserve_frontend_core: bool | None = None
     evidence: str | None = None
+    wait: ThreadWait | None = None
+    wait_evidence: str | None = None
 
 
 @dataclass(frozen=True)
@@ -572,6 +578,8 @@ def _profile(doc: _ProfileDocument, file: str) -> Profile:
         recorded_not_served={n: resolve.format(e) for n, e in formats.items() if n in RECORDED_NOT_SERVED},
         tokenizer_bytes=resolve.figure(runtime.tokenizer_bytes),
         speech=resolve.speech(doc.speech),
+        thread_wait=threads.wait,
+        thread_wait_evidence=threads.wait_evidence,
     )
 
 

@@ -235,3 +235,29 @@ def test_the_cpp_wrapper_is_recorded_beside_the_python_one_and_carried_over() ->
     sources = {}
     out = _compiled_section(arms, "eager", "w4a8", {"w4a8": {}}, {"cpu_model": "t"}, sources, "2026-12-08", installed)
     assert out is not None and out["cpp_wrapper"]["decode_tok_s"]["source"] == "old" and "old" in sources
+
+
+def _wait_arm(wait: str | None, decodes: tuple[float, ...]) -> dict:
+    passes = [{"status": "ok", "decode_tok_s": d, "effective": {"thread_wait": wait}} for d in decodes]
+    return {"passes": passes, "median": {"decode_tok_s": sorted(decodes)[len(decodes) // 2]},
+            "min": {"decode_tok_s": min(decodes)}, "max": {"decode_tok_s": max(decodes)}}
+
+
+def test_the_way_of_waiting_is_recorded_only_where_it_beat_the_other_in_every_pass() -> None:
+    """``threads.wait``: the plan's wait and a ``wait-*`` arm, each named by the wait the engine read back;
+    recorded where one's whole decode range lies above the other's, with the figures; nothing where the
+    ranges overlap, where an arm's passes disagree, or with one way measured."""
+    from edgectl.bench.profile_record import _thread_wait
+
+    arms = {"planned": _wait_arm("spin-short", (94.3, 105.1, 111.2)),
+            "wait-spin": _wait_arm("spin", (116.9, 136.1, 138.2)),
+            "llama.cpp-q4_0-t1": _wait_arm(None, (179.5, 178.6, 159.2))}
+    out = _thread_wait(arms, "run.json")
+    assert out is not None and out["wait"] == "spin"
+    assert "spin 136.1 [116.9–138.2]" in out["wait_evidence"] and "run.json" in out["wait_evidence"]
+    arms["planned"] = _wait_arm("spin-short", (94.3, 105.1, 120.0))  # overlapping: no decision
+    assert _thread_wait(arms, "run.json") is None
+    arms["planned"] = _wait_arm("spin-short", (94.3, 105.1, 111.2))
+    arms["wait-spin"]["passes"][0]["effective"]["thread_wait"] = "spin-short"  # a pass that waited otherwise
+    assert _thread_wait(arms, "run.json") is None
+    assert _thread_wait({"planned": arms["planned"]}, "run.json") is None

@@ -338,6 +338,19 @@ def test_thread_wait_as_asked_sets_the_wait_policy(asked: str, policy: str | Non
     assert reasons_by_decision(p)["thread_wait"][0]["source"] == "flag"
 
 
+def test_thread_wait_comes_from_the_profile_where_it_was_measured(tmp_path: Path):
+    prof = profile_from_yaml(tmp_path, profile_yaml(
+        formats="  w4a16:\n    runs: true\n",
+        extra="threads:\n  wait: spin\n  wait_evidence: \"bench: spin 136, spin-short 105 tok/s\"\n"))
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof])
+    assert str(p.levers.thread_wait) == "spin" and "GOMP_SPINCOUNT" not in p.env and "OMP_WAIT_POLICY" not in p.env
+    why = reasons_by_decision(p)["thread_wait"][0]
+    assert (why["value"], why["source"], why["detail"]) == ("spin", "profile", "bench: spin 136, spin-short 105 tok/s")
+    # asked wins over the profile
+    p = make_plan(host_facts("kvm-xeon-avx512-2c"), shape(SMOLLM2), [prof], thread_wait="spin-short")
+    assert str(p.levers.thread_wait) == "spin-short" and p.env.get("GOMP_SPINCOUNT") == "10000"
+
+
 def test_thread_wait_unasked_is_the_planners_choice_with_its_evidence():
     p = make_plan(host_facts("kvm-epyc-avx2-2c"), shape(SMOLLM2))
     why = reasons_by_decision(p)["thread_wait"][0]

@@ -17,6 +17,9 @@ each naming a source that carries the run's provenance:
 - ``runtime.load_peak_ratio`` (peak PSS launch→ready / steady PSS, at least 1) and ``runtime.ready_s``;
 - ``threads.reserve_frontend_core`` from the ``reserve-core-on``/``-off`` pair: reserved only
   if its decode range lies entirely above the other's, with the numbers as evidence;
+- ``threads.wait`` from the ``planned`` arm and the ``wait-*`` arms beside it (each's wait read back
+  from the engine): the way of waiting whose decode range lies entirely above every other's, with the
+  numbers as evidence; none recorded when the ranges overlap;
 - ``bandwidth_gbps`` from the probe;
 - ``compiled``: with a compiled arm (``compiled``, ``w4a8-compiled``, or a plan in compiled
   mode) whose format was also measured eager, that format in vLLM's compiled mode — of several,
@@ -117,7 +120,8 @@ def build_profile(artifact: dict[str, Any], artifact_path: Path, facts: Any, mod
     compiled = _compiled_section(arms, base_name, fmt, formats, base_source, sources, date, existing_raw)
     if compiled is not None:
         doc["compiled"] = compiled
-    threads = _reserve_core(arms, artifact_path.name) or existing_raw.get("threads")
+    threads = {**(existing_raw.get("threads") or {}), **(_reserve_core(arms, artifact_path.name) or {}),
+               **(_thread_wait(arms, artifact_path.name) or {})}
     if threads:
         doc["threads"] = threads
     if facts.bandwidth_gbps is not None:
@@ -442,6 +446,29 @@ def _reserve_core(arms: dict[str, Any], artifact_name: str) -> dict[str, Any] | 
                 f"without ({len(on['passes'])} interleaved passes each, {artifact_name}); reserved only if every "
                 "pass with it beats every pass without")
     return {"reserve_frontend_core": bool(reserve), "evidence": evidence}
+
+
+def _thread_wait(arms: dict[str, Any], artifact_name: str) -> dict[str, Any] | None:
+    """The way of waiting that beat every other in every pass: from the ``planned`` and ``wait-*`` arms,
+    each named by the wait its engine read back (one arm per way; none if the passes disagree)."""
+    by_wait: dict[str, dict[str, Any]] = {}
+    for name, arm in arms.items():
+        if not (name == "planned" or name.startswith("wait-")) or not arm.get("median"):
+            continue
+        read = {(p.get("effective") or {}).get("thread_wait") for p in arm.get("passes") or () if p.get("status") == "ok"}
+        if len(read) == 1 and None not in read:
+            by_wait.setdefault(str(read.pop()), arm)
+    if len(by_wait) < 2:
+        return None
+    figures = {w: (a["median"]["decode_tok_s"], a["min"]["decode_tok_s"], a["max"]["decode_tok_s"], len(a["passes"]))
+               for w, a in by_wait.items()}
+    best = max(figures, key=lambda w: figures[w][0])
+    if any(figures[best][1] <= hi for w, (_, _, hi, _) in figures.items() if w != best):
+        return None
+    shown = "; ".join(f"{w} {med:.1f} [{lo:.1f}–{hi:.1f}]" for w, (med, lo, hi, _) in figures.items())
+    evidence = (f"decode tok/s waiting with {shown} ({figures[best][3]} interleaved passes each, {artifact_name}); "
+                "a way of waiting is recorded only if every pass with it beats every pass of the others")
+    return {"wait": best, "wait_evidence": evidence}
 
 
 def _raw_profile(profile: Any) -> dict[str, Any]:

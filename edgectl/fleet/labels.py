@@ -167,13 +167,15 @@ def planned_cores(facts: HostFacts) -> int:
 
     The planner's own CPU decision (NUMA node, one thread per physical core, the CPU quota), so
     the label and the plan cannot disagree. It consults a profile only about reserving a core
-    for the front end, which this count leaves out (the class's plan decides it again).
+    for the front end, which this count leaves out, and about how the threads wait, which does not
+    change it (the class's plan decides both again).
     """
     from edgectl.contract.plan import BenchLevers, Request, Topology
     from edgectl.planner.cpus import choose_cpus
 
-    # reserve_frontend_core=False: the profile is not consulted (any profile will do).
-    decided = choose_cpus(facts, Request(model="-", bench=BenchLevers(reserve_frontend_core=False)), None,  # type: ignore[arg-type]
+    # both named: the profile is not consulted (any profile will do)
+    asked = BenchLevers(reserve_frontend_core=False, thread_wait="spin")
+    decided = choose_cpus(facts, Request(model="-", bench=asked), None,  # type: ignore[arg-type]
                           Topology.SINGLE_PROCESS)
     return decided.value.threads
 

@@ -43,7 +43,7 @@ def choose_cpus(facts: HostFacts, request: Request, profile: Profile, topology: 
         # front end's threads run on the one left over.
         threads -= 1
     threads = reasons.take(_threads(request, cpus, threads))
-    wait = reasons.take(_thread_wait(request))
+    wait = reasons.take(_thread_wait(request, profile))
     return Decided(Cpus(cpus, threads, reserve, wait), *reasons.items)
 
 
@@ -130,9 +130,13 @@ def _threads(request: Request, cpus: list[int], threads: int) -> Decided[int]:
     return Decided(request.threads, Reason("threads", request.threads, Source.FLAG, "asked with --threads"))
 
 
-def _thread_wait(request: Request) -> Decided[ThreadWait]:
-    """How the OpenMP threads wait between parallel regions: as the bench asks, else as measured."""
+def _thread_wait(request: Request, profile: Profile) -> Decided[ThreadWait]:
+    """How the OpenMP threads wait between parallel regions: as the bench asks, else as the device
+    class's profile measured, else the default measured on ``x86_64-amx``."""
     asked = request.bench.thread_wait
     if asked is not None:
         return Decided(ThreadWait(asked), Reason("thread_wait", str(asked), Source.FLAG, "asked"))
+    if profile.thread_wait is not None:
+        return Decided(profile.thread_wait, Reason("thread_wait", str(profile.thread_wait), profile.reason_source,
+                                                   profile.thread_wait_evidence or f"measured on {profile.name}"))
     return Decided(THREAD_WAIT, Reason("thread_wait", str(THREAD_WAIT), Source.DEFAULT, THREAD_WAIT_EVIDENCE))

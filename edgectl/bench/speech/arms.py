@@ -61,6 +61,8 @@ ARMS: dict[str, ArmSpec] = {a.name: a for a in [
             "edgectl's plan with its OpenMP threads sleeping at once between parallel regions (OMP_WAIT_POLICY=PASSIVE)"),
     ArmSpec("planned-wait-spin", "worker", {"thread_wait": "spin"},
             "edgectl's plan with its OpenMP threads spinning before they sleep (libgomp's default)"),
+    ArmSpec("planned-wait-spin-short", "worker", {"thread_wait": "spin-short"},
+            "edgectl's plan with its OpenMP threads spinning briefly, then sleeping (GOMP_SPINCOUNT=10000)"),
     ArmSpec("planned-head-dense", "worker", {"speech_head": "dense"},
             "edgectl's plan with the logits from the dense table in the model's dtype (no int8 scan)"),
     ArmSpec("planned-1-thread", "worker", {"threads": 1}, "edgectl's plan on one OpenMP thread"),

@@ -460,14 +460,13 @@ def _thread_wait(arms: dict[str, Any], artifact_name: str) -> dict[str, Any] | N
             by_wait.setdefault(str(read.pop()), arm)
     if len(by_wait) < 2:
         return None
-    figures = {w: (a["median"]["decode_tok_s"], a["min"]["decode_tok_s"], a["max"]["decode_tok_s"], len(a["passes"]))
-               for w, a in by_wait.items()}
-    best = max(figures, key=lambda w: figures[w][0])
-    if any(figures[best][1] <= hi for w, (_, _, hi, _) in figures.items() if w != best):
+    decode = {w: (a["median"]["decode_tok_s"], a["min"]["decode_tok_s"], a["max"]["decode_tok_s"]) for w, a in by_wait.items()}
+    best = max(decode, key=lambda w: decode[w][0])
+    if any(decode[best][1] <= hi for w, (_, _, hi) in decode.items() if w != best):
         return None
-    shown = "; ".join(f"{w} {med:.1f} [{lo:.1f}–{hi:.1f}]" for w, (med, lo, hi, _) in figures.items())
-    evidence = (f"decode tok/s waiting with {shown} ({figures[best][3]} interleaved passes each, {artifact_name}); "
-                "a way of waiting is recorded only if every pass with it beats every pass of the others")
+    shown = "; ".join(f"{w} {med:.1f} [{lo:.1f}–{hi:.1f}]" for w, (med, lo, hi) in decode.items())
+    evidence = (f"decode tok/s waiting with {shown} ({len(by_wait[best]['passes'])} interleaved passes each, "
+                f"{artifact_name}); a way of waiting is recorded only if every pass with it beats every pass of the others")
     return {"wait": best, "wait_evidence": evidence}
 
 
